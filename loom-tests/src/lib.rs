@@ -1,0 +1,1 @@
+//! Placeholder: this crate is filled by a later change.

@@ -1,0 +1,424 @@
+//! Registered memory: the [`Registrar`] that allocates and registers it, the [`Region`]
+//! that owns it, and [`HostRegistrar`], the registrar for host memory used by software
+//! providers and tests.
+//!
+//! # Invariants
+//!
+//! - A region owns its memory: the bytes `[base, base + len)` stay mapped and registered
+//!   for as long as the region value lives, and are deregistered and unmapped exactly once,
+//!   when it is dropped.
+//! - A [`HostRegistrar`]'s remote keys are unique among its live regions.
+//! - A region's bytes are charged to the registrar's [`MemoryBudget`] while it lives.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use crate::budget::{MemoryBudget, Reservation};
+use crate::error::PoolError;
+
+/// The keys through which a provider and its peer reach a registered region.
+///
+/// ```
+/// use tierbuf_pool::RegionKeys;
+/// let keys = RegionKeys { local_key: None, remote_key: 7, remote_addr: 0x1000 };
+/// assert_eq!(keys.remote_key, 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionKeys {
+    /// The key the owner uses in its own work requests, where the provider exposes it
+    /// (`ibverbs` 0.9 does not).
+    pub local_key: Option<u32>,
+    /// The key a peer names to reach the region.
+    pub remote_key: u32,
+    /// The address a peer names for the region's first byte.
+    pub remote_addr: u64,
+}
+
+/// Memory that is allocated, registered, and owned: dropping it deregisters and frees it.
+///
+/// # Safety
+///
+/// Implementors guarantee that [`Region::base`] points to [`Region::len`] bytes that are
+/// valid for reads and writes, never move, and are accessed by nothing but through this
+/// region's pointer (and the provider's hardware on its behalf) for as long as the value
+/// lives. Callers that hand these bytes to several owners must make the owners' ranges
+/// disjoint.
+pub unsafe trait Region: Send + Sync + fmt::Debug {
+    /// The first byte of the region.
+    fn base(&self) -> NonNull<u8>;
+    /// The region's length in bytes; never zero.
+    fn len(&self) -> usize;
+    /// The region's keys.
+    fn keys(&self) -> RegionKeys;
+}
+
+/// Allocates and registers regions.
+///
+/// A registrar owns the memory it registers (the `ibverbs` crate can only register memory
+/// it allocates itself) and charges every region to a [`MemoryBudget`].
+pub trait Registrar: Send + Sync + fmt::Debug {
+    /// Allocates and registers `len` bytes aligned to `align` (a power of two).
+    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError>;
+
+    /// The budget this registrar charges.
+    fn budget(&self) -> &MemoryBudget;
+}
+
+/// Whether a [`HostRegistrar`] backs regions with huge pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HugePages {
+    /// Base pages only.
+    #[default]
+    Off,
+    /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`); the kernel uses them
+    /// where it can and base pages elsewhere.
+    Transparent,
+    /// Explicit huge pages (`MAP_HUGETLB`); registration fails with
+    /// [`PoolError::HugePagesUnavailable`] when none are reserved.
+    Explicit,
+}
+
+/// Registers page-aligned anonymous host memory, optionally pinned with `mlock`.
+///
+/// Remote keys are unique among the registrar's live regions, and the remote address is
+/// the region's virtual address, as with verbs memory regions.
+///
+/// ```
+/// use tierbuf_pool::{HostRegistrar, MemoryBudget, Registrar};
+/// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
+/// let region = registrar.register(8192, 4096)?;
+/// assert_eq!(region.len(), 8192);
+/// assert_eq!(registrar.budget().in_use(), 8192);
+/// drop(region);
+/// assert_eq!(registrar.budget().in_use(), 0);
+/// # Ok::<(), tierbuf_pool::PoolError>(())
+/// ```
+#[derive(Debug)]
+pub struct HostRegistrar {
+    budget: MemoryBudget,
+    lock_memory: bool,
+    huge_pages: HugePages,
+    keys: std::sync::Arc<KeyTable>,
+}
+
+/// Live remote keys of one registrar. A key is `index << 8 | generation`: the index is
+/// unique among live regions, the generation makes a reused index read differently.
+#[derive(Debug, Default)]
+struct KeyTable {
+    live: Mutex<(slab::Slab<()>, u8)>,
+}
+
+/// Key indices fit in the 24 high bits of a remote key.
+const MAX_LIVE_KEYS: usize = 1 << 24;
+
+impl KeyTable {
+    fn issue(&self) -> Result<(usize, u32), PoolError> {
+        let mut guard = self.live.lock().unwrap_or_else(|poison| poison.into_inner());
+        let (slab, generation) = &mut *guard;
+        if slab.len() >= MAX_LIVE_KEYS {
+            return Err(PoolError::KeysExhausted { live: slab.len() });
+        }
+        let index = slab.insert(());
+        *generation = generation.wrapping_add(1);
+        // `index < MAX_LIVE_KEYS`, so the shift keeps every bit.
+        Ok((index, (index as u32) << 8 | u32::from(*generation)))
+    }
+
+    fn retire(&self, index: usize) {
+        let mut guard = self.live.lock().unwrap_or_else(|poison| poison.into_inner());
+        guard.0.remove(index);
+    }
+}
+
+impl HostRegistrar {
+    /// A registrar of unpinned base pages charging `budget`.
+    pub fn new(budget: MemoryBudget) -> HostRegistrar {
+        HostRegistrar {
+            budget,
+            lock_memory: false,
+            huge_pages: HugePages::Off,
+            keys: Default::default(),
+        }
+    }
+
+    /// Pins every region with `mlock` (as a NIC registration would); registration fails
+    /// with [`PoolError::Lock`] where `RLIMIT_MEMLOCK` refuses.
+    pub fn lock_memory(mut self, lock: bool) -> HostRegistrar {
+        self.lock_memory = lock;
+        self
+    }
+
+    /// Backs regions with huge pages as `huge_pages` says.
+    pub fn huge_pages(mut self, huge_pages: HugePages) -> HostRegistrar {
+        self.huge_pages = huge_pages;
+        self
+    }
+}
+
+impl Registrar for HostRegistrar {
+    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
+        if len == 0 {
+            return Err(PoolError::ZeroLength);
+        }
+        if !align.is_power_of_two() {
+            return Err(PoolError::AlignmentNotPowerOfTwo { align });
+        }
+        let reservation = self.budget.reserve(len as u64)?;
+        let mapping = Mapping::new(len, align, self.huge_pages)?;
+        if self.lock_memory {
+            // SAFETY: `mapping` owns `[base, base + len)`, mapped and not yet shared.
+            unsafe { rustix::mm::mlock(mapping.base.as_ptr().cast(), len) }.map_err(|errno| {
+                PoolError::Lock {
+                    len,
+                    source: errno.into(),
+                }
+            })?;
+        }
+        let (key_index, remote_key) = self.keys.issue()?;
+        Ok(Box::new(HostRegion {
+            keys: RegionKeys {
+                local_key: Some(remote_key),
+                remote_key,
+                remote_addr: mapping.base.as_ptr() as u64,
+            },
+            mapping,
+            len,
+            key_index,
+            key_table: std::sync::Arc::clone(&self.keys),
+            _reservation: reservation,
+        }))
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+}
+
+/// The system's default huge page size (`Hugepagesize` in `/proc/meminfo`), 2 MiB where
+/// it cannot be read.
+fn huge_page_size() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|meminfo| {
+            let line = meminfo.lines().find(|l| l.starts_with("Hugepagesize:"))?;
+            let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .unwrap_or(2 << 20)
+}
+
+/// An anonymous private mapping, unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    /// The aligned first byte handed out.
+    base: NonNull<u8>,
+    /// What `mmap` returned, and its length, for `munmap`.
+    map_start: NonNull<u8>,
+    map_len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize, align: usize, huge_pages: HugePages) -> Result<Mapping, PoolError> {
+        use rustix::mm::{Advice, MapFlags, ProtFlags};
+        let page = match huge_pages {
+            // `munmap` of a hugetlb mapping needs a length in whole huge pages.
+            HugePages::Explicit => huge_page_size(),
+            _ => rustix::param::page_size(),
+        };
+        let overflow = || PoolError::SizeOverflow {
+            slot_size: len,
+            slot_count: 1,
+        };
+        let rounded = len.checked_next_multiple_of(page).ok_or_else(overflow)?;
+        // Over-map by `align - page` when the alignment passes the page size, then skip to
+        // the first aligned byte.
+        let slack = align.saturating_sub(page);
+        let map_len = rounded.checked_add(slack).ok_or_else(overflow)?;
+        let mut flags = MapFlags::PRIVATE;
+        if huge_pages == HugePages::Explicit {
+            flags |= MapFlags::HUGETLB;
+        }
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases
+        // nothing.
+        let start = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                map_len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                flags,
+            )
+        }
+        .map_err(|errno| match huge_pages {
+            HugePages::Explicit => PoolError::HugePagesUnavailable {
+                len,
+                source: errno.into(),
+            },
+            _ => PoolError::Map {
+                len,
+                source: errno.into(),
+            },
+        })?;
+        let map_start = NonNull::new(start.cast::<u8>()).ok_or_else(|| PoolError::Map {
+            len,
+            source: std::io::Error::other("mmap returned a null mapping"),
+        })?;
+        let offset = (map_start.as_ptr() as usize).wrapping_neg() & (align - 1);
+        // SAFETY: `offset <= slack`, so `base .. base + rounded` lies inside the mapping.
+        let base = unsafe { map_start.add(offset) };
+        let mapping = Mapping {
+            base,
+            map_start,
+            map_len,
+        };
+        if huge_pages == HugePages::Transparent {
+            // SAFETY: advice on memory this mapping owns; it changes no contents.
+            // A kernel without transparent huge pages refuses the advice, and base pages
+            // are the documented fallback, so the refusal is not an error.
+            let _ = unsafe {
+                rustix::mm::madvise(mapping.base.as_ptr().cast(), rounded, Advice::LinuxHugepage)
+            };
+        }
+        Ok(mapping)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `map_start..map_start + map_len` is exactly what `mmap` returned, and
+        // the region that owned it is being dropped, so no reference into it remains.
+        // munmap of a mapping we own cannot fail for reasons we could act on.
+        let _ = unsafe { rustix::mm::munmap(self.map_start.as_ptr().cast(), self.map_len) };
+    }
+}
+
+/// A region registered by a [`HostRegistrar`].
+#[derive(Debug)]
+struct HostRegion {
+    // Field order is drop order: unmap, then free the key, then return the budget.
+    mapping: Mapping,
+    len: usize,
+    keys: RegionKeys,
+    key_index: usize,
+    key_table: std::sync::Arc<KeyTable>,
+    _reservation: Reservation,
+}
+
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        self.key_table.retire(self.key_index);
+    }
+}
+
+// SAFETY: the region is an exclusive owner of its mapping; the raw pointers it holds are
+// not tied to any thread, and every shared access to the bytes goes through `base()`
+// under the contract of `Region`.
+unsafe impl Send for HostRegion {}
+// SAFETY: `&HostRegion` exposes only the pointer value, the length and the keys.
+unsafe impl Sync for HostRegion {}
+
+// SAFETY: `base` points into a live private mapping of at least `len` bytes that this
+// value owns and unmaps only on drop; mappings never move.
+unsafe impl Region for HostRegion {
+    fn base(&self) -> NonNull<u8> {
+        self.mapping.base
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn keys(&self) -> RegionKeys {
+        self.keys
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn registrar(cap: u64) -> HostRegistrar {
+        HostRegistrar::new(MemoryBudget::with_cap(cap))
+    }
+
+    #[test]
+    fn region_is_aligned_writable_and_charged() {
+        let registrar = registrar(1 << 30);
+        for align in [1, 64, 4096, 1 << 16, 1 << 21] {
+            let region = registrar.register(10_000, align).unwrap();
+            assert_eq!(region.base().as_ptr() as usize % align, 0, "align {align}");
+            assert_eq!(region.keys().remote_addr, region.base().as_ptr() as u64);
+            // SAFETY: the region owns these 10 000 bytes and nothing else touches them.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(region.base().as_ptr(), 10_000) };
+            bytes.fill(0xA5);
+            assert!(bytes.iter().all(|&b| b == 0xA5));
+            assert_eq!(registrar.budget().in_use(), 10_000);
+        }
+        assert_eq!(registrar.budget().in_use(), 0);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let registrar = registrar(1 << 20);
+        assert!(matches!(registrar.register(0, 4096), Err(PoolError::ZeroLength)));
+        assert!(matches!(
+            registrar.register(4096, 3000),
+            Err(PoolError::AlignmentNotPowerOfTwo { align: 3000 })
+        ));
+        assert!(matches!(
+            registrar.register(2 << 20, 4096),
+            Err(PoolError::BudgetExceeded { .. })
+        ));
+        assert!(matches!(
+            registrar(u64::MAX).register(usize::MAX - 10, 4096),
+            Err(PoolError::SizeOverflow { .. })
+        ));
+        assert_eq!(registrar.budget().in_use(), 0);
+    }
+
+    #[test]
+    fn keys_are_unique_among_live_regions() {
+        let registrar = registrar(1 << 30);
+        let mut live: Vec<Box<dyn Region>> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for round in 0..600 {
+            live.push(registrar.register(4096, 4096).unwrap());
+            if round % 3 == 0 {
+                live.remove(round % live.len());
+            }
+            let keys: std::collections::HashSet<u32> =
+                live.iter().map(|r| r.keys().remote_key).collect();
+            assert_eq!(keys.len(), live.len(), "duplicate key among live regions");
+            seen.extend(keys);
+        }
+        // Reused indices come back with another generation, so keys differ over time too.
+        assert!(seen.len() > live.len());
+    }
+
+    #[test]
+    fn locked_memory_is_pinned_or_refused_clearly() {
+        let registrar = registrar(1 << 30).lock_memory(true);
+        match registrar.register(1 << 20, 4096) {
+            Ok(region) => assert_eq!(region.len(), 1 << 20),
+            Err(PoolError::Lock { len, .. }) => assert_eq!(len, 1 << 20),
+            Err(other) => panic!("unexpected error {other}"),
+        }
+        assert_eq!(registrar.budget().in_use(), 0);
+    }
+
+    #[test]
+    fn huge_pages_are_used_or_refused_clearly() {
+        let transparent = registrar(1 << 30).huge_pages(HugePages::Transparent);
+        let region = transparent.register(4 << 20, 2 << 20).unwrap();
+        assert_eq!(region.base().as_ptr() as usize % (2 << 20), 0);
+        drop(region);
+        let explicit = registrar(1 << 30).huge_pages(HugePages::Explicit);
+        match explicit.register(2 << 20, 2 << 20) {
+            Ok(region) => assert_eq!(region.len(), 2 << 20),
+            Err(PoolError::HugePagesUnavailable { len, .. }) => assert_eq!(len, 2 << 20),
+            Err(other) => panic!("unexpected error {other}"),
+        }
+        assert_eq!(explicit.budget().in_use(), 0);
+    }
+}

@@ -1,0 +1,72 @@
+//! The synchronisation facade: `std` primitives normally, loom's under `cfg(loom)`.
+//!
+//! Every lock-free structure of this crate takes its atomics and `Arc` from here, so that
+//! `RUSTFLAGS="--cfg loom"` model-checks the shipped code rather than a copy of it.
+//!
+//! Under `cfg(loom)` the module also exposes [`planted`]: switches that replace one
+//! correct step of a protocol with a known bug, so that each loom model can show it
+//! catches the bug it was written for. They exist only in loom builds.
+
+#[cfg(all(loom, not(feature = "loom")))]
+compile_error!("`--cfg loom` needs the `loom` feature of tierbuf-pool (loom-tests enables it)");
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+#[cfg(loom)]
+pub mod planted {
+    //! Planted bugs for loom's broken-variant models (loom builds only).
+    //!
+    //! A model enables one bug with [`plant`] for the duration of the returned guard;
+    //! the code under test asks [`is_planted`] at the step the bug replaces. Models that
+    //! plant bugs must not run concurrently with clean models in the same process.
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A known bug that can be planted into the shipped code under `cfg(loom)`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u32)]
+    #[non_exhaustive]
+    pub enum Bug {
+        /// Slot release publishes the free-list head with `Relaxed` instead of `Release`,
+        /// so the next owner may not see the previous owner's writes to the slot.
+        SlotReleaseRelaxed = 1,
+        /// The free-list head carries no ABA tag, so a head that was popped and pushed
+        /// back in between is taken for an unchanged one.
+        SlotPoolNoAbaTag = 2,
+        /// A budget reservation checks the cap and adds the bytes as two separate steps.
+        BudgetCheckThenAdd = 3,
+    }
+
+    static PLANTED: AtomicU32 = AtomicU32::new(0);
+
+    /// Plants `bug` until the returned guard is dropped.
+    pub fn plant(bug: Bug) -> PlantedGuard {
+        PLANTED.store(bug as u32, Ordering::SeqCst);
+        PlantedGuard { _private: () }
+    }
+
+    /// Whether `bug` is planted now.
+    pub fn is_planted(bug: Bug) -> bool {
+        PLANTED.load(Ordering::Relaxed) == bug as u32
+    }
+
+    /// Removes the planted bug when dropped.
+    #[derive(Debug)]
+    pub struct PlantedGuard {
+        _private: (),
+    }
+
+    impl Drop for PlantedGuard {
+        fn drop(&mut self) {
+            PLANTED.store(0, Ordering::SeqCst);
+        }
+    }
+}
