@@ -1,1 +1,59 @@
-//! Benchmarks live in `benches/`; this library is empty on purpose.
+//! Shared helpers for the criterion benches in `benches/`.
+
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+/// Pins the calling thread to `core`, so two-thread figures do not depend on the
+/// scheduler's placement; returns whether the kernel accepted it.
+///
+/// ```
+/// let _ = tierbuf_benches::pin_to_core(0);
+/// ```
+pub fn pin_to_core(core: usize) -> bool {
+    // SAFETY: `cpu_set_t` is plain bits for which all-zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid `cpu_set_t` and `CPU_SET` ignores cores past its size.
+    unsafe { libc::CPU_SET(core, &mut set) };
+    // SAFETY: `set` is a valid, initialised `cpu_set_t` of the size passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// Runs `op` `iters` times on each of two threads pinned to cores 0 and 1, started
+/// together behind a barrier, and returns the wall time from the first start to the last
+/// finish: per-thread time per operation is the result divided by `iters`.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// let count = AtomicU64::new(0);
+/// let _ = tierbuf_benches::two_threads(1000, || { count.fetch_add(1, Ordering::Relaxed); });
+/// assert_eq!(count.load(Ordering::Relaxed), 2 * (1000 + tierbuf_benches::WARMUP));
+/// ```
+pub fn two_threads<F: Fn() + Sync>(iters: u64, op: F) -> Duration {
+    let barrier = Barrier::new(2);
+    let spans: Mutex<Vec<(Instant, Instant)>> = Mutex::new(Vec::with_capacity(2));
+    std::thread::scope(|scope| {
+        for core in 0..2 {
+            let (barrier, spans, op) = (&barrier, &spans, &op);
+            scope.spawn(move || {
+                pin_to_core(core);
+                for _ in 0..WARMUP {
+                    op();
+                }
+                barrier.wait();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    op();
+                }
+                let end = Instant::now();
+                spans.lock().unwrap().push((start, end));
+            });
+        }
+    });
+    let spans = spans.into_inner().unwrap();
+    let first_start = spans.iter().map(|s| s.0).min().unwrap();
+    let last_end = spans.iter().map(|s| s.1).max().unwrap();
+    last_end - first_start
+}
+
+/// Operations each thread of [`two_threads`] runs before the barrier, to warm caches.
+pub const WARMUP: u64 = 1000;

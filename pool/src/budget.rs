@@ -197,7 +197,10 @@ impl MemoryBudget {
         #[cfg(loom)]
         if crate::sync::planted::is_planted(crate::sync::planted::Bug::BudgetCheckThenAdd) {
             let in_use = shared.in_use.load(Ordering::Acquire);
-            if in_use.checked_add(bytes).is_none_or(|total| total > shared.cap) {
+            if in_use
+                .checked_add(bytes)
+                .is_none_or(|total| total > shared.cap)
+            {
                 return Err(self.exceeded(bytes, in_use));
             }
             shared.in_use.fetch_add(bytes, Ordering::AcqRel);

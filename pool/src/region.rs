@@ -115,7 +115,10 @@ const MAX_LIVE_KEYS: usize = 1 << 24;
 
 impl KeyTable {
     fn issue(&self) -> Result<(usize, u32), PoolError> {
-        let mut guard = self.live.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut guard = self
+            .live
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         let (slab, generation) = &mut *guard;
         if slab.len() >= MAX_LIVE_KEYS {
             return Err(PoolError::KeysExhausted { live: slab.len() });
@@ -127,7 +130,10 @@ impl KeyTable {
     }
 
     fn retire(&self, index: usize) {
-        let mut guard = self.live.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut guard = self
+            .live
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         guard.0.remove(index);
     }
 }
@@ -338,13 +344,13 @@ unsafe impl Region for HostRegion {
 mod tests {
     use super::*;
 
-    fn registrar(cap: u64) -> HostRegistrar {
+    fn registrar_with_cap(cap: u64) -> HostRegistrar {
         HostRegistrar::new(MemoryBudget::with_cap(cap))
     }
 
     #[test]
     fn region_is_aligned_writable_and_charged() {
-        let registrar = registrar(1 << 30);
+        let registrar = registrar_with_cap(1 << 30);
         for align in [1, 64, 4096, 1 << 16, 1 << 21] {
             let region = registrar.register(10_000, align).unwrap();
             assert_eq!(region.base().as_ptr() as usize % align, 0, "align {align}");
@@ -360,8 +366,11 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        let registrar = registrar(1 << 20);
-        assert!(matches!(registrar.register(0, 4096), Err(PoolError::ZeroLength)));
+        let registrar = registrar_with_cap(1 << 20);
+        assert!(matches!(
+            registrar.register(0, 4096),
+            Err(PoolError::ZeroLength)
+        ));
         assert!(matches!(
             registrar.register(4096, 3000),
             Err(PoolError::AlignmentNotPowerOfTwo { align: 3000 })
@@ -371,7 +380,7 @@ mod tests {
             Err(PoolError::BudgetExceeded { .. })
         ));
         assert!(matches!(
-            registrar(u64::MAX).register(usize::MAX - 10, 4096),
+            registrar_with_cap(u64::MAX).register(usize::MAX - 10, 4096),
             Err(PoolError::SizeOverflow { .. })
         ));
         assert_eq!(registrar.budget().in_use(), 0);
@@ -379,7 +388,7 @@ mod tests {
 
     #[test]
     fn keys_are_unique_among_live_regions() {
-        let registrar = registrar(1 << 30);
+        let registrar = registrar_with_cap(1 << 30);
         let mut live: Vec<Box<dyn Region>> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for round in 0..600 {
@@ -398,7 +407,7 @@ mod tests {
 
     #[test]
     fn locked_memory_is_pinned_or_refused_clearly() {
-        let registrar = registrar(1 << 30).lock_memory(true);
+        let registrar = registrar_with_cap(1 << 30).lock_memory(true);
         match registrar.register(1 << 20, 4096) {
             Ok(region) => assert_eq!(region.len(), 1 << 20),
             Err(PoolError::Lock { len, .. }) => assert_eq!(len, 1 << 20),
@@ -409,11 +418,11 @@ mod tests {
 
     #[test]
     fn huge_pages_are_used_or_refused_clearly() {
-        let transparent = registrar(1 << 30).huge_pages(HugePages::Transparent);
+        let transparent = registrar_with_cap(1 << 30).huge_pages(HugePages::Transparent);
         let region = transparent.register(4 << 20, 2 << 20).unwrap();
         assert_eq!(region.base().as_ptr() as usize % (2 << 20), 0);
         drop(region);
-        let explicit = registrar(1 << 30).huge_pages(HugePages::Explicit);
+        let explicit = registrar_with_cap(1 << 30).huge_pages(HugePages::Explicit);
         match explicit.register(2 << 20, 2 << 20) {
             Ok(region) => assert_eq!(region.len(), 2 << 20),
             Err(PoolError::HugePagesUnavailable { len, .. }) => assert_eq!(len, 2 << 20),

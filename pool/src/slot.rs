@@ -1,34 +1,44 @@
-//! [`SlotPool`]: fixed-size slots carved from one registered region, handed out through a
-//! lock-free free list as RAII handles.
+//! [`SlotPool`]: fixed-size slots carved from one registered region, handed out as RAII
+//! handles without locks.
 //!
 //! # Invariants
 //!
-//! - The free list is a Treiber stack of slot indices: `head` holds the top index (or
-//!   `EMPTY`) in its low 32 bits and an ABA tag in its high 32 bits, and `next[i]` links
-//!   free slot `i` to the one below it. Every successful compare-and-swap on `head` bumps
-//!   the tag, so a head that was popped and pushed back in between never compares equal.
-//! - A slot index is either on the free list or held by exactly one handle, never both
-//!   and never by two handles. Only a handle's drop pushes its index back.
-//! - Releasing publishes with `Release` and acquiring takes with `Acquire` on `head`, so
+//! - Each slot has one state word, alone on its cache line: `FREE` or `HELD`. A slot is
+//!   taken only by a compare-and-swap from `FREE` to `HELD`, so at most one handle holds
+//!   it; only that handle's drop stores `FREE` again.
+//! - The release store is `Release` and the taking compare-and-swap is `Acquire`, so
 //!   everything the previous owner wrote to a slot happens before the next owner sees it.
 //! - The region outlives every handle: borrowed handles borrow the pool, owned handles hold
 //!   a reference count on it.
-//! - Acquire and release take no lock and make no system call.
+//! - Acquire and release take no lock and make no system call. A thread first tries the
+//!   slot it released last in this pool (a thread-local hint, never trusted beyond being
+//!   an index to try), so a thread that cycles buffers touches one cache line of its own
+//!   and two threads do not share lines. When the hint misses, acquire scans the states
+//!   from there; failing on an exhausted pool therefore costs one pass over the states.
 
+use std::cell::Cell;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-use crossbeam_utils::CachePadded;
-
 use crate::error::PoolError;
 use crate::region::{Region, RegionKeys, Registrar};
-use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU32, Ordering};
 
-/// The `head` index meaning "no free slot".
-const EMPTY: u32 = u32::MAX;
-/// The most slots one pool holds: every index must differ from [`EMPTY`].
-pub const MAX_SLOTS: usize = EMPTY as usize;
+const FREE: u32 = 0;
+const HELD: u32 = 1;
+/// The most slots one pool holds (slot indices are `u32`).
+pub const MAX_SLOTS: usize = u32::MAX as usize;
+
+/// One slot's state, alone on its cache line so that threads cycling different slots do
+/// not contend.
+#[repr(align(64))]
+struct SlotState(AtomicU32);
+
+crate::sync::thread_local! {
+    /// The pool (by address) and slot this thread released last: where it looks first.
+    static LAST_RELEASED: Cell<(usize, u32)> = const { Cell::new((0, 0)) };
+}
 
 /// A lock-free pool of fixed-size slots in one registered region.
 ///
@@ -52,10 +62,7 @@ pub struct SlotPool {
 }
 
 struct PoolShared {
-    /// The free-list head: tag in the high half, top index in the low half.
-    head: CachePadded<AtomicU64>,
-    /// `next[i]`: the free slot below `i` on the free list (meaningful while `i` is free).
-    next: Box<[AtomicU32]>,
+    states: Box<[SlotState]>,
     base: NonNull<u8>,
     slot_size: usize,
     keys: RegionKeys,
@@ -65,10 +72,11 @@ struct PoolShared {
     region: Box<dyn Region>,
 }
 
-// SAFETY: `base` points into `region`, which is `Send + Sync`; slots are handed to one
-// handle at a time by the free list, so no two threads reach a slot's bytes at once.
+// SAFETY: `base` points into `region`, which is `Send + Sync`; a slot's bytes are reached
+// only through the one handle that holds it (see the invariants), so no two threads reach
+// them at once.
 unsafe impl Send for PoolShared {}
-// SAFETY: as for `Send`; the free list itself is made of atomics.
+// SAFETY: as for `Send`; the slot states are atomics.
 unsafe impl Sync for PoolShared {}
 
 impl SlotPool {
@@ -86,7 +94,7 @@ impl SlotPool {
                 slot_size,
                 slot_count,
             })?;
-        let region = registrar.register(len, page_size())?;
+        let region = registrar.register(len, rustix::param::page_size())?;
         SlotPool::from_region(region, slot_size)
     }
 
@@ -105,14 +113,11 @@ impl SlotPool {
         }
         let slot_count = region_len / slot_size;
         check_shape(slot_size, slot_count)?;
-        // Initially every slot is free, in index order: 0 on top, then 1, 2, ...
-        let next = (0..slot_count)
-            .map(|i| AtomicU32::new(if i + 1 == slot_count { EMPTY } else { i as u32 + 1 }))
-            .collect();
         Ok(SlotPool {
             shared: Arc::new(PoolShared {
-                head: CachePadded::new(AtomicU64::new(0)),
-                next,
+                states: (0..slot_count)
+                    .map(|_| SlotState(AtomicU32::new(FREE)))
+                    .collect(),
                 base: region.base(),
                 slot_size,
                 keys: region.keys(),
@@ -125,12 +130,12 @@ impl SlotPool {
         })
     }
 
-    /// Takes a free slot, or `None` at once when every slot is held.
+    /// Takes a free slot, or `None` when every slot is held; never blocks.
     ///
     /// The handle borrows the pool; see [`SlotPool::try_acquire_owned`] for one that does not.
     #[inline]
     pub fn try_acquire(&self) -> Option<Slot<'_>> {
-        let index = self.shared.pop()?;
+        let index = self.shared.take()?;
         Some(Slot {
             pool: &self.shared,
             index,
@@ -138,10 +143,10 @@ impl SlotPool {
     }
 
     /// Takes a free slot as a handle that owns a reference to the pool, so it can move to
-    /// another thread and outlive this borrow; `None` at once when every slot is held.
+    /// another thread and outlive this borrow; `None` when every slot is held.
     #[inline]
     pub fn try_acquire_owned(&self) -> Option<OwnedSlot> {
-        let index = self.shared.pop()?;
+        let index = self.shared.take()?;
         Some(OwnedSlot {
             pool: Arc::clone(&self.shared),
             index,
@@ -155,7 +160,7 @@ impl SlotPool {
 
     /// Slots in the pool, free or held.
     pub fn slot_count(&self) -> usize {
-        self.shared.next.len()
+        self.shared.states.len()
     }
 
     /// Bytes of the registered region behind the pool.
@@ -168,19 +173,14 @@ impl SlotPool {
         self.shared.keys
     }
 
-    /// Free slots, counted by walking the free list.
-    ///
-    /// Exact when no other thread acquires or releases meanwhile (a test's or a teardown's
-    /// view); under concurrent use it is a snapshot that may be off. Never loops forever.
+    /// Free slots now. Exact when no other thread acquires or releases meanwhile (a test's
+    /// or a teardown's view); under concurrent use a snapshot.
     pub fn free_slots(&self) -> usize {
-        let shared = &*self.shared;
-        let mut index = shared.head.load(Ordering::Acquire) as u32;
-        let mut count = 0;
-        while index != EMPTY && count < shared.next.len() {
-            count += 1;
-            index = shared.next[index as usize].load(Ordering::Relaxed);
-        }
-        count
+        self.shared
+            .states
+            .iter()
+            .filter(|state| state.0.load(Ordering::Acquire) == FREE)
+            .count()
     }
 }
 
@@ -210,18 +210,73 @@ fn check_shape(slot_size: usize, slot_count: usize) -> Result<(), PoolError> {
     Ok(())
 }
 
-fn page_size() -> usize {
-    rustix::param::page_size()
-}
-
-/// The tag increment of one successful compare-and-swap on `head`.
-#[inline(always)]
-fn tag_step() -> u64 {
-    #[cfg(loom)]
-    if crate::sync::planted::is_planted(crate::sync::planted::Bug::SlotPoolNoAbaTag) {
-        return 0;
+impl PoolShared {
+    /// This pool's identity in [`LAST_RELEASED`].
+    #[inline]
+    fn id(&self) -> usize {
+        self as *const PoolShared as usize
     }
-    1 << 32
+
+    #[inline]
+    fn take(&self) -> Option<u32> {
+        let count = self.states.len();
+        let (pool, hint) = LAST_RELEASED.with(Cell::get);
+        let first = if pool == self.id() && (hint as usize) < count {
+            hint as usize
+        } else {
+            0
+        };
+        let mut index = first;
+        loop {
+            if self.try_take(index) {
+                #[cfg(loom)]
+                self.tracking[index].take();
+                return Some(index as u32);
+            }
+            index += 1;
+            if index == count {
+                index = 0;
+            }
+            if index == first {
+                return None;
+            }
+        }
+    }
+
+    /// Takes slot `index` if it is free: test first, so held slots cost a plain load.
+    #[inline(always)]
+    fn try_take(&self, index: usize) -> bool {
+        let state = &self.states[index].0;
+        #[cfg(loom)]
+        if crate::sync::planted::is_planted(crate::sync::planted::Bug::SlotTakeCheckThenSet) {
+            if state.load(Ordering::Acquire) != FREE {
+                return false;
+            }
+            state.store(HELD, Ordering::Relaxed);
+            return true;
+        }
+        state.load(Ordering::Relaxed) == FREE
+            && state
+                .compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    #[inline]
+    fn give_back(&self, index: u32) {
+        #[cfg(loom)]
+        self.tracking[index as usize].give_back();
+        self.states[index as usize]
+            .0
+            .store(FREE, release_ordering());
+        LAST_RELEASED.with(|last| last.set((self.id(), index)));
+    }
+
+    #[inline]
+    fn slot_ptr(&self, index: u32) -> NonNull<u8> {
+        // SAFETY: `index < slot_count` (handles are made only from indices `take` found
+        // in range), so the offset stays inside the region.
+        unsafe { self.base.add(index as usize * self.slot_size) }
+    }
 }
 
 /// The ordering with which a release publishes the slot.
@@ -232,61 +287,6 @@ fn release_ordering() -> Ordering {
         return Ordering::Relaxed;
     }
     Ordering::Release
-}
-
-impl PoolShared {
-    #[inline]
-    fn pop(&self) -> Option<u32> {
-        let mut head = self.head.load(Ordering::Acquire);
-        loop {
-            let index = head as u32;
-            if index == EMPTY {
-                return None;
-            }
-            let below = self.next[index as usize].load(Ordering::Relaxed);
-            let new_head = ((head & !0xFFFF_FFFF).wrapping_add(tag_step())) | u64::from(below);
-            match self.head.compare_exchange_weak(
-                head,
-                new_head,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    #[cfg(loom)]
-                    self.tracking[index as usize].take();
-                    return Some(index);
-                }
-                Err(current) => head = current,
-            }
-        }
-    }
-
-    #[inline]
-    fn push(&self, index: u32) {
-        #[cfg(loom)]
-        self.tracking[index as usize].give_back();
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            self.next[index as usize].store(head as u32, Ordering::Relaxed);
-            let new_head = ((head & !0xFFFF_FFFF).wrapping_add(tag_step())) | u64::from(index);
-            match self.head.compare_exchange_weak(
-                head,
-                new_head,
-                release_ordering(),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(current) => head = current,
-            }
-        }
-    }
-
-    #[inline]
-    fn slot_ptr(&self, index: u32) -> NonNull<u8> {
-        // SAFETY: `index < slot_count` (only valid indices are ever on the free list or in
-        // a handle), so the offset stays inside the region.
-        unsafe { self.base.add(index as usize * self.slot_size) }
-    }
 }
 
 macro_rules! slot_handle_methods {
@@ -348,7 +348,7 @@ macro_rules! slot_handle_impls {
         impl Drop for $handle {
             #[inline]
             fn drop(&mut self) {
-                self.pool.push(self.index);
+                self.pool.give_back(self.index);
             }
         }
 
@@ -380,7 +380,7 @@ slot_handle_impls!(Slot<'_>);
 /// to and drop on any thread.
 ///
 /// ```
-/// use tierbuf_pool::{HostRegistrar, MemoryBudget, SlotPool};
+/// use tierbuf_pool::{HostRegistrar, MemoryBudget, Registrar, SlotPool};
 /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
 /// let pool = SlotPool::new(&registrar, 4096, 2)?;
 /// let mut slot = pool.try_acquire_owned().unwrap();

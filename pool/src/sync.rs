@@ -14,11 +14,15 @@ compile_error!("`--cfg loom` needs the `loom` feature of tierbuf-pool (loom-test
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
 
 #[cfg(loom)]
 pub mod planted {
@@ -35,12 +39,12 @@ pub mod planted {
     #[repr(u32)]
     #[non_exhaustive]
     pub enum Bug {
-        /// Slot release publishes the free-list head with `Relaxed` instead of `Release`,
-        /// so the next owner may not see the previous owner's writes to the slot.
+        /// Slot release marks the slot free with `Relaxed` instead of `Release`, so the
+        /// next owner may not see the previous owner's writes to the slot.
         SlotReleaseRelaxed = 1,
-        /// The free-list head carries no ABA tag, so a head that was popped and pushed
-        /// back in between is taken for an unchanged one.
-        SlotPoolNoAbaTag = 2,
+        /// Slot acquire checks that a slot is free and marks it held as two separate
+        /// steps, so two threads can both take it.
+        SlotTakeCheckThenSet = 2,
         /// A budget reservation checks the cap and adds the bytes as two separate steps.
         BudgetCheckThenAdd = 3,
     }
