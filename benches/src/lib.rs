@@ -1,5 +1,7 @@
 //! Shared helpers for the criterion benches in `benches/`.
 
+#![warn(missing_docs)]
+
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 

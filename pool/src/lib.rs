@@ -12,6 +12,8 @@
 //! # Ok::<(), tierbuf_pool::PoolError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod budget;
 mod error;
 mod region;

@@ -44,6 +44,7 @@ pub struct RegionKeys {
 /// region's pointer (and the provider's hardware on its behalf) for as long as the value
 /// lives. Callers that hand these bytes to several owners must make the owners' ranges
 /// disjoint.
+#[allow(clippy::len_without_is_empty)] // a region is never empty
 pub unsafe trait Region: Send + Sync + fmt::Debug {
     /// The first byte of the region.
     fn base(&self) -> NonNull<u8>;

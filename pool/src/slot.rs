@@ -35,9 +35,15 @@ pub const MAX_SLOTS: usize = u32::MAX as usize;
 #[repr(align(64))]
 struct SlotState(AtomicU32);
 
-crate::sync::thread_local! {
+#[cfg(not(loom))]
+std::thread_local! {
     /// The pool (by address) and slot this thread released last: where it looks first.
     static LAST_RELEASED: Cell<(usize, u32)> = const { Cell::new((0, 0)) };
+}
+#[cfg(loom)]
+loom::thread_local! {
+    /// The pool (by address) and slot this thread released last: where it looks first.
+    static LAST_RELEASED: Cell<(usize, u32)> = Cell::new((0, 0));
 }
 
 /// A lock-free pool of fixed-size slots in one registered region.

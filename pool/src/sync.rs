@@ -14,15 +14,11 @@ compile_error!("`--cfg loom` needs the `loom` feature of tierbuf-pool (loom-test
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-#[cfg(not(loom))]
-pub(crate) use std::thread_local;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-#[cfg(loom)]
-pub(crate) use loom::thread_local;
 
 #[cfg(loom)]
 pub mod planted {

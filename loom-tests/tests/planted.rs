@@ -1,0 +1,34 @@
+//! Every model with its planted bug: each test passes only when loom reports the failure
+//! the bug causes. A separate test binary (so a separate process) from the clean models,
+//! because a planted bug is a process-wide switch.
+#![cfg(loom)]
+
+use tierbuf_loom_tests::harness::expect_caught;
+use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
+use tierbuf_pool::sync::planted::Bug;
+
+#[test]
+fn slot_release_relaxed_is_caught() {
+    let message = expect_caught(Bug::SlotReleaseRelaxed, || slots_hand_over(1));
+    assert!(message.contains("Causality violation"), "{message}");
+}
+
+#[test]
+fn slot_take_check_then_set_is_caught() {
+    // Loom reaches the double take either as a second owner or as the two owners' writes
+    // without happens-before, whichever interleaving it explores first.
+    let message = expect_caught(Bug::SlotTakeCheckThenSet, || slots_hand_over(2));
+    assert!(
+        message.contains("second owner") || message.contains("Causality violation"),
+        "{message}"
+    );
+}
+
+#[test]
+fn budget_check_then_add_is_caught() {
+    let message = expect_caught(Bug::BudgetCheckThenAdd, budget_admission);
+    assert!(
+        message.contains("passed its cap") || message.contains("exactly one"),
+        "{message}"
+    );
+}
