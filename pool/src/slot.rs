@@ -3,9 +3,13 @@
 //!
 //! # Invariants
 //!
-//! - Each slot has one state word, alone on its cache line: `FREE` or `HELD`. A slot is
-//!   taken only by a compare-and-swap from `FREE` to `HELD`, so at most one handle holds
-//!   it; only that handle's drop stores `FREE` again.
+//! - Each slot has one state word, alone on its cache line: `FREE`, `HELD` or `RETIRED`.
+//!   A slot is taken only by a compare-and-swap from `FREE` to `HELD`, so at most one
+//!   handle holds it; only that handle's drop stores `FREE` again.
+//! - [`SlotPool::try_retire`] claims every slot by a compare-and-swap from `FREE` to
+//!   `RETIRED`, and gives back the ones it claimed if any slot is held. So retirement and
+//!   acquisition meet on the same words: once a retire succeeds no slot is held and none
+//!   can be taken again, and a slot taken first makes the retire fail.
 //! - The release store is `Release` and the taking compare-and-swap is `Acquire`, so
 //!   everything the previous owner wrote to a slot happens before the next owner sees it.
 //! - The region outlives every handle: borrowed handles borrow the pool, owned handles hold
@@ -27,6 +31,7 @@ use crate::sync::{Arc, AtomicU32, Ordering};
 
 const FREE: u32 = 0;
 const HELD: u32 = 1;
+const RETIRED: u32 = 2;
 /// The most slots one pool holds (slot indices are `u32`).
 pub const MAX_SLOTS: usize = u32::MAX as usize;
 
@@ -177,6 +182,74 @@ impl SlotPool {
     /// The keys of the region behind the pool.
     pub fn keys(&self) -> RegionKeys {
         self.shared.keys
+    }
+
+    /// Retires the pool if no slot is held: every slot is marked retired, so that no
+    /// acquire succeeds from now on, and `true` is returned. If a slot is held, nothing
+    /// changes and `false` is returned.
+    ///
+    /// This is how an owner that can still be raced by acquirers (a tier being replaced)
+    /// learns that the pool is idle for good before it frees or recycles the region.
+    ///
+    /// ```
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, SlotPool};
+    /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
+    /// let pool = SlotPool::new(&registrar, 512, 4)?;
+    /// let slot = pool.try_acquire_owned().unwrap();
+    /// assert!(!pool.try_retire(), "a slot is held");
+    /// drop(slot);
+    /// assert!(pool.try_retire());
+    /// assert!(pool.try_acquire().is_none() && pool.is_retired());
+    /// # Ok::<(), tierbuf_pool::PoolError>(())
+    /// ```
+    pub fn try_retire(&self) -> bool {
+        let states = &self.shared.states;
+        for (claimed, state) in states.iter().enumerate() {
+            if state
+                .0
+                .compare_exchange(FREE, RETIRED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                for earlier in &states[..claimed] {
+                    earlier.0.store(FREE, Ordering::Release);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether [`SlotPool::try_retire`] succeeded on this pool.
+    pub fn is_retired(&self) -> bool {
+        self.shared
+            .states
+            .iter()
+            .all(|state| state.0.load(Ordering::Acquire) == RETIRED)
+    }
+
+    /// Gives the region back for reuse (a new pool can be carved from it), when this is
+    /// the last handle onto the pool and no slot is held; otherwise hands the pool back.
+    ///
+    /// ```
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, SlotPool};
+    /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
+    /// let pool = SlotPool::new(&registrar, 512, 4)?;
+    /// let other = pool.clone();
+    /// let pool = pool.into_region().expect_err("another handle exists");
+    /// drop(other);
+    /// let region = pool.into_region().expect("last handle");
+    /// let pool = SlotPool::from_region(region, 1024)?;
+    /// assert_eq!(pool.slot_count(), 2);
+    /// # Ok::<(), tierbuf_pool::PoolError>(())
+    /// ```
+    pub fn into_region(self) -> Result<Box<dyn Region>, SlotPool> {
+        // A held slot is either a borrowed handle (which borrows a `SlotPool`, so `self`
+        // could not have been moved here if it were the last) or an owned handle (which
+        // holds a reference count): so a unique `Arc` means no slot is held.
+        match Arc::try_unwrap(self.shared) {
+            Ok(PoolShared { region, .. }) => Ok(region),
+            Err(shared) => Err(SlotPool { shared }),
+        }
     }
 
     /// Free slots now. Exact when no other thread acquires or releases meanwhile (a test's

@@ -223,3 +223,63 @@ fn hammering_from_two_threads_returns_every_slot() {
     });
     assert_eq!(pool.free_slots(), 3);
 }
+
+#[test]
+fn a_failed_retire_changes_nothing_and_a_successful_one_is_final() {
+    let registrar = registrar();
+    let pool = SlotPool::new(&registrar, 64, 4).unwrap();
+    let first = pool.try_acquire().unwrap();
+    let last = {
+        let mut taken: Vec<_> = std::iter::from_fn(|| pool.try_acquire()).collect();
+        let last = taken.pop().unwrap();
+        drop(taken);
+        last
+    };
+    drop(first);
+    // Slots before the held one get claimed, then given back when the held one is met.
+    assert!(!pool.try_retire());
+    assert!(!pool.is_retired());
+    assert_eq!(pool.free_slots(), 3);
+    drop(last);
+    assert!(pool.try_retire());
+    assert!(pool.is_retired());
+    assert_eq!(pool.free_slots(), 0);
+    assert!(pool.try_acquire().is_none());
+    assert!(!pool.try_retire(), "a retired pool is not retired twice");
+    let region = pool.into_region().unwrap();
+    assert_eq!(registrar.budget().in_use(), 256);
+    drop(region);
+    assert_eq!(registrar.budget().in_use(), 0);
+}
+
+#[test]
+fn retire_races_acquirers_without_ever_retiring_a_held_slot() {
+    let registrar = registrar();
+    for _ in 0..200 {
+        let pool = SlotPool::new(&registrar, 64, 4).unwrap();
+        let retired = std::thread::scope(|scope| {
+            let acquirer = scope.spawn(|| {
+                let mut took = 0;
+                for _ in 0..50 {
+                    if let Some(mut slot) = pool.try_acquire() {
+                        slot.fill(1);
+                        took += 1;
+                    }
+                }
+                took
+            });
+            let retired = loop {
+                if pool.try_retire() {
+                    break true;
+                }
+                if acquirer.is_finished() {
+                    break pool.try_retire();
+                }
+            };
+            acquirer.join().unwrap();
+            retired
+        });
+        assert!(retired, "an idle pool must retire");
+        assert!(pool.is_retired());
+    }
+}
