@@ -1,1 +1,957 @@
-//! (in progress)
+//! Tier ladders: the ordered sizes a connection's registered buffers are promoted through.
+//!
+//! A [`TierLadder`] is a list of [`TierSpec`]s, smallest first, plus the [`LadderPolicy`] that
+//! decides when a connection steps back down. Every connection starts on
+//! [`TierIndex::SMALLEST`]; a message that does not fit its current tier makes it climb to
+//! [`TierLadder::tier_for_len`]; a message larger than the top tier is segmented.
+//!
+//! # Threshold semantics
+//!
+//! A message (or one element of an I/O vector) of `len` bytes *fits* tier `k` when
+//! `len <= promote_threshold(k)`. The threshold never exceeds the slot size; a threshold below
+//! the slot size promotes early, leaving `slot_size - promote_threshold` bytes of every slot
+//! for a transport header or trailer (the patent's "fits with a certain tolerance").
+//!
+//! # Invariants kept here
+//!
+//! Every `TierLadder` (and therefore every `TierSpec`, which only a ladder hands out) has
+//! passed [`TierLadder::new`]'s validation, so code using a ladder may rely on all of these:
+//!
+//! - there is at least one tier and at most [`MAX_TIERS`], so every index fits a [`TierIndex`];
+//! - slot sizes are non-zero multiples of [`SLOT_ALIGN`] and strictly increase up the ladder;
+//! - slot counts are non-zero;
+//! - thresholds are non-zero, at most their tier's slot size, and strictly increase up the
+//!   ladder, so every tier is the smallest fit for some message length;
+//! - the send and receive regions of all tiers up to and including any tier, added together,
+//!   fit in a `u64` (so [`TierSpec::region_len`] and the [`MemoryTable`] never overflow);
+//! - `demote_after` is non-zero.
+
+mod file;
+mod memory;
+mod presets;
+mod size;
+
+use std::time::Duration;
+
+use crate::TierIndex;
+
+pub use file::LoadError;
+pub use memory::{MemoryRow, MemoryTable};
+pub use presets::PRESET_NAMES;
+
+/// The most tiers a ladder may have, so that every index and the count itself fit in a `u8`.
+pub const MAX_TIERS: usize = u8::MAX as usize;
+
+/// Slot sizes must be multiples of this many bytes: a cache line, so that slots carved from
+/// one region never share a cache line and every slot starts suitably aligned for a registrar.
+pub const SLOT_ALIGN: usize = 64;
+
+/// One rung of a ladder: a registered region of `slot_count` slots of `slot_size` bytes.
+///
+/// Only a validated [`TierLadder`] hands out a `TierSpec`.
+///
+/// ```
+/// use tierbuf_tiers::ladder::TierLadder;
+/// let ladder = TierLadder::builder().tier(512, 16, 480).build()?;
+/// let tier = &ladder.tiers()[0];
+/// assert_eq!(tier.slot_size(), 512);
+/// assert_eq!(tier.slot_count(), 16);
+/// assert_eq!(tier.promote_threshold(), 480);
+/// assert_eq!(tier.region_len(), 8192);
+/// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierSpec {
+    slot_size: usize,
+    slot_count: usize,
+    promote_threshold: usize,
+}
+
+impl TierSpec {
+    /// The size of one slot in bytes.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(8192, 4, 8192).build()?;
+    /// assert_eq!(ladder.tiers()[0].slot_size(), 8192);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// How many slots the tier's region holds (one region for sending, one for receiving).
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(8192, 4, 8192).build()?;
+    /// assert_eq!(ladder.tiers()[0].slot_count(), 4);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn slot_count(&self) -> usize {
+        self.slot_count
+    }
+
+    /// The largest message, in bytes, that fits this tier (see the module's threshold semantics).
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 4, 448).build()?;
+    /// assert_eq!(ladder.tiers()[0].promote_threshold(), 448);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn promote_threshold(&self) -> usize {
+        self.promote_threshold
+    }
+
+    /// The length of one of the tier's regions: `slot_size * slot_count`.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(8192, 4, 8192).build()?;
+    /// assert_eq!(ladder.tiers()[0].region_len(), 32768);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn region_len(&self) -> usize {
+        // Validation checked this product (and more) fits.
+        self.slot_size * self.slot_count
+    }
+
+    /// Whether a message of `len` bytes fits this tier: `len <= promote_threshold`.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 4, 480).build()?;
+    /// assert!(ladder.tiers()[0].fits(480));
+    /// assert!(!ladder.tiers()[0].fits(481));
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn fits(&self, len: usize) -> bool {
+        len <= self.promote_threshold
+    }
+}
+
+/// When a connection steps back down the ladder, and what a process keeps registered.
+///
+/// Defaults: `demote_after` 30 s, `hysteresis` 5 s, `retain_replaced` false (free the old
+/// tier as the patent does), `reservoir_regions` 0 (register nothing nobody asked for).
+///
+/// ```
+/// use std::time::Duration;
+/// use tierbuf_tiers::ladder::LadderPolicy;
+/// let policy = LadderPolicy::default();
+/// assert_eq!(policy.demote_after(), Duration::from_secs(30));
+/// assert_eq!(policy.hysteresis(), Duration::from_secs(5));
+/// assert!(!policy.retain_replaced());
+/// assert_eq!(policy.reservoir_regions(), 0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LadderPolicy {
+    demote_after: Duration,
+    hysteresis: Duration,
+    retain_replaced: bool,
+    reservoir_regions: usize,
+}
+
+impl Default for LadderPolicy {
+    fn default() -> LadderPolicy {
+        LadderPolicy {
+            demote_after: Duration::from_secs(30),
+            hysteresis: Duration::from_secs(5),
+            retain_replaced: false,
+            reservoir_regions: 0,
+        }
+    }
+}
+
+impl LadderPolicy {
+    /// Idle time before a connection is demoted one tier: the time since the last message
+    /// that needed its current tier (one that did not fit the tier below). Never zero.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 4, 512).demote_after(Duration::from_secs(9)).build()?;
+    /// assert_eq!(ladder.policy().demote_after(), Duration::from_secs(9));
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn demote_after(&self) -> Duration {
+        self.demote_after
+    }
+
+    /// Minimum time a connection stays on a tier after being promoted to it before it may be
+    /// demoted, however idle it is, so that a connection does not flap between tiers.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 4, 512).hysteresis(Duration::from_secs(2)).build()?;
+    /// assert_eq!(ladder.policy().hysteresis(), Duration::from_secs(2));
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn hysteresis(&self) -> Duration {
+        self.hysteresis
+    }
+
+    /// Whether a promoted connection keeps the regions of the tiers below registered (demotion
+    /// is then free) instead of freeing them as the patent does (less memory per connection).
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 4, 512).retain_replaced(true).build()?;
+    /// assert!(ladder.policy().retain_replaced());
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn retain_replaced(&self) -> bool {
+        self.retain_replaced
+    }
+
+    /// How many regions of each tier a process keeps registered in reserve, shared by all its
+    /// connections, so that a promotion need not wait for a registration.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 4, 512).reservoir_regions(2).build()?;
+    /// assert_eq!(ladder.policy().reservoir_regions(), 2);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn reservoir_regions(&self) -> usize {
+        self.reservoir_regions
+    }
+
+    /// Whether a connection that has been on its tier for `time_on_tier` and idle (see
+    /// [`demote_after`](Self::demote_after)) for `idle` may now be demoted: both the idle time
+    /// and the hysteresis must have passed.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tierbuf_tiers::ladder::LadderPolicy;
+    /// let policy = LadderPolicy::default(); // 30 s idle, 5 s hysteresis
+    /// let s = Duration::from_secs;
+    /// assert!(policy.may_demote(s(40), s(30)));
+    /// assert!(!policy.may_demote(s(40), s(29)));
+    /// assert!(!policy.may_demote(s(4), s(30)), "promoted too recently");
+    /// ```
+    pub fn may_demote(&self, time_on_tier: Duration, idle: Duration) -> bool {
+        idle >= self.demote_after && time_on_tier >= self.hysteresis
+    }
+}
+
+/// A validation failure: each violated rule is its own variant, naming the tier and field.
+///
+/// ```
+/// use tierbuf_tiers::TierIndex;
+/// use tierbuf_tiers::ladder::{LadderError, TierLadder};
+/// let err = TierLadder::builder().tier(512, 16, 600).build().unwrap_err();
+/// assert_eq!(
+///     err,
+///     LadderError::PromoteThresholdExceedsSlot { tier: TierIndex::SMALLEST, promote_threshold: 600, slot_size: 512 }
+/// );
+/// assert_eq!(err.tier(), Some(TierIndex::SMALLEST));
+/// assert_eq!(err.field(), "promote_threshold");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LadderError {
+    /// The ladder has no tier.
+    #[error("a ladder needs at least one [[tier]]")]
+    NoTiers,
+    /// The ladder has more than [`MAX_TIERS`] tiers.
+    #[error("a ladder has at most {max} tiers, this one has {count}")]
+    TooManyTiers {
+        /// How many tiers were given.
+        count: usize,
+        /// The most allowed, [`MAX_TIERS`].
+        max: usize,
+    },
+    /// A slot size is zero.
+    #[error("{tier}: slot_size must be greater than 0")]
+    SlotSizeZero {
+        /// The offending tier.
+        tier: TierIndex,
+    },
+    /// A slot size is not a multiple of [`SLOT_ALIGN`].
+    #[error("{tier}: slot_size {slot_size} is not a multiple of {alignment} bytes")]
+    SlotSizeUnaligned {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its slot size.
+        slot_size: usize,
+        /// The required alignment, [`SLOT_ALIGN`].
+        alignment: usize,
+    },
+    /// A slot size is not larger than the slot size of the tier below.
+    #[error(
+        "{tier}: slot_size {slot_size} is not larger than the slot_size {below} of the tier below"
+    )]
+    SlotSizeNotIncreasing {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its slot size.
+        slot_size: usize,
+        /// The slot size of the tier below.
+        below: usize,
+    },
+    /// A slot count is zero.
+    #[error("{tier}: slot_count must be greater than 0")]
+    SlotCountZero {
+        /// The offending tier.
+        tier: TierIndex,
+    },
+    /// A promotion threshold is zero.
+    #[error("{tier}: promote_threshold must be greater than 0")]
+    PromoteThresholdZero {
+        /// The offending tier.
+        tier: TierIndex,
+    },
+    /// A promotion threshold exceeds its tier's slot size.
+    #[error("{tier}: promote_threshold {promote_threshold} exceeds the slot_size {slot_size}")]
+    PromoteThresholdExceedsSlot {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its threshold.
+        promote_threshold: usize,
+        /// Its slot size.
+        slot_size: usize,
+    },
+    /// A promotion threshold is not larger than the threshold of the tier below, so no
+    /// message would ever need this tier.
+    #[error(
+        "{tier}: promote_threshold {promote_threshold} is not larger than the promote_threshold {below} of the tier below, so no message would ever need this tier"
+    )]
+    PromoteThresholdNotIncreasing {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its threshold.
+        promote_threshold: usize,
+        /// The threshold of the tier below.
+        below: usize,
+    },
+    /// The tier's regions, added to those of the tiers below, overflow 64 bits.
+    #[error(
+        "{tier}: slot_count {slot_count} of slot_size {slot_size} makes the send and receive regions up to this tier overflow 64 bits"
+    )]
+    RegionTooLarge {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its slot size.
+        slot_size: usize,
+        /// Its slot count.
+        slot_count: usize,
+    },
+    /// The policy's `demote_after` is zero, which would demote after every message.
+    #[error("policy: demote_after must be greater than 0")]
+    DemoteAfterZero,
+}
+
+impl LadderError {
+    /// The tier the error is about, if it is about one tier.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
+    /// let err = TierLadder::builder().tier(512, 1, 512).tier(512, 1, 512).build().unwrap_err();
+    /// assert_eq!(err.tier(), Some(TierIndex::new(1)));
+    /// ```
+    pub fn tier(&self) -> Option<TierIndex> {
+        match *self {
+            LadderError::NoTiers
+            | LadderError::TooManyTiers { .. }
+            | LadderError::DemoteAfterZero => None,
+            LadderError::SlotSizeZero { tier }
+            | LadderError::SlotSizeUnaligned { tier, .. }
+            | LadderError::SlotSizeNotIncreasing { tier, .. }
+            | LadderError::SlotCountZero { tier }
+            | LadderError::PromoteThresholdZero { tier }
+            | LadderError::PromoteThresholdExceedsSlot { tier, .. }
+            | LadderError::PromoteThresholdNotIncreasing { tier, .. }
+            | LadderError::RegionTooLarge { tier, .. } => Some(tier),
+        }
+    }
+
+    /// The ladder file key the error is about: `tier` (the list of tiers itself),
+    /// `slot_size`, `slot_count`, `promote_threshold` or `demote_after`.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let err = TierLadder::builder().tier(512, 0, 512).build().unwrap_err();
+    /// assert_eq!(err.field(), "slot_count");
+    /// ```
+    pub fn field(&self) -> &'static str {
+        match self {
+            LadderError::NoTiers | LadderError::TooManyTiers { .. } => "tier",
+            LadderError::SlotSizeZero { .. }
+            | LadderError::SlotSizeUnaligned { .. }
+            | LadderError::SlotSizeNotIncreasing { .. } => "slot_size",
+            LadderError::SlotCountZero { .. } | LadderError::RegionTooLarge { .. } => "slot_count",
+            LadderError::PromoteThresholdZero { .. }
+            | LadderError::PromoteThresholdExceedsSlot { .. }
+            | LadderError::PromoteThresholdNotIncreasing { .. } => "promote_threshold",
+            LadderError::DemoteAfterZero => "demote_after",
+        }
+    }
+}
+
+/// An ordered, validated list of tiers, smallest first, and the policy for moving between them.
+///
+/// ```
+/// use std::time::Duration;
+/// use tierbuf_tiers::TierIndex;
+/// use tierbuf_tiers::ladder::TierLadder;
+/// let ladder = TierLadder::builder()
+///     .tier(512, 64, 480)
+///     .tier(8192, 32, 8192)
+///     .demote_after(Duration::from_secs(10))
+///     .build()?;
+/// assert_eq!(ladder.len(), 2);
+/// assert_eq!(ladder.top(), TierIndex::new(1));
+/// assert_eq!(ladder.tier_for_len(100), Some(TierIndex::SMALLEST));
+/// assert_eq!(ladder.tier_for_len(481), Some(TierIndex::new(1)));
+/// assert_eq!(ladder.tier_for_len(8193), None, "segmented");
+/// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TierLadder {
+    tiers: Vec<TierSpec>,
+    policy: LadderPolicy,
+}
+
+impl TierLadder {
+    /// A builder for a ladder in code; [`TierLadderBuilder::build`] validates it.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(4096, 8, 4096).build()?;
+    /// assert_eq!(ladder.len(), 1);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn builder() -> TierLadderBuilder {
+        TierLadderBuilder::default()
+    }
+
+    /// Validates `(slot_size, slot_count, promote_threshold)` triples, smallest tier first,
+    /// and a policy into a ladder; the first rule broken is reported.
+    fn new(
+        tiers: &[(usize, usize, usize)],
+        policy: LadderPolicy,
+    ) -> Result<TierLadder, LadderError> {
+        if tiers.is_empty() {
+            return Err(LadderError::NoTiers);
+        }
+        if tiers.len() > MAX_TIERS {
+            return Err(LadderError::TooManyTiers {
+                count: tiers.len(),
+                max: MAX_TIERS,
+            });
+        }
+        let mut specs: Vec<TierSpec> = Vec::with_capacity(tiers.len());
+        let mut registered_through: u64 = 0;
+        for (position, &(slot_size, slot_count, promote_threshold)) in tiers.iter().enumerate() {
+            let tier = TierIndex::new(position as u8);
+            let below = specs.last();
+            if slot_size == 0 {
+                return Err(LadderError::SlotSizeZero { tier });
+            }
+            if slot_size % SLOT_ALIGN != 0 {
+                return Err(LadderError::SlotSizeUnaligned {
+                    tier,
+                    slot_size,
+                    alignment: SLOT_ALIGN,
+                });
+            }
+            if let Some(below) = below.filter(|below| slot_size <= below.slot_size) {
+                return Err(LadderError::SlotSizeNotIncreasing {
+                    tier,
+                    slot_size,
+                    below: below.slot_size,
+                });
+            }
+            if slot_count == 0 {
+                return Err(LadderError::SlotCountZero { tier });
+            }
+            if promote_threshold == 0 {
+                return Err(LadderError::PromoteThresholdZero { tier });
+            }
+            if promote_threshold > slot_size {
+                return Err(LadderError::PromoteThresholdExceedsSlot {
+                    tier,
+                    promote_threshold,
+                    slot_size,
+                });
+            }
+            if let Some(below) = below.filter(|below| promote_threshold <= below.promote_threshold)
+            {
+                return Err(LadderError::PromoteThresholdNotIncreasing {
+                    tier,
+                    promote_threshold,
+                    below: below.promote_threshold,
+                });
+            }
+            registered_through = slot_size
+                .checked_mul(slot_count)
+                .and_then(|region_len| u64::try_from(region_len).ok())
+                .and_then(|region_len| region_len.checked_mul(2))
+                .and_then(|send_and_receive| registered_through.checked_add(send_and_receive))
+                .ok_or(LadderError::RegionTooLarge {
+                    tier,
+                    slot_size,
+                    slot_count,
+                })?;
+            specs.push(TierSpec {
+                slot_size,
+                slot_count,
+                promote_threshold,
+            });
+        }
+        if policy.demote_after.is_zero() {
+            return Err(LadderError::DemoteAfterZero);
+        }
+        Ok(TierLadder {
+            tiers: specs,
+            policy,
+        })
+    }
+
+    /// The tiers, smallest first.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::preset("patent")?;
+    /// let sizes: Vec<usize> = ladder.tiers().iter().map(|t| t.slot_size()).collect();
+    /// assert_eq!(sizes, [512, 8192]);
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn tiers(&self) -> &[TierSpec] {
+        &self.tiers
+    }
+
+    /// The tier at `index`, or `None` past the top.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
+    /// let ladder = TierLadder::preset("patent")?;
+    /// assert_eq!(ladder.tier(TierIndex::new(1)).map(|t| t.slot_size()), Some(8192));
+    /// assert!(ladder.tier(TierIndex::new(2)).is_none());
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn tier(&self, index: TierIndex) -> Option<&TierSpec> {
+        self.tiers.get(usize::from(index.get()))
+    }
+
+    /// The tiers with their indices, smallest first.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
+    /// let ladder = TierLadder::preset("patent")?;
+    /// let (top, spec) = ladder.iter().last().unwrap();
+    /// assert_eq!((top, spec.slot_size()), (TierIndex::new(1), 8192));
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn iter(&self) -> impl Iterator<Item = (TierIndex, &TierSpec)> {
+        // Validation keeps the count within u8.
+        self.tiers
+            .iter()
+            .enumerate()
+            .map(|(position, spec)| (TierIndex::new(position as u8), spec))
+    }
+
+    /// The index of the largest tier.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
+    /// assert_eq!(TierLadder::preset("storage")?.top(), TierIndex::new(2));
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn top(&self) -> TierIndex {
+        TierIndex::new((self.tiers.len() - 1) as u8)
+    }
+
+    /// How many tiers the ladder has (at least 1).
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// assert_eq!(TierLadder::preset("rpc")?.len(), 3);
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    #[allow(clippy::len_without_is_empty, reason = "a ladder is never empty")]
+    pub fn len(&self) -> usize {
+        self.tiers.len()
+    }
+
+    /// The policy for demotion and reserve regions.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// assert!(!TierLadder::preset("patent")?.policy().retain_replaced());
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn policy(&self) -> &LadderPolicy {
+        &self.policy
+    }
+
+    /// The smallest tier a message (or I/O-vector element) of `len` bytes fits, or `None` when
+    /// it is longer than the top tier's threshold and must be segmented.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
+    /// let ladder = TierLadder::preset("patent")?; // thresholds 480 and 8192
+    /// assert_eq!(ladder.tier_for_len(0), Some(TierIndex::SMALLEST));
+    /// assert_eq!(ladder.tier_for_len(480), Some(TierIndex::SMALLEST));
+    /// assert_eq!(ladder.tier_for_len(481), Some(TierIndex::new(1)));
+    /// assert_eq!(ladder.tier_for_len(8192), Some(TierIndex::new(1)));
+    /// assert_eq!(ladder.tier_for_len(8193), None);
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn tier_for_len(&self, len: usize) -> Option<TierIndex> {
+        // Thresholds strictly increase, so the tiers that do not fit form a prefix.
+        let position = self.tiers.partition_point(|spec| !spec.fits(len));
+        (position < self.tiers.len()).then(|| TierIndex::new(position as u8))
+    }
+
+    /// What a connection registers at each tier, and for `connections` connections.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let table = TierLadder::preset("patent")?.memory_table(1);
+    /// assert_eq!(table.rows()[0].per_connection(), 16 * 1024);
+    /// assert_eq!(table.static_per_connection(), 256 * 1024);
+    /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+    /// ```
+    pub fn memory_table(&self, connections: usize) -> MemoryTable {
+        MemoryTable::new(self, connections)
+    }
+}
+
+/// Builds a [`TierLadder`] in code, with the same validation as a ladder file.
+///
+/// ```
+/// use std::time::Duration;
+/// use tierbuf_tiers::ladder::{LadderError, TierLadder};
+/// let ladder = TierLadder::builder()
+///     .tier(512, 64, 480)
+///     .tier(8192, 32, 8192)
+///     .demote_after(Duration::from_secs(60))
+///     .hysteresis(Duration::from_secs(10))
+///     .retain_replaced(true)
+///     .reservoir_regions(4)
+///     .build()?;
+/// assert_eq!(ladder.policy().reservoir_regions(), 4);
+///
+/// let unaligned = TierLadder::builder().tier(500, 64, 480).build();
+/// assert!(matches!(unaligned, Err(LadderError::SlotSizeUnaligned { .. })));
+/// # Ok::<(), LadderError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TierLadderBuilder {
+    tiers: Vec<(usize, usize, usize)>,
+    policy: LadderPolicy,
+}
+
+impl TierLadderBuilder {
+    /// Adds the next larger tier: `slot_count` slots of `slot_size` bytes, fitting messages of
+    /// up to `promote_threshold` bytes.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 8, 512).tier(4096, 8, 4096).build()?;
+    /// assert_eq!(ladder.len(), 2);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn tier(mut self, slot_size: usize, slot_count: usize, promote_threshold: usize) -> Self {
+        self.tiers.push((slot_size, slot_count, promote_threshold));
+        self
+    }
+
+    /// Replaces the whole policy.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::{LadderPolicy, TierLadder};
+    /// let ladder = TierLadder::builder().tier(512, 8, 512).policy(LadderPolicy::default()).build()?;
+    /// assert_eq!(*ladder.policy(), LadderPolicy::default());
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn policy(mut self, policy: LadderPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets [`LadderPolicy::demote_after`].
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tierbuf_tiers::ladder::{LadderError, TierLadder};
+    /// let zero = TierLadder::builder().tier(512, 8, 512).demote_after(Duration::ZERO).build();
+    /// assert_eq!(zero, Err(LadderError::DemoteAfterZero));
+    /// ```
+    pub fn demote_after(mut self, demote_after: Duration) -> Self {
+        self.policy.demote_after = demote_after;
+        self
+    }
+
+    /// Sets [`LadderPolicy::hysteresis`].
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 8, 512).hysteresis(Duration::ZERO).build()?;
+    /// assert!(ladder.policy().hysteresis().is_zero());
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn hysteresis(mut self, hysteresis: Duration) -> Self {
+        self.policy.hysteresis = hysteresis;
+        self
+    }
+
+    /// Sets [`LadderPolicy::retain_replaced`].
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 8, 512).retain_replaced(true).build()?;
+    /// assert!(ladder.policy().retain_replaced());
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn retain_replaced(mut self, retain_replaced: bool) -> Self {
+        self.policy.retain_replaced = retain_replaced;
+        self
+    }
+
+    /// Sets [`LadderPolicy::reservoir_regions`].
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(512, 8, 512).reservoir_regions(3).build()?;
+    /// assert_eq!(ladder.policy().reservoir_regions(), 3);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn reservoir_regions(mut self, reservoir_regions: usize) -> Self {
+        self.policy.reservoir_regions = reservoir_regions;
+        self
+    }
+
+    /// Validates the tiers and policy into a ladder.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::{LadderError, TierLadder};
+    /// assert_eq!(TierLadder::builder().build(), Err(LadderError::NoTiers));
+    /// ```
+    pub fn build(&self) -> Result<TierLadder, LadderError> {
+        TierLadder::new(&self.tiers, self.policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tier(index: u8) -> TierIndex {
+        TierIndex::new(index)
+    }
+
+    #[test]
+    fn a_valid_ladder_keeps_its_tiers_and_policy() {
+        let ladder = TierLadder::builder()
+            .tier(512, 64, 480)
+            .tier(8192, 32, 8192)
+            .demote_after(Duration::from_millis(250))
+            .hysteresis(Duration::from_secs(1))
+            .retain_replaced(true)
+            .reservoir_regions(2)
+            .build()
+            .unwrap();
+        assert_eq!(ladder.len(), 2);
+        assert_eq!(ladder.top(), tier(1));
+        assert_eq!(ladder.tier(tier(0)).unwrap().region_len(), 512 * 64);
+        assert_eq!(ladder.tier(tier(1)).unwrap().region_len(), 8192 * 32);
+        assert_eq!(ladder.policy().demote_after(), Duration::from_millis(250));
+        assert_eq!(ladder.policy().hysteresis(), Duration::from_secs(1));
+        assert!(ladder.policy().retain_replaced());
+        assert_eq!(ladder.policy().reservoir_regions(), 2);
+    }
+
+    #[test]
+    fn no_tiers_is_an_error() {
+        assert_eq!(TierLadder::builder().build(), Err(LadderError::NoTiers));
+    }
+
+    #[test]
+    fn more_than_255_tiers_is_an_error_and_255_is_fine() {
+        let ladder_of = |count: usize| {
+            (1..=count)
+                .fold(TierLadder::builder(), |builder, step| {
+                    builder.tier(step * 64, 1, step * 64)
+                })
+                .build()
+        };
+        let full = ladder_of(MAX_TIERS).unwrap();
+        assert_eq!(full.top(), tier(254));
+        assert_eq!(
+            ladder_of(MAX_TIERS + 1),
+            Err(LadderError::TooManyTiers {
+                count: 256,
+                max: 255
+            })
+        );
+    }
+
+    #[test]
+    fn each_broken_tier_rule_is_its_own_error() {
+        let cases: [(TierLadderBuilder, LadderError); 8] = [
+            (
+                TierLadder::builder().tier(0, 1, 1),
+                LadderError::SlotSizeZero { tier: tier(0) },
+            ),
+            (
+                TierLadder::builder().tier(512, 1, 512).tier(1000, 1, 1000),
+                LadderError::SlotSizeUnaligned {
+                    tier: tier(1),
+                    slot_size: 1000,
+                    alignment: 64,
+                },
+            ),
+            (
+                TierLadder::builder().tier(512, 1, 256).tier(512, 1, 512),
+                LadderError::SlotSizeNotIncreasing {
+                    tier: tier(1),
+                    slot_size: 512,
+                    below: 512,
+                },
+            ),
+            (
+                TierLadder::builder().tier(1024, 1, 256).tier(512, 1, 512),
+                LadderError::SlotSizeNotIncreasing {
+                    tier: tier(1),
+                    slot_size: 512,
+                    below: 1024,
+                },
+            ),
+            (
+                TierLadder::builder().tier(512, 0, 512),
+                LadderError::SlotCountZero { tier: tier(0) },
+            ),
+            (
+                TierLadder::builder().tier(512, 1, 0),
+                LadderError::PromoteThresholdZero { tier: tier(0) },
+            ),
+            (
+                TierLadder::builder().tier(512, 1, 513),
+                LadderError::PromoteThresholdExceedsSlot {
+                    tier: tier(0),
+                    promote_threshold: 513,
+                    slot_size: 512,
+                },
+            ),
+            (
+                TierLadder::builder().tier(512, 1, 512).tier(1024, 1, 500),
+                LadderError::PromoteThresholdNotIncreasing {
+                    tier: tier(1),
+                    promote_threshold: 500,
+                    below: 512,
+                },
+            ),
+        ];
+        for (builder, expected) in cases {
+            assert_eq!(builder.build(), Err(expected));
+        }
+    }
+
+    #[test]
+    fn regions_that_overflow_64_bits_are_an_error() {
+        let huge_slot = usize::MAX - usize::MAX % 64;
+        assert_eq!(
+            TierLadder::builder().tier(huge_slot, 2, 64).build(),
+            Err(LadderError::RegionTooLarge {
+                tier: tier(0),
+                slot_size: huge_slot,
+                slot_count: 2
+            })
+        );
+        // One region fits, but its send and receive halves together do not.
+        let half = (u64::MAX / 2 + 1) as usize; // 2^63, a multiple of 64
+        assert_eq!(
+            TierLadder::builder().tier(half, 1, 64).build(),
+            Err(LadderError::RegionTooLarge {
+                tier: tier(0),
+                slot_size: half,
+                slot_count: 1
+            })
+        );
+        // Each tier fits alone, but the cumulative registration through tier 1 does not.
+        let quarter = (u64::MAX / 4 + 1) as usize; // 2^62
+        assert_eq!(
+            TierLadder::builder()
+                .tier(quarter, 1, 64)
+                .tier(quarter + 64, 1, 128)
+                .build(),
+            Err(LadderError::RegionTooLarge {
+                tier: tier(1),
+                slot_size: quarter + 64,
+                slot_count: 1
+            })
+        );
+    }
+
+    #[test]
+    fn zero_demote_after_is_an_error_but_zero_hysteresis_is_not() {
+        let base = TierLadder::builder().tier(512, 1, 512);
+        assert_eq!(
+            base.clone().demote_after(Duration::ZERO).build(),
+            Err(LadderError::DemoteAfterZero)
+        );
+        assert!(base.hysteresis(Duration::ZERO).build().is_ok());
+    }
+
+    #[test]
+    fn errors_name_their_tier_and_field() {
+        let err = TierLadder::builder()
+            .tier(512, 1, 512)
+            .tier(1000, 1, 1000)
+            .build()
+            .unwrap_err();
+        assert_eq!((err.tier(), err.field()), (Some(tier(1)), "slot_size"));
+        assert_eq!(
+            err.to_string(),
+            "tier 1: slot_size 1000 is not a multiple of 64 bytes"
+        );
+        assert_eq!(LadderError::DemoteAfterZero.tier(), None);
+        assert_eq!(LadderError::DemoteAfterZero.field(), "demote_after");
+        assert_eq!(LadderError::NoTiers.field(), "tier");
+    }
+
+    #[test]
+    fn tier_for_len_picks_the_smallest_fitting_tier() {
+        let ladder = TierLadder::builder()
+            .tier(512, 1, 448)
+            .tier(4096, 1, 4096)
+            .tier(65536, 1, 65536)
+            .build()
+            .unwrap();
+        let expectations = [
+            (0, Some(0)),
+            (1, Some(0)),
+            (448, Some(0)),
+            (449, Some(1)),
+            (512, Some(1)),
+            (4096, Some(1)),
+            (4097, Some(2)),
+            (65536, Some(2)),
+        ];
+        for (len, expected) in expectations {
+            assert_eq!(ladder.tier_for_len(len), expected.map(tier), "len {len}");
+        }
+        assert_eq!(ladder.tier_for_len(65537), None);
+        assert_eq!(ladder.tier_for_len(usize::MAX), None);
+    }
+
+    #[test]
+    fn may_demote_needs_both_idle_time_and_hysteresis() {
+        let ladder = TierLadder::builder()
+            .tier(512, 1, 512)
+            .demote_after(Duration::from_secs(10))
+            .hysteresis(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let policy = ladder.policy();
+        assert!(!policy.may_demote(Duration::from_secs(59), Duration::from_secs(59)));
+        assert!(policy.may_demote(Duration::from_secs(60), Duration::from_secs(10)));
+        assert!(!policy.may_demote(Duration::from_secs(600), Duration::from_secs(9)));
+    }
+}
