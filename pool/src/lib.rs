@@ -27,3 +27,12 @@ pub use budget::{
 pub use error::PoolError;
 pub use region::{HostRegistrar, HugePages, Region, RegionKeys, Registrar};
 pub use slot::{MAX_SLOTS, OwnedSlot, Slot, SlotPool};
+
+/// The system's page size: the alignment [`SlotPool::new`] registers with.
+///
+/// ```
+/// assert!(tierbuf_pool::page_size().is_power_of_two());
+/// ```
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}

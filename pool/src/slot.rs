@@ -105,7 +105,7 @@ impl SlotPool {
                 slot_size,
                 slot_count,
             })?;
-        let region = registrar.register(len, rustix::param::page_size())?;
+        let region = registrar.register(len, crate::page_size())?;
         SlotPool::from_region(region, slot_size)
     }
 

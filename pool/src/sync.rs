@@ -22,7 +22,8 @@ pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[cfg(loom)]
 pub mod planted {
-    //! Planted bugs for loom's broken-variant models (loom builds only).
+    //! Planted bugs for loom's broken-variant models (loom builds only). The list covers
+    //! the whole workspace: crates above `pool` ask for their bugs here too.
     //!
     //! A model enables one bug with [`plant`] for the duration of the returned guard;
     //! the code under test asks [`is_planted`] at the step the bug replaces. Models that
@@ -43,6 +44,12 @@ pub mod planted {
         SlotTakeCheckThenSet = 2,
         /// A budget reservation checks the cap and adds the bytes as two separate steps.
         BudgetCheckThenAdd = 3,
+        /// A tier change is claimed by checking that none is pending and then storing the
+        /// claim, as two separate steps (`tierbuf-tiers`).
+        ChangeClaimCheckThenSet = 4,
+        /// Reclaiming a replaced tier drops it without first retiring its slot pool, so a
+        /// slot still held locally may outlive its tier (`tierbuf-tiers`).
+        ReclaimWithoutRetire = 5,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

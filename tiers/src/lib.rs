@@ -8,7 +8,13 @@
 pub mod ladder;
 pub mod negotiation;
 pub mod negotiator;
+mod reservoir;
+mod sync;
+mod tiered;
 pub mod wire;
+
+pub use reservoir::{Provenance, Reservoir, TierError};
+pub use tiered::{OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion};
 
 /// The position of a tier in a ladder: 0 is the smallest.
 ///

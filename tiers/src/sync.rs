@@ -1,0 +1,124 @@
+//! The synchronisation facade: `std` primitives and `arc-swap` normally, loom's primitives
+//! and a loom stand-in for the swap cell under `cfg(loom)`.
+//!
+//! `arc-swap` is not loom-aware, so under loom [`SwapCell`] is a mutex-guarded `Arc` with a
+//! version counter, offering the same operations: load a full reference, swap, and a
+//! per-thread cache whose load is one atomic read while nothing changed.
+
+#[cfg(all(loom, not(feature = "loom")))]
+compile_error!("`--cfg loom` needs the `loom` feature of tierbuf-tiers (loom-tests enables it)");
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU16, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex};
+
+pub(crate) use swap::{SwapCache, SwapCell};
+
+/// Locks `mutex`, taking the data of a poisoned one: every critical section of this crate
+/// leaves its data consistent before anything in it can panic.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> impl std::ops::DerefMut<Target = T> + '_ {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+#[cfg(not(loom))]
+mod swap {
+    use std::sync::Arc;
+
+    use arc_swap::{ArcSwap, Cache};
+
+    /// A shared `Arc<T>` that readers load without locks and a writer replaces.
+    pub(crate) struct SwapCell<T>(ArcSwap<T>);
+
+    impl<T> SwapCell<T> {
+        pub(crate) fn new(value: Arc<T>) -> SwapCell<T> {
+            SwapCell(ArcSwap::new(value))
+        }
+
+        pub(crate) fn load_full(&self) -> Arc<T> {
+            self.0.load_full()
+        }
+
+        pub(crate) fn swap(&self, value: Arc<T>) -> Arc<T> {
+            self.0.swap(value)
+        }
+
+        pub(crate) fn cache(&self) -> SwapCache<'_, T> {
+            SwapCache(Cache::new(&self.0))
+        }
+    }
+
+    /// One thread's cached reference to a [`SwapCell`]'s value.
+    pub(crate) struct SwapCache<'cell, T>(Cache<&'cell ArcSwap<T>, Arc<T>>);
+
+    impl<T> SwapCache<'_, T> {
+        /// The current value: one atomic read when it has not changed since the last load.
+        #[inline]
+        pub(crate) fn load(&mut self) -> &Arc<T> {
+            self.0.load()
+        }
+    }
+}
+
+#[cfg(loom)]
+mod swap {
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::sync::{Arc, Mutex};
+
+    /// Loom stand-in: the value under a mutex, and a version bumped on every swap.
+    pub(crate) struct SwapCell<T> {
+        current: Mutex<Arc<T>>,
+        version: AtomicUsize,
+    }
+
+    impl<T> SwapCell<T> {
+        pub(crate) fn new(value: Arc<T>) -> SwapCell<T> {
+            SwapCell {
+                current: Mutex::new(value),
+                version: AtomicUsize::new(0),
+            }
+        }
+
+        pub(crate) fn load_full(&self) -> Arc<T> {
+            Arc::clone(&super::lock(&self.current))
+        }
+
+        pub(crate) fn swap(&self, value: Arc<T>) -> Arc<T> {
+            let mut current = super::lock(&self.current);
+            let old = std::mem::replace(&mut *current, value);
+            self.version.fetch_add(1, Ordering::Release);
+            old
+        }
+
+        pub(crate) fn cache(&self) -> SwapCache<'_, T> {
+            let current = super::lock(&self.current);
+            SwapCache {
+                version: self.version.load(Ordering::Acquire),
+                cached: Arc::clone(&current),
+                cell: self,
+            }
+        }
+    }
+
+    pub(crate) struct SwapCache<'cell, T> {
+        cell: &'cell SwapCell<T>,
+        version: usize,
+        cached: Arc<T>,
+    }
+
+    impl<T> SwapCache<'_, T> {
+        pub(crate) fn load(&mut self) -> &Arc<T> {
+            if self.cell.version.load(Ordering::Acquire) != self.version {
+                let current = super::lock(&self.cell.current);
+                self.version = self.cell.version.load(Ordering::Acquire);
+                self.cached = Arc::clone(&current);
+            }
+            &self.cached
+        }
+    }
+}
