@@ -10,6 +10,10 @@ pub mod negotiation;
 pub mod negotiator;
 pub mod wire;
 
+pub use negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
+pub use negotiator::{InMemoryNegotiator, Negotiator, pump};
+pub use wire::{ControlMessage, Epoch, NackReason};
+
 /// The position of a tier in a ladder: 0 is the smallest.
 ///
 /// ```
