@@ -331,32 +331,28 @@ impl Inbound {
         now: Instant,
         outputs: &mut Outputs,
     ) {
-        if let Offer::Acked {
+        let Offer::Acked {
             epoch,
             tier,
             shape,
             region,
             deadline,
-        } = self.offer
-        {
-            if deadline <= now {
-                self.offer = Offer::Acked {
-                    epoch,
-                    tier,
-                    shape,
-                    region,
-                    deadline: now + config.request_timeout(),
-                };
-                outputs.stats.retransmissions += 1;
-                tracing::debug!(%epoch, %tier, "unconfirmed offer acked again");
-                outputs.send(ControlMessage::Ack {
-                    epoch,
-                    tier,
-                    shape,
-                    region,
-                });
-            }
+        } = &mut self.offer
+        else {
+            return;
+        };
+        if *deadline > now {
+            return;
         }
+        *deadline = now + config.request_timeout();
+        outputs.stats.retransmissions += 1;
+        tracing::debug!(%epoch, %tier, "unconfirmed offer acked again");
+        outputs.send(ControlMessage::Ack {
+            epoch: *epoch,
+            tier: *tier,
+            shape: *shape,
+            region: *region,
+        });
     }
 }
 

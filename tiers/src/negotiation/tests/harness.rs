@@ -42,7 +42,6 @@ pub(super) struct Owner {
     ever_provisioned: HashSet<Epoch>,
     answers_due: Vec<(Instant, Epoch, TierIndex, TierShape)>,
     next_addr: u64,
-    pub(super) refuse_with: Option<NackReason>,
 }
 
 impl Owner {
@@ -64,7 +63,6 @@ impl Owner {
             ever_provisioned: HashSet::from([Epoch::INITIAL]),
             answers_due: Vec::new(),
             next_addr: 0x1000 + initial.region_len(),
-            refuse_with: None,
         }
     }
 
@@ -79,9 +77,6 @@ impl Owner {
             self.ever_provisioned.insert(epoch),
             "{epoch} provisioned twice"
         );
-        if let Some(reason) = self.refuse_with {
-            return Err(reason);
-        }
         let len = shape.region_len();
         if self.used + len > self.budget {
             return Err(NackReason::OverBudget);
