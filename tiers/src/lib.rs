@@ -5,6 +5,8 @@
 //! negotiated with the peer by the state machines of [`negotiation`], whose control
 //! messages are encoded by [`wire`] and carried by a [`negotiator::Negotiator`].
 
+#![warn(missing_docs)]
+
 pub mod ladder;
 pub mod negotiation;
 pub mod negotiator;
@@ -13,8 +15,11 @@ mod sync;
 mod tiered;
 pub mod wire;
 
+pub use negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
+pub use negotiator::{InMemoryNegotiator, Negotiator, pump};
 pub use reservoir::{Provenance, Reservoir, TierError};
 pub use tiered::{OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion};
+pub use wire::{ControlMessage, Epoch, NackReason};
 
 /// The position of a tier in a ladder: 0 is the smallest.
 ///

@@ -1,1 +1,606 @@
-//! (in progress)
+//! The sans-IO promotion protocol: a state machine per direction of a connection.
+//!
+//! A connection carries data both ways, and each direction has its own tier: the size of the
+//! receive buffers the receiving side has provisioned for it. [`Negotiation`] holds the two
+//! machines of one side of a connection:
+//!
+//! - the *outbound* machine asks the peer to provision a tier for the data this side sends
+//!   ([`Negotiation::request_tier`]) and switches only on a valid ack;
+//! - the *inbound* machine answers the peer's requests for the data this side receives: it asks
+//!   its owner to provision ([`Event::ProvisionRequested`], answered with
+//!   [`Negotiation::provisioned`]), acks or nacks, and tells its owner when a region may be
+//!   freed ([`Event::Retire`]).
+//!
+//! Nothing here reads a clock, a socket or a thread: the owner feeds in messages
+//! ([`Negotiation::handle_message`]) and the time ([`Negotiation::handle_timeout`]) and takes
+//! out messages to send ([`Negotiation::poll_transmit`]), events
+//! ([`Negotiation::poll_event`]) and the next deadline ([`Negotiation::poll_timeout`]).
+//! `docs/protocol.md` has the state diagrams and the reasoning.
+//!
+//! # Invariants
+//!
+//! - **The sender writes only into what the peer acked.** The outbound machine switches to a
+//!   tier only on an ack of its pending epoch whose tier, slot size, slot count and region
+//!   length match its own ladder; anything else is ignored (stale, duplicate) or reported as a
+//!   [`ProtocolViolation`], never applied.
+//! - **A region is retired only when the peer can no longer reach it.** The inbound machine
+//!   emits [`Event::Retire`] for the region in force only after the sender confirmed it
+//!   switched away ([`ControlMessage::Released`], or a later request naming the new grant as
+//!   its `current`), and for an offered region only after the sender confirmed it will never
+//!   use it ([`ControlMessage::Abandon`], or a later request naming the old grant as its
+//!   `current`). The sender never accepts an ack of an epoch it abandoned or superseded.
+//! - **Nothing leaks.** Every region the owner provisions ends either in force or retired: an
+//!   offered region is re-acked every `request_timeout` until the sender resolves it, and the
+//!   sender answers a repeated ack of an abandoned epoch with another abandon and of its
+//!   in-force epoch with another release. A region provisioned for a request that was given up
+//!   meanwhile is retired as soon as the owner hands it in.
+//! - **Nothing past the ladder is provisioned.** A request for a tier the inbound side's
+//!   ladder lacks is nacked without asking the owner; budget refusals are the owner's
+//!   ([`NackReason::OverBudget`]). A peer can never make us provision twice for one epoch:
+//!   a repeated request is answered with the same ack or nack.
+//! - **Epochs only grow.** Each direction's epochs are allocated by its sender, one per
+//!   request; the inbound side remembers the highest it has seen, so late, duplicate and
+//!   reordered messages are recognised and counted in [`NegotiationStats`].
+
+mod inbound;
+mod outbound;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::wire::{ControlMessage, Epoch, NackReason};
+use crate::{RegionDescriptor, TierIndex};
+
+use inbound::Inbound;
+use outbound::Outbound;
+
+/// The shape of one tier's receive buffers: `slot_count` slots of `slot_size` bytes.
+///
+/// ```
+/// use tierbuf_tiers::negotiation::TierShape;
+/// let shape = TierShape { slot_size: 8192, slot_count: 64 };
+/// assert_eq!(shape.region_len(), 524_288);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierShape {
+    /// The size of one slot in bytes.
+    pub slot_size: u32,
+    /// How many slots the tier has.
+    pub slot_count: u32,
+}
+
+impl TierShape {
+    /// The bytes a region needs to hold every slot.
+    pub const fn region_len(self) -> u64 {
+        self.slot_size as u64 * self.slot_count as u64
+    }
+}
+
+/// What the negotiation needs to know of a ladder and of its timers.
+///
+/// ```
+/// use std::time::Duration;
+/// use tierbuf_tiers::negotiation::{NegotiationConfig, TierShape};
+/// let config = NegotiationConfig::new(
+///     vec![
+///         TierShape { slot_size: 512, slot_count: 32 },
+///         TierShape { slot_size: 65_536, slot_count: 16 },
+///     ],
+///     Duration::from_millis(50),
+///     4,
+/// )?;
+/// assert_eq!(config.tiers().len(), 2);
+/// # Ok::<(), tierbuf_tiers::negotiation::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NegotiationConfig {
+    tiers: Vec<TierShape>,
+    request_timeout: Duration,
+    max_attempts: u32,
+}
+
+/// Why a [`NegotiationConfig`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The ladder has no tier.
+    #[error("a ladder needs at least one tier")]
+    NoTiers,
+    /// The ladder has more tiers than a [`TierIndex`] can name.
+    #[error("{count} tiers; a ladder has at most 256")]
+    TooManyTiers {
+        /// How many tiers were given.
+        count: usize,
+    },
+    /// A tier has slots of zero bytes or no slots.
+    #[error("{tier} is empty: {shape:?}")]
+    EmptyTier {
+        /// The tier.
+        tier: TierIndex,
+        /// Its shape.
+        shape: TierShape,
+    },
+    /// The request timeout is zero.
+    #[error("the request timeout must be longer than zero")]
+    ZeroTimeout,
+    /// Zero attempts would never send a request.
+    #[error("max_attempts must be at least 1")]
+    ZeroAttempts,
+}
+
+impl NegotiationConfig {
+    /// A configuration for a ladder of `tiers` (tier 0 first), re-sending an unanswered request
+    /// every `request_timeout` and giving up after `max_attempts` sends.
+    pub fn new(
+        tiers: Vec<TierShape>,
+        request_timeout: Duration,
+        max_attempts: u32,
+    ) -> Result<NegotiationConfig, ConfigError> {
+        if tiers.is_empty() {
+            return Err(ConfigError::NoTiers);
+        }
+        if tiers.len() > usize::from(u8::MAX) + 1 {
+            return Err(ConfigError::TooManyTiers { count: tiers.len() });
+        }
+        for (index, shape) in (0..=u8::MAX).zip(&tiers) {
+            if shape.region_len() == 0 {
+                return Err(ConfigError::EmptyTier {
+                    tier: TierIndex::new(index),
+                    shape: *shape,
+                });
+            }
+        }
+        if request_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        if max_attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        Ok(NegotiationConfig {
+            tiers,
+            request_timeout,
+            max_attempts,
+        })
+    }
+
+    /// The ladder's tiers, smallest first.
+    pub fn tiers(&self) -> &[TierShape] {
+        &self.tiers
+    }
+
+    /// The shape of `tier`, or `None` past the ladder's top.
+    pub fn shape(&self, tier: TierIndex) -> Option<TierShape> {
+        self.tiers.get(usize::from(tier.get())).copied()
+    }
+
+    /// How long to wait for an answer before sending again.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// How many times a request is sent before it is given up.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+}
+
+/// A tier granted in one direction, named by the epoch of the request that got it
+/// ([`Epoch::INITIAL`] for the tier a connection starts on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierGrant {
+    /// The epoch of the request that got the grant.
+    pub epoch: Epoch,
+    /// The tier granted.
+    pub tier: TierIndex,
+}
+
+impl TierGrant {
+    /// The grant every direction starts with: the smallest tier, provisioned at connect time.
+    pub const INITIAL: TierGrant = TierGrant {
+        epoch: Epoch::INITIAL,
+        tier: TierIndex::SMALLEST,
+    };
+}
+
+/// The outbound machine's request that awaits an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingRequest {
+    /// The request's epoch.
+    pub epoch: Epoch,
+    /// The tier asked for.
+    pub target: TierIndex,
+    /// How many times the request has been sent.
+    pub attempts: u32,
+    /// When it is sent again, or given up.
+    pub deadline: Instant,
+}
+
+/// What [`Negotiation::request_tier`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// The tier is already in force: send on it.
+    InForce,
+    /// A request went out; the tier is not usable until [`Event::Switched`].
+    Requested {
+        /// The request's epoch.
+        epoch: Epoch,
+    },
+    /// A request for this tier was already under way; nothing new was sent.
+    AlreadyPending {
+        /// The pending request's epoch.
+        epoch: Epoch,
+    },
+}
+
+/// Why [`Negotiation::request_tier`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The tier is not on this side's ladder.
+    #[error("{tier} is beyond the ladder of {ladder_len} tiers")]
+    BeyondLadder {
+        /// The tier asked for.
+        tier: TierIndex,
+        /// How many tiers the ladder has.
+        ladder_len: usize,
+    },
+}
+
+/// Why [`Negotiation::provisioned`] refused the owner's answer. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProvisionError {
+    /// No provisioning of this epoch is outstanding.
+    #[error("no provisioning outstanding for {epoch}")]
+    UnknownEpoch {
+        /// The epoch named.
+        epoch: Epoch,
+    },
+    /// The region cannot hold the tier's slots.
+    #[error("region of {len} bytes for {tier} ({epoch}) needs {needed}")]
+    RegionTooShort {
+        /// The provisioning's epoch.
+        epoch: Epoch,
+        /// The tier provisioned.
+        tier: TierIndex,
+        /// The bytes the tier needs.
+        needed: u64,
+        /// The region's length.
+        len: u64,
+    },
+}
+
+/// Why a request of the outbound machine failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureCause {
+    /// The peer refused.
+    Nacked(NackReason),
+    /// No valid answer came after this many sends; the request was abandoned.
+    TimedOut {
+        /// How many times it was sent.
+        attempts: u32,
+    },
+}
+
+/// A message from the peer that breaks the protocol. It was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolViolation {
+    /// An ack names another tier than the one requested.
+    #[error("ack of {epoch} grants {acked}, {requested} was requested")]
+    AckWrongTier {
+        /// The epoch acked.
+        epoch: Epoch,
+        /// The tier requested.
+        requested: TierIndex,
+        /// The tier the ack names.
+        acked: TierIndex,
+    },
+    /// An ack's slot size or count differs from the ladder's.
+    #[error("ack of {epoch} for {tier} announces {found:?}, the ladder says {expected:?}")]
+    AckShapeMismatch {
+        /// The epoch acked.
+        epoch: Epoch,
+        /// The tier acked.
+        tier: TierIndex,
+        /// The shape of the tier on this side's ladder.
+        expected: TierShape,
+        /// The shape the ack announces.
+        found: TierShape,
+    },
+    /// An ack's region cannot hold the slots it announces.
+    #[error("ack of {epoch} for {tier}: region of {len} bytes, slots need {needed}")]
+    AckRegionTooShort {
+        /// The epoch acked.
+        epoch: Epoch,
+        /// The tier acked.
+        tier: TierIndex,
+        /// The bytes the slots need.
+        needed: u64,
+        /// The region's length.
+        len: u64,
+    },
+    /// A nack names another tier than the one requested.
+    #[error("nack of {epoch} names {nacked}, {requested} was requested")]
+    NackWrongTier {
+        /// The epoch nacked.
+        epoch: Epoch,
+        /// The tier requested.
+        requested: TierIndex,
+        /// The tier the nack names.
+        nacked: TierIndex,
+    },
+    /// An ack or nack answers an epoch this side never requested.
+    #[error("answer to {epoch}, which was never requested")]
+    AnswerToUnrequestedEpoch {
+        /// The epoch named.
+        epoch: Epoch,
+    },
+    /// A request names as `current` a grant the sender cannot be using.
+    #[error("request of {epoch} claims to use {current}, which is neither in force nor offered")]
+    UnknownCurrentGrant {
+        /// The request's epoch.
+        epoch: Epoch,
+        /// The grant it claims to use.
+        current: Epoch,
+    },
+    /// A release confirms a switch to a grant that was never offered.
+    #[error("release of {epoch}, which was never offered")]
+    ReleaseOfUnofferedEpoch {
+        /// The epoch named.
+        epoch: Epoch,
+    },
+}
+
+/// What a [`Negotiation`] tells its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// Outbound: the peer provisioned `to`; send on it from now on. The peer's region of the
+    /// previous grant is released (a [`ControlMessage::Released`] is queued).
+    Switched {
+        /// The epoch of the grant now in force.
+        epoch: Epoch,
+        /// The tier used before.
+        from: TierIndex,
+        /// The tier in force now.
+        to: TierIndex,
+        /// Its slot size and count.
+        shape: TierShape,
+        /// The peer's region for it.
+        region: RegionDescriptor,
+    },
+    /// Outbound: a request failed; the tier in force is unchanged.
+    RequestFailed {
+        /// The request's epoch.
+        epoch: Epoch,
+        /// The tier asked for.
+        tier: TierIndex,
+        /// Why.
+        cause: FailureCause,
+    },
+    /// Inbound: provision receive buffers of `shape` for the peer's data and answer with
+    /// [`Negotiation::provisioned`].
+    ProvisionRequested {
+        /// The provisioning's epoch.
+        epoch: Epoch,
+        /// The tier asked for.
+        tier: TierIndex,
+        /// Its slot size and count.
+        shape: TierShape,
+    },
+    /// Inbound: the peer sends on the grant of `epoch` now.
+    PeerSwitched {
+        /// The epoch of the grant in force.
+        epoch: Epoch,
+        /// The tier the peer used before.
+        from: TierIndex,
+        /// The tier in force now.
+        to: TierIndex,
+    },
+    /// Inbound: the peer can no longer reach the region provisioned for `epoch`; free it.
+    Retire {
+        /// The epoch the region was provisioned for ([`Epoch::INITIAL`]: the initial region).
+        epoch: Epoch,
+        /// Its tier.
+        tier: TierIndex,
+    },
+    /// The peer sent a message that breaks the protocol; it was ignored.
+    ProtocolViolation(ProtocolViolation),
+}
+
+/// Counters of what a [`Negotiation`] saw and ignored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NegotiationStats {
+    /// Repeats of a message already handled (answered again where the peer needs it).
+    pub duplicates: u64,
+    /// Messages of an epoch already superseded.
+    pub stale: u64,
+    /// Messages sent again after a timeout.
+    pub retransmissions: u64,
+    /// Messages that broke the protocol (each also an [`Event::ProtocolViolation`]).
+    pub protocol_violations: u64,
+}
+
+/// The queues both machines write into.
+#[derive(Debug, Default)]
+struct Outputs {
+    transmits: VecDeque<ControlMessage>,
+    events: VecDeque<Event>,
+    stats: NegotiationStats,
+}
+
+impl Outputs {
+    fn send(&mut self, message: ControlMessage) {
+        self.transmits.push_back(message);
+    }
+
+    fn emit(&mut self, event: Event) {
+        self.events.push_back(event);
+    }
+
+    fn violation(&mut self, violation: ProtocolViolation) {
+        tracing::warn!(%violation, "protocol violation ignored");
+        self.stats.protocol_violations += 1;
+        self.events.push_back(Event::ProtocolViolation(violation));
+    }
+}
+
+/// The negotiation of one side of a connection: an outbound and an inbound machine.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use tierbuf_tiers::negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
+/// use tierbuf_tiers::{RegionDescriptor, TierIndex};
+///
+/// let config = NegotiationConfig::new(
+///     vec![TierShape { slot_size: 512, slot_count: 8 }, TierShape { slot_size: 8192, slot_count: 8 }],
+///     Duration::from_millis(10),
+///     3,
+/// )?;
+/// let (mut sender, mut receiver) = (Negotiation::new(config.clone()), Negotiation::new(config));
+/// let now = Instant::now();
+///
+/// sender.request_tier(now, TierIndex::new(1))?;
+/// receiver.handle_message(now, sender.poll_transmit().unwrap());
+/// let Some(Event::ProvisionRequested { epoch, shape, .. }) = receiver.poll_event() else { panic!() };
+/// let region = RegionDescriptor { addr: 0x10_0000, len: shape.region_len(), remote_key: 42 };
+/// receiver.provisioned(now, epoch, Ok(region))?;
+/// sender.handle_message(now, receiver.poll_transmit().unwrap()); // the ack
+/// assert!(matches!(sender.poll_event(), Some(Event::Switched { region: r, .. }) if r == region));
+/// receiver.handle_message(now, sender.poll_transmit().unwrap()); // the release
+/// assert!(matches!(receiver.poll_event(), Some(Event::PeerSwitched { .. })));
+/// assert!(matches!(receiver.poll_event(), Some(Event::Retire { tier, .. }) if tier == TierIndex::SMALLEST));
+/// assert_eq!(sender.outbound_grant().tier, receiver.inbound_grant().tier);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Negotiation {
+    config: NegotiationConfig,
+    outbound: Outbound,
+    inbound: Inbound,
+    outputs: Outputs,
+}
+
+impl Negotiation {
+    /// Both directions on the smallest tier, nothing pending.
+    pub fn new(config: NegotiationConfig) -> Negotiation {
+        Negotiation {
+            config,
+            outbound: Outbound::new(),
+            inbound: Inbound::new(),
+            outputs: Outputs::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NegotiationConfig {
+        &self.config
+    }
+
+    /// Asks the peer to provision `target` for the data this side sends: a promotion or a
+    /// demotion to any tier of the ladder. A pending request for another tier is abandoned.
+    pub fn request_tier(
+        &mut self,
+        now: Instant,
+        target: TierIndex,
+    ) -> Result<RequestStatus, RequestError> {
+        self.outbound
+            .request_tier(&self.config, now, target, &mut self.outputs)
+    }
+
+    /// The owner's answer to [`Event::ProvisionRequested`]: the region it provisioned, or why
+    /// it refused. An error leaves everything as it was.
+    pub fn provisioned(
+        &mut self,
+        now: Instant,
+        epoch: Epoch,
+        result: Result<RegionDescriptor, NackReason>,
+    ) -> Result<(), ProvisionError> {
+        self.inbound
+            .provisioned(&self.config, now, epoch, result, &mut self.outputs)
+    }
+
+    /// Takes in a control message from the peer.
+    pub fn handle_message(&mut self, now: Instant, message: ControlMessage) {
+        let outputs = &mut self.outputs;
+        match message {
+            ControlMessage::Request {
+                epoch,
+                tier,
+                current,
+            } => self
+                .inbound
+                .handle_request(&self.config, now, epoch, tier, current, outputs),
+            ControlMessage::Released { epoch } => self.inbound.handle_released(epoch, outputs),
+            ControlMessage::Abandon { epoch } => self.inbound.handle_abandon(epoch, outputs),
+            ControlMessage::Ack {
+                epoch,
+                tier,
+                shape,
+                region,
+            } => self
+                .outbound
+                .handle_ack(&self.config, epoch, tier, shape, region, outputs),
+            ControlMessage::Nack {
+                epoch,
+                tier,
+                reason,
+            } => self.outbound.handle_nack(epoch, tier, reason, outputs),
+        }
+    }
+
+    /// Lets the timers due at `now` fire. Call it when [`Negotiation::poll_timeout`] has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.outbound
+            .handle_timeout(&self.config, now, &mut self.outputs);
+        self.inbound
+            .handle_timeout(&self.config, now, &mut self.outputs);
+    }
+
+    /// The next control message to send to the peer, in order.
+    pub fn poll_transmit(&mut self) -> Option<ControlMessage> {
+        self.outputs.transmits.pop_front()
+    }
+
+    /// The next event for the owner.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.outputs.events.pop_front()
+    }
+
+    /// When [`Negotiation::handle_timeout`] should be called next, if a timer runs.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.outbound.poll_timeout(), self.inbound.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The grant this side sends on.
+    pub fn outbound_grant(&self) -> TierGrant {
+        self.outbound.grant()
+    }
+
+    /// The outbound request awaiting an answer, if any.
+    pub fn pending_request(&self) -> Option<PendingRequest> {
+        self.outbound.pending()
+    }
+
+    /// The grant the peer sends on, as far as this side knows: the region it must keep.
+    pub fn inbound_grant(&self) -> TierGrant {
+        self.inbound.grant()
+    }
+
+    /// The inbound grant being provisioned or offered and not yet confirmed or abandoned.
+    pub fn inbound_offer(&self) -> Option<TierGrant> {
+        self.inbound.offer()
+    }
+
+    /// What was ignored or sent again so far.
+    pub fn stats(&self) -> NegotiationStats {
+        self.outputs.stats
+    }
+}

@@ -84,7 +84,7 @@ impl TierError {
 /// use tierbuf_tiers::{Provenance, Reservoir, TierIndex, ladder::TierLadder};
 ///
 /// let budget = MemoryBudget::with_cap(64 << 20);
-/// let ladder = Arc::new(TierLadder::preset("patent")?);
+/// let ladder = Arc::new(TierLadder::preset("rpc")?); // keeps spares of every tier
 /// let reservoir = Reservoir::new(Arc::new(HostRegistrar::new(budget.clone())), ladder);
 /// reservoir.fill()?;
 /// let (region, provenance) = reservoir.take(TierIndex::new(1))?;
