@@ -15,7 +15,8 @@
 //! # Invariants kept here
 //!
 //! Every `TierLadder` (and therefore every `TierSpec`, which only a ladder hands out) has
-//! passed [`TierLadder::new`]'s validation, so code using a ladder may rely on all of these:
+//! passed the validation of [`TierLadderBuilder::build`], the only way to make one, so code
+//! using a ladder may rely on all of these:
 //!
 //! - there is at least one tier and at most [`MAX_TIERS`], so every index fits a [`TierIndex`];
 //! - slot sizes are non-zero multiples of [`SLOT_ALIGN`] and strictly increase up the ladder;

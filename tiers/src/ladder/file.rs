@@ -611,4 +611,79 @@ promote_threshold = 8192
         assert!(text.contains("promote_threshold = \"480B\""), "{text}");
         assert_eq!(load(&text).unwrap(), ladder);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Builder inputs that satisfy every rule: increments keep sizes and thresholds rising,
+        /// fractions keep each threshold between the one below and its own slot size.
+        fn valid_ladder() -> impl Strategy<Value = TierLadder> {
+            let tier = (1usize..2000, 1usize..500, 0usize..=1000);
+            let policy = (
+                1u64..10_000_000,
+                0u32..1_000_000_000,
+                any::<u64>(),
+                any::<bool>(),
+                0usize..100,
+            );
+            (prop::collection::vec(tier, 1..8), policy).prop_map(|(tiers, policy)| {
+                let (demote_millis, hysteresis_nanos, hysteresis_secs, retain_replaced, reservoir) =
+                    policy;
+                let mut builder = TierLadder::builder()
+                    .demote_after(Duration::from_millis(demote_millis))
+                    .hysteresis(Duration::new(
+                        hysteresis_secs % 1_000_000_000,
+                        hysteresis_nanos,
+                    ))
+                    .retain_replaced(retain_replaced)
+                    .reservoir_regions(reservoir);
+                let (mut slot_size, mut threshold) = (0, 0);
+                for (increment, slot_count, fraction) in tiers {
+                    slot_size += increment * 64;
+                    threshold += 1 + (slot_size - threshold - 1) * fraction / 1000;
+                    builder = builder.tier(slot_size, slot_count, threshold);
+                }
+                builder
+                    .build()
+                    .expect("the strategy only makes valid ladders")
+            })
+        }
+
+        /// Text that looks like a ladder file, right or wrong in many ways.
+        const LADDERISH: &str = "((\\[\\[tier\\]\\]|\\[policy\\]|tier = \\[\\]|(slot_size|slot_count|promote_threshold|demote_after|hysteresis|retain_replaced|reservoir_regions|bogus) = (-?[0-9]{1,22}|\"[0-9]{0,4} ?(B|KiB|MiB|TiB|KB|s|ms|m 5s|h|)\"|true|\\[\\]|1\\.5|\\{\\}))\n){0,24}";
+
+        proptest! {
+            #[test]
+            fn valid_ladders_round_trip_through_toml(ladder in valid_ladder()) {
+                let text = ladder.to_toml_string();
+                prop_assert_eq!(TierLadder::from_toml_str(&text, "generated.toml").unwrap(), ladder);
+            }
+
+            #[test]
+            fn random_bytes_never_panic_the_loader(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+                let text = String::from_utf8_lossy(&bytes);
+                if let Err(LoadError::Parse { line, column, .. } | LoadError::Invalid { line, column, .. }) =
+                    TierLadder::from_toml_str(&text, "random.toml")
+                {
+                    prop_assert!(line >= 1 && column >= 1);
+                }
+            }
+
+            #[test]
+            fn random_ladder_files_load_valid_or_fail_located(text in LADDERISH) {
+                match TierLadder::from_toml_str(&text, "random.toml") {
+                    Ok(ladder) => {
+                        prop_assert_eq!(TierLadder::from_toml_str(&ladder.to_toml_string(), "again.toml").unwrap(), ladder);
+                    }
+                    Err(LoadError::Parse { line, column, .. } | LoadError::Invalid { line, column, .. }) => {
+                        prop_assert!(line >= 1 && line <= text.lines().count().max(1) + 1);
+                        prop_assert!(column >= 1);
+                    }
+                    Err(other) => prop_assert!(false, "unexpected error {}", other),
+                }
+            }
+        }
+    }
 }
