@@ -102,7 +102,11 @@ impl Reservoir {
     /// An empty reservoir for `ladder`'s tiers, registering through `registrar`; each
     /// shelf keeps up to the ladder's `reservoir_regions` spares.
     pub fn new(registrar: Arc<dyn Registrar>, ladder: Arc<TierLadder>) -> Reservoir {
-        let shelves = ladder.tiers().iter().map(|_| Mutex::new(Vec::new())).collect();
+        let shelves = ladder
+            .tiers()
+            .iter()
+            .map(|_| Mutex::new(Vec::new()))
+            .collect();
         Reservoir {
             registrar,
             ladder,

@@ -9,7 +9,7 @@
 compile_error!("`--cfg loom` needs the `loom` feature of tierbuf-tiers (loom-tests enables it)");
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex};
 

@@ -319,8 +319,8 @@ fn provision_tier(
             top: reservoir.ladder().top(),
         })?;
     let (region, provenance) = reservoir.take(index)?;
-    let pool = SlotPool::from_region(region, spec.slot_size())
-        .map_err(|source| TierError::Register {
+    let pool =
+        SlotPool::from_region(region, spec.slot_size()).map_err(|source| TierError::Register {
             tier: index,
             source,
         })?;
