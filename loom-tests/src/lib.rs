@@ -21,3 +21,5 @@
 pub mod harness;
 #[cfg(loom)]
 pub mod pool_models;
+#[cfg(loom)]
+pub mod tiers_models;

@@ -5,6 +5,7 @@
 
 use tierbuf_loom_tests::harness::expect_caught;
 use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
+use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
 use tierbuf_pool::sync::planted::Bug;
 
 #[test]
@@ -29,6 +30,21 @@ fn budget_check_then_add_is_caught() {
     let message = expect_caught(Bug::BudgetCheckThenAdd, budget_admission);
     assert!(
         message.contains("passed its cap") || message.contains("exactly one"),
+        "{message}"
+    );
+}
+
+#[test]
+fn change_claim_check_then_set_is_caught() {
+    let message = expect_caught(Bug::ChangeClaimCheckThenSet, promotion_race);
+    assert!(message.contains("exactly one promotion"), "{message}");
+}
+
+#[test]
+fn reclaim_without_retire_is_caught() {
+    let message = expect_caught(Bug::ReclaimWithoutRetire, demotion_against_in_flight_slot);
+    assert!(
+        message.contains("while one of its slots is held"),
         "{message}"
     );
 }

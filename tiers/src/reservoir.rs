@@ -9,14 +9,18 @@
 //! - A shelf holds at most the ladder's `reservoir_regions` spares; a region given back to
 //!   a full shelf is dropped, which deregisters it.
 //! - A region on shelf `k` is exactly tier `k`'s length, `slot_size * slot_count`.
+//!
+//! The registrar and the ladder are shared with `std::sync::Arc` in every build: they
+//! take no part in a lock-free protocol, and a trait object cannot sit in loom's `Arc`.
 
 use std::fmt;
+use std::sync::Arc;
 
 use tierbuf_pool::{PoolError, Region, Registrar};
 
 use crate::TierIndex;
 use crate::ladder::TierLadder;
-use crate::sync::{Arc, Mutex, lock};
+use crate::sync::{Mutex, lock};
 
 /// Where a provisioned region came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +80,9 @@ impl TierError {
     }
 }
 
+/// The spare regions of one tier.
+type Shelf = Mutex<Vec<Box<dyn Region>>>;
+
 /// Spare registered regions for every tier of one ladder.
 ///
 /// ```
@@ -95,7 +102,7 @@ impl TierError {
 pub struct Reservoir {
     registrar: Arc<dyn Registrar>,
     ladder: Arc<TierLadder>,
-    shelves: Box<[Mutex<Vec<Box<dyn Region>>>]>,
+    shelves: Box<[Shelf]>,
 }
 
 impl Reservoir {
@@ -184,7 +191,7 @@ impl Reservoir {
             .sum()
     }
 
-    fn shelf(&self, tier: TierIndex) -> Result<&Mutex<Vec<Box<dyn Region>>>, TierError> {
+    fn shelf(&self, tier: TierIndex) -> Result<&Shelf, TierError> {
         self.shelves
             .get(usize::from(tier.get()))
             .ok_or(TierError::BeyondLadder {
