@@ -129,6 +129,16 @@ pub enum ConfigError {
     /// Zero attempts would never send a request.
     #[error("max_attempts must be at least 1")]
     ZeroAttempts,
+    /// A ladder tier's slot size or count does not fit the wire's 32-bit fields.
+    #[error("{tier} has {slot_size}-byte slots x {slot_count}; the wire carries 32-bit sizes")]
+    TierTooLarge {
+        /// The tier.
+        tier: TierIndex,
+        /// Its slot size.
+        slot_size: usize,
+        /// Its slot count.
+        slot_count: usize,
+    },
 }
 
 impl NegotiationConfig {
@@ -164,6 +174,40 @@ impl NegotiationConfig {
             request_timeout,
             max_attempts,
         })
+    }
+
+    /// The configuration for `ladder`'s tiers, so that both machines and the regions they
+    /// provision agree on one shape per tier.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tierbuf_tiers::{NegotiationConfig, ladder::TierLadder};
+    /// let ladder = TierLadder::preset("patent")?;
+    /// let config = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(50), 5)?;
+    /// assert_eq!(config.tiers().len(), ladder.len());
+    /// assert_eq!(config.tiers()[1].slot_size as usize, ladder.tiers()[1].slot_size());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn for_ladder(
+        ladder: &crate::ladder::TierLadder,
+        request_timeout: Duration,
+        max_attempts: u32,
+    ) -> Result<NegotiationConfig, ConfigError> {
+        let shapes = ladder
+            .iter()
+            .map(|(tier, spec)| {
+                let too_large = || ConfigError::TierTooLarge {
+                    tier,
+                    slot_size: spec.slot_size(),
+                    slot_count: spec.slot_count(),
+                };
+                Ok(TierShape {
+                    slot_size: u32::try_from(spec.slot_size()).map_err(|_| too_large())?,
+                    slot_count: u32::try_from(spec.slot_count()).map_err(|_| too_large())?,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        NegotiationConfig::new(shapes, request_timeout, max_attempts)
     }
 
     /// The ladder's tiers, smallest first.
