@@ -1,1 +1,5 @@
-//! Placeholder: this crate is filled by a later change.
+//! Verbs-shaped providers and connections that apply tiers to two-sided send/receive.
+
+#![warn(missing_docs)]
+
+pub mod connection;

@@ -1,0 +1,195 @@
+//! Credits: the peer's posted receives as this side knows them, and the receives this side
+//! posted but has not yet told the peer about (see `docs/connection.md`, rules 1–3).
+//!
+//! # Invariants
+//!
+//! - [`Credits`] lists the peer's posted receives in posting order, as runs of one tier;
+//!   [`Credits::take`] consumes the oldest, which is the buffer the next frame lands in.
+//! - [`Credits::take_for_data`] never takes the last credit: it is kept for frames that
+//!   return credits or carry control messages ([`RESERVED_CREDITS`]).
+//! - [`PendingGrants`] hands out runs in posting order, so grants reach the peer in the
+//!   order the receives were posted.
+
+use std::collections::VecDeque;
+
+use super::header::Grant;
+
+/// Credits data frames leave for credit and control frames.
+pub const RESERVED_CREDITS: u32 = 1;
+
+/// The peer's posted receives, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credits {
+    runs: VecDeque<(u8, u32)>,
+    total: u32,
+}
+
+impl Credits {
+    /// Adds `grant.count` receives of `grant.tier`, posted after every credit held now.
+    pub fn grant(&mut self, grant: Grant) {
+        if grant.count == 0 {
+            return;
+        }
+        let count = u32::from(grant.count);
+        match self.runs.back_mut() {
+            Some((tier, run)) if *tier == grant.tier => *run += count,
+            _ => self.runs.push_back((grant.tier, count)),
+        }
+        self.total += count;
+    }
+
+    /// All credits held.
+    pub fn total(&self) -> u32 {
+        self.total
+    }
+
+    /// The tier of the receive the next frame lands in.
+    pub fn next_tier(&self) -> Option<u8> {
+        self.runs.front().map(|&(tier, _)| tier)
+    }
+
+    /// Consumes the oldest credit and returns its tier.
+    pub fn take(&mut self) -> Option<u8> {
+        let (tier, run) = self.runs.front_mut()?;
+        let tier = *tier;
+        *run -= 1;
+        if *run == 0 {
+            self.runs.pop_front();
+        }
+        self.total -= 1;
+        Some(tier)
+    }
+
+    /// Consumes the oldest credit for a data frame, unless it is the last
+    /// [`RESERVED_CREDITS`].
+    pub fn take_for_data(&mut self) -> Option<u8> {
+        if self.total <= RESERVED_CREDITS {
+            return None;
+        }
+        self.take()
+    }
+
+    /// Credits ahead of the first one of `tier`: the old receives a switch to `tier` must
+    /// drain.
+    pub fn ahead_of(&self, tier: u8) -> u32 {
+        self.runs
+            .iter()
+            .take_while(|&&(run_tier, _)| run_tier != tier)
+            .map(|&(_, run)| run)
+            .sum()
+    }
+}
+
+/// Receives this side posted and has not granted to the peer yet, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingGrants {
+    runs: VecDeque<(u8, u32)>,
+    total: u32,
+}
+
+impl PendingGrants {
+    /// Records `count` receives of `tier` just posted.
+    pub fn posted(&mut self, tier: u8, count: u32) {
+        if count == 0 {
+            return;
+        }
+        match self.runs.back_mut() {
+            Some((run_tier, run)) if *run_tier == tier => *run += count,
+            _ => self.runs.push_back((tier, count)),
+        }
+        self.total += count;
+    }
+
+    /// Receives not yet granted.
+    pub fn total(&self) -> u32 {
+        self.total
+    }
+
+    /// The oldest run (at most `u16::MAX` of it) for the next frame's header; a zero grant
+    /// when nothing is pending.
+    pub fn take(&mut self) -> Grant {
+        let Some((tier, run)) = self.runs.front_mut() else {
+            return Grant { tier: 0, count: 0 };
+        };
+        let tier = *tier;
+        let count = (*run).min(u32::from(u16::MAX));
+        *run -= count;
+        if *run == 0 {
+            self.runs.pop_front();
+        }
+        self.total -= count;
+        Grant {
+            tier,
+            count: count as u16,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn grant(tier: u8, count: u16) -> Grant {
+        Grant { tier, count }
+    }
+
+    #[test]
+    fn credits_are_consumed_in_posting_order_and_the_last_is_kept() {
+        let mut credits = Credits::default();
+        credits.grant(grant(0, 2));
+        credits.grant(grant(1, 1));
+        credits.grant(grant(1, 1));
+        credits.grant(grant(0, 0));
+        assert_eq!(credits.total(), 4);
+        assert_eq!(credits.ahead_of(1), 2);
+        assert_eq!(credits.ahead_of(0), 0);
+        assert_eq!(credits.take_for_data(), Some(0));
+        assert_eq!(credits.take_for_data(), Some(0));
+        assert_eq!(credits.next_tier(), Some(1));
+        assert_eq!(credits.take_for_data(), Some(1));
+        assert_eq!(credits.take_for_data(), None, "the last credit is reserved");
+        assert_eq!(credits.take(), Some(1));
+        assert_eq!(credits.take(), None);
+        assert_eq!(credits.total(), 0);
+    }
+
+    #[test]
+    fn pending_grants_leave_in_posting_order_and_split_large_runs() {
+        let mut pending = PendingGrants::default();
+        pending.posted(0, 3);
+        pending.posted(0, 2);
+        pending.posted(2, 70_000);
+        assert_eq!(pending.take(), grant(0, 5));
+        assert_eq!(pending.take(), grant(2, u16::MAX));
+        assert_eq!(
+            pending.take(),
+            grant(2, (70_000 - u32::from(u16::MAX)) as u16)
+        );
+        assert_eq!(pending.take(), grant(0, 0));
+        assert_eq!(pending.total(), 0);
+    }
+
+    proptest! {
+        /// Granting what was posted, in the order it left, reproduces the posting order.
+        #[test]
+        fn grants_reproduce_the_posting_order(posts in prop::collection::vec((0u8..4, 0u32..5), 0..40)) {
+            let mut pending = PendingGrants::default();
+            let mut credits = Credits::default();
+            let mut expected = Vec::new();
+            for &(tier, count) in &posts {
+                pending.posted(tier, count);
+                expected.extend(std::iter::repeat_n(tier, count as usize));
+                if count % 2 == 0 {
+                    credits.grant(pending.take());
+                }
+            }
+            while pending.total() > 0 {
+                credits.grant(pending.take());
+            }
+            prop_assert_eq!(credits.total() as usize, expected.len());
+            let consumed: Vec<u8> = std::iter::from_fn(|| credits.take()).collect();
+            prop_assert_eq!(consumed, expected);
+        }
+    }
+}

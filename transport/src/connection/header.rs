@@ -1,0 +1,265 @@
+//! The 16-byte header every frame of a connection starts with (see `docs/connection.md`).
+//!
+//! # Invariants
+//!
+//! - [`FrameHeader::decode`] accepts only what [`FrameHeader::encode`] can produce: a known
+//!   kind, a message length only on the kinds that carry one, a whole-message length that
+//!   equals the payload, and a payload that fits the bytes received. Everything else is a
+//!   [`HeaderError`], never a panic.
+
+/// Bytes of a frame header.
+pub const HEADER_LEN: usize = 16;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A whole message.
+    Whole = 1,
+    /// The first segment of a message; the header carries the message's total length.
+    First = 2,
+    /// A segment between the first and the last.
+    Middle = 3,
+    /// The last segment of a message.
+    Last = 4,
+    /// A negotiation frame (`tierbuf_tiers::wire`).
+    Control = 5,
+    /// Only the grant in the header.
+    Credit = 6,
+    /// Consumes an old tier's receive after a switch; only the grant in the header.
+    Drain = 7,
+}
+
+impl FrameKind {
+    fn from_byte(byte: u8) -> Option<FrameKind> {
+        Some(match byte {
+            1 => FrameKind::Whole,
+            2 => FrameKind::First,
+            3 => FrameKind::Middle,
+            4 => FrameKind::Last,
+            5 => FrameKind::Control,
+            6 => FrameKind::Credit,
+            7 => FrameKind::Drain,
+            _ => return None,
+        })
+    }
+}
+
+/// A run of receives the sender of the frame has posted: `count` buffers of `tier`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The tier of the posted receives.
+    pub tier: u8,
+    /// How many were posted.
+    pub count: u16,
+}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the frame carries.
+    pub kind: FrameKind,
+    /// Receives granted to the peer by this frame (`count` 0: none).
+    pub grant: Grant,
+    /// Bytes of payload after the header.
+    pub payload_len: u32,
+    /// The whole message's length, on `Whole` and `First` frames; 0 otherwise.
+    pub message_len: u64,
+}
+
+/// Why a frame header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// Fewer bytes than a header arrived.
+    #[error("frame of {len} bytes is shorter than its {HEADER_LEN}-byte header")]
+    Truncated {
+        /// Bytes received.
+        len: usize,
+    },
+    /// The kind byte names no frame kind.
+    #[error("unknown frame kind {kind}")]
+    UnknownKind {
+        /// The byte found.
+        kind: u8,
+    },
+    /// The payload length passes the bytes received.
+    #[error(
+        "payload of {payload_len} bytes does not fit the {available} bytes received after the header"
+    )]
+    PayloadPastFrame {
+        /// The payload length in the header.
+        payload_len: u32,
+        /// Bytes after the header.
+        available: usize,
+    },
+    /// A message length on a kind that carries none, or a whole message whose length is not
+    /// its payload's.
+    #[error("{kind:?} frame with message length {message_len} and payload {payload_len}")]
+    InconsistentLength {
+        /// The frame's kind.
+        kind: FrameKind,
+        /// The message length in the header.
+        message_len: u64,
+        /// The payload length in the header.
+        payload_len: u32,
+    },
+    /// A frame kind that has no payload carries one.
+    #[error("{kind:?} frame carries {payload_len} payload bytes")]
+    UnexpectedPayload {
+        /// The frame's kind.
+        kind: FrameKind,
+        /// The payload length in the header.
+        payload_len: u32,
+    },
+}
+
+impl FrameHeader {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `out`.
+    ///
+    /// # Panics
+    ///
+    /// If `out` is shorter than [`HEADER_LEN`]: callers write into receive-sized slots,
+    /// which every tier makes longer than a header.
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0] = self.kind as u8;
+        out[1] = self.grant.tier;
+        out[2..4].copy_from_slice(&self.grant.count.to_le_bytes());
+        out[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[8..16].copy_from_slice(&self.message_len.to_le_bytes());
+    }
+
+    /// Reads and validates the header at the start of `frame` (the bytes one receive
+    /// completion reported).
+    pub fn decode(frame: &[u8]) -> Result<FrameHeader, HeaderError> {
+        let Some(bytes) = frame.first_chunk::<HEADER_LEN>() else {
+            return Err(HeaderError::Truncated { len: frame.len() });
+        };
+        let [kind, tier, c0, c1, p0, p1, p2, p3, message_len @ ..] = *bytes;
+        let kind = FrameKind::from_byte(kind).ok_or(HeaderError::UnknownKind { kind })?;
+        let grant = Grant {
+            tier,
+            count: u16::from_le_bytes([c0, c1]),
+        };
+        let payload_len = u32::from_le_bytes([p0, p1, p2, p3]);
+        let message_len = u64::from_le_bytes(message_len);
+        let available = frame.len() - HEADER_LEN;
+        if payload_len as usize > available {
+            return Err(HeaderError::PayloadPastFrame {
+                payload_len,
+                available,
+            });
+        }
+        let inconsistent = match kind {
+            FrameKind::Whole => message_len != u64::from(payload_len),
+            FrameKind::First => message_len <= u64::from(payload_len),
+            _ => message_len != 0,
+        };
+        if inconsistent {
+            return Err(HeaderError::InconsistentLength {
+                kind,
+                message_len,
+                payload_len,
+            });
+        }
+        if matches!(kind, FrameKind::Credit | FrameKind::Drain) && payload_len != 0 {
+            return Err(HeaderError::UnexpectedPayload { kind, payload_len });
+        }
+        Ok(FrameHeader {
+            kind,
+            grant,
+            payload_len,
+            message_len,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn header(kind: FrameKind, payload_len: u32, message_len: u64) -> FrameHeader {
+        FrameHeader {
+            kind,
+            grant: Grant {
+                tier: 2,
+                count: 513,
+            },
+            payload_len,
+            message_len,
+        }
+    }
+
+    fn frame(header: &FrameHeader, extra: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; HEADER_LEN + header.payload_len as usize + extra];
+        header.encode(&mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn every_valid_kind_round_trips() {
+        for header in [
+            header(FrameKind::Whole, 100, 100),
+            header(FrameKind::Whole, 0, 0),
+            header(FrameKind::First, 100, 1 << 40),
+            header(FrameKind::Middle, 100, 0),
+            header(FrameKind::Last, 1, 0),
+            header(FrameKind::Control, 45, 0),
+            header(FrameKind::Credit, 0, 0),
+            header(FrameKind::Drain, 0, 0),
+        ] {
+            assert_eq!(FrameHeader::decode(&frame(&header, 7)), Ok(header));
+        }
+    }
+
+    #[test]
+    fn malformed_headers_are_refused() {
+        assert_eq!(
+            FrameHeader::decode(&[1; 15]),
+            Err(HeaderError::Truncated { len: 15 })
+        );
+        let mut unknown = frame(&header(FrameKind::Credit, 0, 0), 0);
+        unknown[0] = 0;
+        assert_eq!(
+            FrameHeader::decode(&unknown),
+            Err(HeaderError::UnknownKind { kind: 0 })
+        );
+        let mut past = frame(&header(FrameKind::Whole, 10, 10), 0);
+        past.truncate(HEADER_LEN + 9);
+        assert!(matches!(
+            FrameHeader::decode(&past),
+            Err(HeaderError::PayloadPastFrame {
+                payload_len: 10,
+                available: 9
+            })
+        ));
+        for bad in [
+            header(FrameKind::Whole, 10, 11),
+            header(FrameKind::First, 10, 10),
+            header(FrameKind::Middle, 10, 5),
+            header(FrameKind::Control, 10, 1),
+        ] {
+            assert!(matches!(
+                FrameHeader::decode(&frame(&bad, 0)),
+                Err(HeaderError::InconsistentLength { .. })
+            ));
+        }
+        assert!(matches!(
+            FrameHeader::decode(&frame(&header(FrameKind::Drain, 3, 0), 0)),
+            Err(HeaderError::UnexpectedPayload { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(header) = FrameHeader::decode(&bytes) {
+                prop_assert!(HEADER_LEN + header.payload_len as usize <= bytes.len());
+                let mut again = vec![0u8; HEADER_LEN];
+                header.encode(&mut again);
+                prop_assert_eq!(&again[..], &bytes[..HEADER_LEN]);
+            }
+        }
+    }
+}
