@@ -5,7 +5,7 @@
 //!
 //! - [`Credits`] lists the peer's posted receives in posting order, as runs of one tier;
 //!   [`Credits::take`] consumes the oldest, which is the buffer the next frame lands in.
-//! - [`Credits::take_for_data`] never takes the last credit: it is kept for frames that
+//! - [`Credits::has_data_credit`] never offers the last credit: it is kept for frames that
 //!   return credits or carry control messages ([`RESERVED_CREDITS`]).
 //! - [`PendingGrants`] hands out runs in posting order, so grants reach the peer in the
 //!   order the receives were posted.
@@ -15,18 +15,18 @@ use std::collections::VecDeque;
 use super::header::Grant;
 
 /// Credits data frames leave for credit and control frames.
-pub const RESERVED_CREDITS: u32 = 1;
+pub(super) const RESERVED_CREDITS: u32 = 1;
 
 /// The peer's posted receives, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Credits {
+pub(super) struct Credits {
     runs: VecDeque<(u8, u32)>,
     total: u32,
 }
 
 impl Credits {
     /// Adds `grant.count` receives of `grant.tier`, posted after every credit held now.
-    pub fn grant(&mut self, grant: Grant) {
+    pub(super) fn grant(&mut self, grant: Grant) {
         if grant.count == 0 {
             return;
         }
@@ -39,17 +39,17 @@ impl Credits {
     }
 
     /// All credits held.
-    pub fn total(&self) -> u32 {
+    pub(super) fn total(&self) -> u32 {
         self.total
     }
 
     /// The tier of the receive the next frame lands in.
-    pub fn next_tier(&self) -> Option<u8> {
+    pub(super) fn next_tier(&self) -> Option<u8> {
         self.runs.front().map(|&(tier, _)| tier)
     }
 
     /// Consumes the oldest credit and returns its tier.
-    pub fn take(&mut self) -> Option<u8> {
+    pub(super) fn take(&mut self) -> Option<u8> {
         let (tier, run) = self.runs.front_mut()?;
         let tier = *tier;
         *run -= 1;
@@ -60,18 +60,14 @@ impl Credits {
         Some(tier)
     }
 
-    /// Consumes the oldest credit for a data frame, unless it is the last
-    /// [`RESERVED_CREDITS`].
-    pub fn take_for_data(&mut self) -> Option<u8> {
-        if self.total <= RESERVED_CREDITS {
-            return None;
-        }
-        self.take()
+    /// Whether a data frame may take a credit: all but the last [`RESERVED_CREDITS`].
+    pub(super) fn has_data_credit(&self) -> bool {
+        self.total > RESERVED_CREDITS
     }
 
     /// Credits ahead of the first one of `tier`: the old receives a switch to `tier` must
     /// drain.
-    pub fn ahead_of(&self, tier: u8) -> u32 {
+    pub(super) fn ahead_of(&self, tier: u8) -> u32 {
         self.runs
             .iter()
             .take_while(|&&(run_tier, _)| run_tier != tier)
@@ -82,14 +78,14 @@ impl Credits {
 
 /// Receives this side posted and has not granted to the peer yet, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PendingGrants {
+pub(super) struct PendingGrants {
     runs: VecDeque<(u8, u32)>,
     total: u32,
 }
 
 impl PendingGrants {
     /// Records `count` receives of `tier` just posted.
-    pub fn posted(&mut self, tier: u8, count: u32) {
+    pub(super) fn posted(&mut self, tier: u8, count: u32) {
         if count == 0 {
             return;
         }
@@ -101,13 +97,13 @@ impl PendingGrants {
     }
 
     /// Receives not yet granted.
-    pub fn total(&self) -> u32 {
+    pub(super) fn total(&self) -> u32 {
         self.total
     }
 
     /// The oldest run (at most `u16::MAX` of it) for the next frame's header; a zero grant
     /// when nothing is pending.
-    pub fn take(&mut self) -> Grant {
+    pub(super) fn take(&mut self) -> Grant {
         let Some((tier, run)) = self.runs.front_mut() else {
             return Grant { tier: 0, count: 0 };
         };
@@ -144,11 +140,12 @@ mod tests {
         assert_eq!(credits.total(), 4);
         assert_eq!(credits.ahead_of(1), 2);
         assert_eq!(credits.ahead_of(0), 0);
-        assert_eq!(credits.take_for_data(), Some(0));
-        assert_eq!(credits.take_for_data(), Some(0));
+        assert_eq!(credits.take(), Some(0));
+        assert_eq!(credits.take(), Some(0));
         assert_eq!(credits.next_tier(), Some(1));
-        assert_eq!(credits.take_for_data(), Some(1));
-        assert_eq!(credits.take_for_data(), None, "the last credit is reserved");
+        assert!(credits.has_data_credit());
+        assert_eq!(credits.take(), Some(1));
+        assert!(!credits.has_data_credit(), "the last credit is reserved");
         assert_eq!(credits.take(), Some(1));
         assert_eq!(credits.take(), None);
         assert_eq!(credits.total(), 0);

@@ -47,24 +47,24 @@ impl FrameKind {
 
 /// A run of receives the sender of the frame has posted: `count` buffers of `tier`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
+pub(super) struct Grant {
     /// The tier of the posted receives.
-    pub tier: u8,
+    pub(super) tier: u8,
     /// How many were posted.
-    pub count: u16,
+    pub(super) count: u16,
 }
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameHeader {
+pub(super) struct FrameHeader {
     /// What the frame carries.
-    pub kind: FrameKind,
+    pub(super) kind: FrameKind,
     /// Receives granted to the peer by this frame (`count` 0: none).
-    pub grant: Grant,
+    pub(super) grant: Grant,
     /// Bytes of payload after the header.
-    pub payload_len: u32,
+    pub(super) payload_len: u32,
     /// The whole message's length, on `Whole` and `First` frames; 0 otherwise.
-    pub message_len: u64,
+    pub(super) message_len: u64,
 }
 
 /// Why a frame header was refused.
@@ -121,7 +121,7 @@ impl FrameHeader {
     ///
     /// If `out` is shorter than [`HEADER_LEN`]: callers write into receive-sized slots,
     /// which every tier makes longer than a header.
-    pub fn encode(&self, out: &mut [u8]) {
+    pub(super) fn encode(&self, out: &mut [u8]) {
         out[0] = self.kind as u8;
         out[1] = self.grant.tier;
         out[2..4].copy_from_slice(&self.grant.count.to_le_bytes());
@@ -131,7 +131,7 @@ impl FrameHeader {
 
     /// Reads and validates the header at the start of `frame` (the bytes one receive
     /// completion reported).
-    pub fn decode(frame: &[u8]) -> Result<FrameHeader, HeaderError> {
+    pub(super) fn decode(frame: &[u8]) -> Result<FrameHeader, HeaderError> {
         let Some(bytes) = frame.first_chunk::<HEADER_LEN>() else {
             return Err(HeaderError::Truncated { len: frame.len() });
         };

@@ -1,6 +1,14 @@
-//! Connections over a provider endpoint: the frame header, credits and reassembly that
-//! `docs/connection.md` describes.
+//! Connections over a provider endpoint: the frame header, credits, reassembly and the
+//! sans-IO [`ConnectionCore`] that `docs/connection.md` describes.
 
-pub mod credits;
-pub mod header;
-pub mod reassembly;
+mod credits;
+mod header;
+mod reassembly;
+mod sansio;
+
+pub use header::{FrameKind, HEADER_LEN, HeaderError};
+pub use reassembly::ReassemblyError;
+pub use sansio::{
+    BufferRef, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, Message,
+    SendError, WorkKind, WorkRequest, WouldBlock,
+};

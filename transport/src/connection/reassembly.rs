@@ -47,27 +47,22 @@ pub enum ReassemblyError {
 
 /// A segmented message being received.
 #[derive(Debug)]
-pub struct Reassembly {
+pub(super) struct Reassembly {
     open: Option<(u64, Vec<u8>)>,
     max_message_len: u64,
 }
 
 impl Reassembly {
     /// Reassembly of messages up to `max_message_len` bytes.
-    pub fn new(max_message_len: u64) -> Reassembly {
+    pub(super) fn new(max_message_len: u64) -> Reassembly {
         Reassembly {
             open: None,
             max_message_len,
         }
     }
 
-    /// Whether a segmented message is half received.
-    pub fn is_open(&self) -> bool {
-        self.open.is_some()
-    }
-
     /// Checks that a `Whole` frame of `len` bytes may be delivered now.
-    pub fn check_whole(&self, len: u64) -> Result<(), ReassemblyError> {
+    pub(super) fn check_whole(&self, len: u64) -> Result<(), ReassemblyError> {
         if let Some((expected, _)) = &self.open {
             return Err(ReassemblyError::MessageStillOpen {
                 kind: FrameKind::Whole,
@@ -78,7 +73,7 @@ impl Reassembly {
     }
 
     /// Takes one segment; returns the whole message when `kind` is `Last` and it completes.
-    pub fn segment(
+    pub(super) fn segment(
         &mut self,
         kind: FrameKind,
         message_len: u64,
@@ -145,8 +140,7 @@ mod tests {
             reassembly.segment(FrameKind::Last, 0, b"hij"),
             Ok(Some(b"abcdefghij".to_vec()))
         );
-        assert!(!reassembly.is_open());
-        assert_eq!(reassembly.check_whole(3), Ok(()));
+        assert_eq!(reassembly.check_whole(3), Ok(()), "nothing left open");
     }
 
     #[test]
@@ -173,7 +167,11 @@ mod tests {
                 received: 3
             })
         ));
-        assert!(!reassembly.is_open(), "a broken message is dropped whole");
+        assert_eq!(
+            reassembly.check_whole(1),
+            Ok(()),
+            "a broken message is dropped whole"
+        );
         reassembly.segment(FrameKind::First, 5, b"ab").unwrap();
         assert!(matches!(
             reassembly.segment(FrameKind::Middle, 0, b"cdef"),

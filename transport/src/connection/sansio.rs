@@ -1,0 +1,961 @@
+//! [`ConnectionCore`]: one side of a connection, sans-IO. It owns the tiered send and
+//! receive regions, the credits, the negotiation and the reassembly; it takes completions
+//! and the time as inputs and hands out work requests (post this slot as a receive, post
+//! these bytes as a send) for a provider endpoint to execute. `docs/connection.md` gives
+//! the rules it follows.
+//!
+//! # Invariants
+//!
+//! - Every frame is posted against a credit, and is no longer than the receive that credit
+//!   stands for (`Credits`, rule 1): a frame can never overrun the peer's buffer.
+//! - Every posted receive holds its slot in `posted` until its completion; every posted
+//!   send holds its slot in `sending` until its completion. A slot of a replaced tier is
+//!   never reposted, so the tier retires once its last slot comes back. Over SEND/RECV a
+//!   peer can write only into posted receives, so "every slot back" is also "the peer can no
+//!   longer reach it": the receive region installs a new tier without waiting for a release.
+//! - A message is delivered whole or not at all, in the order it was sent; a malformed
+//!   frame fails the connection with an error that names it, and nothing after it is
+//!   delivered.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::IoSlice;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+use slab::Slab;
+use tierbuf_pool::RegionKeys;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::negotiation::{FailureCause, RequestStatus};
+use tierbuf_tiers::wire::{self, ControlMessage, NackReason, WireError};
+use tierbuf_tiers::{
+    Event, Negotiation, NegotiationConfig, OwnedTierSlot, Reservoir, TierError, TierIndex,
+    TieredRegion,
+};
+
+use super::credits::{Credits, PendingGrants};
+use super::header::{FrameHeader, FrameKind, Grant, HEADER_LEN, HeaderError};
+use super::reassembly::{Reassembly, ReassemblyError};
+
+/// How a connection is set up; both sides must use the same ladder.
+#[derive(Debug, Clone)]
+pub struct ConnectionConfig {
+    ladder: Arc<TierLadder>,
+    negotiation: NegotiationConfig,
+    max_message_len: u64,
+}
+
+/// Why a configuration, or a connection, failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectionError {
+    /// The smallest tier cannot carry a control frame and its header.
+    #[error("tier 0 slots of {slot_size} bytes cannot carry a {needed}-byte control frame")]
+    SmallestTierTooSmall {
+        /// Tier 0's slot size.
+        slot_size: usize,
+        /// Header plus the largest control frame.
+        needed: usize,
+    },
+    /// A tier has fewer than two slots: one credit is always kept back, so a tier of one
+    /// slot could carry no data.
+    #[error("{tier} has {slot_count} slot(s); a connection needs at least 2 per tier")]
+    TooFewSlots {
+        /// The tier.
+        tier: TierIndex,
+        /// Its slot count.
+        slot_count: usize,
+    },
+    /// The ladder cannot be negotiated (see the source).
+    #[error("the ladder cannot be negotiated")]
+    Negotiation(#[source] tierbuf_tiers::negotiation::ConfigError),
+    /// Registering a tier failed while setting up.
+    #[error("registering the connection's buffers failed")]
+    Tier(#[source] TierError),
+    /// A frame's header was malformed.
+    #[error("malformed frame header")]
+    Header(#[source] HeaderError),
+    /// Segments arrived out of order or with wrong lengths.
+    #[error("malformed segmented message")]
+    Reassembly(#[source] ReassemblyError),
+    /// A control frame was malformed.
+    #[error("malformed control frame")]
+    Wire(#[source] WireError),
+    /// The peer granted receives of a tier past the ladder.
+    #[error("the peer granted receives of tier {tier}, past the ladder's {len} tiers")]
+    GrantBeyondLadder {
+        /// The tier named.
+        tier: u8,
+        /// Tiers on the ladder.
+        len: usize,
+    },
+    /// A completion named a work request that is not outstanding.
+    #[error("completion for unknown {kind:?} work request {wr_id}")]
+    UnknownWorkRequest {
+        /// The kind of work request.
+        kind: WorkKind,
+        /// Its id.
+        wr_id: u64,
+    },
+    /// The peer broke the negotiation protocol.
+    #[error("the peer broke the negotiation protocol: {0}")]
+    ProtocolViolation(String),
+    /// The provider reported a failed work request or a dead peer.
+    #[error("the provider failed: {0}")]
+    Provider(String),
+    /// The connection was closed.
+    #[error("the connection is closed")]
+    Closed,
+}
+
+impl ConnectionConfig {
+    /// A configuration for `ladder`: requests re-sent every 100 ms, given up after 5 sends,
+    /// messages up to 64 MiB.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tierbuf_tiers::ladder::TierLadder;
+    /// use tierbuf_transport::connection::ConnectionConfig;
+    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?;
+    /// assert_eq!(config.max_message_len(), 64 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConnectionError> {
+        let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
+        let smallest = ladder.tiers()[0].slot_size();
+        if smallest < needed {
+            return Err(ConnectionError::SmallestTierTooSmall {
+                slot_size: smallest,
+                needed,
+            });
+        }
+        if let Some((tier, spec)) = ladder.iter().find(|(_, spec)| spec.slot_count() < 2) {
+            return Err(ConnectionError::TooFewSlots {
+                tier,
+                slot_count: spec.slot_count(),
+            });
+        }
+        let negotiation = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(100), 5)
+            .map_err(ConnectionError::Negotiation)?;
+        Ok(ConnectionConfig {
+            ladder,
+            negotiation,
+            max_message_len: 64 << 20,
+        })
+    }
+
+    /// Sets the longest message either side may send.
+    pub fn with_max_message_len(mut self, max_message_len: u64) -> ConnectionConfig {
+        self.max_message_len = max_message_len;
+        self
+    }
+
+    /// Sets how often an unanswered tier request is re-sent and how many sends it gets.
+    pub fn with_request_timeout(
+        mut self,
+        request_timeout: Duration,
+        max_attempts: u32,
+    ) -> Result<ConnectionConfig, ConnectionError> {
+        self.negotiation =
+            NegotiationConfig::for_ladder(&self.ladder, request_timeout, max_attempts)
+                .map_err(ConnectionError::Negotiation)?;
+        Ok(self)
+    }
+
+    /// The ladder.
+    pub fn ladder(&self) -> &Arc<TierLadder> {
+        &self.ladder
+    }
+
+    /// The longest message either side may send.
+    pub fn max_message_len(&self) -> u64 {
+        self.max_message_len
+    }
+
+    /// The largest message payload one frame carries on `tier`: the slot less the header,
+    /// and no more than the tier's promotion threshold.
+    fn whole_capacity(&self, tier: TierIndex) -> usize {
+        self.ladder.tier(tier).map_or(0, |spec| {
+            (spec.slot_size() - HEADER_LEN).min(spec.promote_threshold())
+        })
+    }
+
+    /// The payload one frame can carry into a receive of `tier`.
+    fn frame_capacity(&self, tier: u8) -> usize {
+        self.ladder
+            .tier(TierIndex::new(tier))
+            .map_or(0, |spec| spec.slot_size() - HEADER_LEN)
+    }
+
+    /// The smallest tier whose frames carry `len` bytes whole.
+    fn tier_for(&self, len: usize) -> Option<TierIndex> {
+        self.ladder
+            .iter()
+            .map(|(tier, _)| tier)
+            .find(|&tier| self.whole_capacity(tier) >= len)
+    }
+}
+
+/// Which queue a work request went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkKind {
+    /// The send queue.
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
+/// Registered bytes named the way a provider names them: a region's keys and a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferRef {
+    /// The keys of the region the bytes lie in.
+    pub keys: RegionKeys,
+    /// The address of the first byte.
+    pub addr: u64,
+    /// How many bytes.
+    pub len: u32,
+}
+
+/// What the core asks its provider endpoint to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkRequest {
+    /// Post `buffer` as a receive.
+    PostRecv {
+        /// The id its completion will carry.
+        wr_id: u64,
+        /// The receive buffer.
+        buffer: BufferRef,
+    },
+    /// Post `buffer` as a send.
+    PostSend {
+        /// The id its completion will carry.
+        wr_id: u64,
+        /// The bytes to send.
+        buffer: BufferRef,
+    },
+}
+
+/// Why `try_send` accepted nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WouldBlock {
+    /// The message needs a larger tier and its promotion is under way: the patent's
+    /// "0 bytes transferred". Retry after progress.
+    PromotionPending,
+    /// No credit (posted receive on the peer) or no send buffer is free now.
+    NoCredit,
+    /// A segmented message is still being sent.
+    SegmentedInFlight,
+}
+
+/// Why a send was not accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// Nothing was accepted now; retry after progress.
+    #[error("would block: {0:?}")]
+    WouldBlock(WouldBlock),
+    /// The message passes the configured maximum.
+    #[error("a {len}-byte message passes the maximum of {max} bytes")]
+    TooLong {
+        /// The message's length.
+        len: u64,
+        /// The maximum.
+        max: u64,
+    },
+    /// The connection failed or was closed.
+    #[error("the connection failed")]
+    Failed(#[source] Arc<ConnectionError>),
+}
+
+/// Counters and the state of one side of a connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    /// The tier this side sends on.
+    pub send_tier: u8,
+    /// The tier of the receives this side posts.
+    pub recv_tier: u8,
+    /// Changes to a higher send tier.
+    pub promotions: u64,
+    /// Changes to a lower send tier.
+    pub demotions: u64,
+    /// Tier requests the peer refused.
+    pub nacks: u64,
+    /// Tier requests that timed out.
+    pub timeouts: u64,
+    /// Messages accepted for sending.
+    pub messages_sent: u64,
+    /// Bytes of accepted messages.
+    pub bytes_sent: u64,
+    /// Messages delivered.
+    pub messages_received: u64,
+    /// Bytes of delivered messages.
+    pub bytes_received: u64,
+    /// Frames posted (data, control, credit and drain).
+    pub frames_sent: u64,
+    /// Bytes registered for this side's send and receive regions now.
+    pub registered_bytes: u64,
+}
+
+/// A message in flight as segments.
+struct Outbox {
+    message: Vec<u8>,
+    sent: usize,
+}
+
+/// One side of a connection, driven by its owner.
+pub struct ConnectionCore {
+    config: Arc<ConnectionConfig>,
+    send_region: TieredRegion,
+    recv_region: TieredRegion,
+    negotiation: Negotiation,
+    credits: Credits,
+    grants: PendingGrants,
+    reassembly: Reassembly,
+    posted: Slab<OwnedTierSlot>,
+    sending: Slab<OwnedTierSlot>,
+    work: VecDeque<WorkRequest>,
+    delivered: VecDeque<Message>,
+    returned: Arc<SegQueue<OwnedTierSlot>>,
+    control: VecDeque<ControlMessage>,
+    outbox: Option<Outbox>,
+    drains_owed: u32,
+    refused: Option<(TierIndex, Instant)>,
+    failed: Option<Arc<ConnectionError>>,
+    stats: ConnectionStats,
+}
+
+impl ConnectionCore {
+    /// One side of a new connection on tier 0, its send buffers from `send_reservoir` and
+    /// its receive buffers from `recv_reservoir` (both for `config`'s ladder). Posts every
+    /// tier-0 receive at once (see [`ConnectionCore::poll_work`]); the peer's tier-0
+    /// receives are this side's first credits.
+    pub fn new(
+        config: Arc<ConnectionConfig>,
+        send_reservoir: Arc<Reservoir>,
+        recv_reservoir: Arc<Reservoir>,
+    ) -> Result<ConnectionCore, ConnectionError> {
+        let send_region = TieredRegion::new(send_reservoir).map_err(ConnectionError::Tier)?;
+        let recv_region = TieredRegion::new(recv_reservoir).map_err(ConnectionError::Tier)?;
+        let smallest = &config.ladder.tiers()[0];
+        let mut credits = Credits::default();
+        credits.grant(Grant {
+            tier: 0,
+            count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
+        });
+        let mut core = ConnectionCore {
+            negotiation: Negotiation::new(config.negotiation.clone()),
+            reassembly: Reassembly::new(config.max_message_len),
+            config,
+            send_region,
+            recv_region,
+            credits,
+            grants: PendingGrants::default(),
+            posted: Slab::new(),
+            sending: Slab::new(),
+            work: VecDeque::new(),
+            delivered: VecDeque::new(),
+            returned: Arc::new(SegQueue::new()),
+            control: VecDeque::new(),
+            outbox: None,
+            drains_owed: 0,
+            refused: None,
+            failed: None,
+            stats: ConnectionStats::default(),
+        };
+        core.post_receives();
+        // The peer counts our tier-0 receives as its initial credits: they are not granted.
+        core.grants = PendingGrants::default();
+        Ok(core)
+    }
+
+    /// The next work request for the provider endpoint, in order.
+    pub fn poll_work(&mut self) -> Option<WorkRequest> {
+        self.work.pop_front()
+    }
+
+    /// The next delivered message, in the order the peer sent them.
+    pub fn try_recv(&mut self) -> Option<Message> {
+        self.delivered.pop_front()
+    }
+
+    /// The next time [`ConnectionCore::progress`] must run even if nothing arrives.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.negotiation.poll_timeout()
+    }
+
+    /// Counters and state now.
+    pub fn stats(&self) -> ConnectionStats {
+        ConnectionStats {
+            send_tier: self.send_tier().get(),
+            recv_tier: self.recv_region.tier().get(),
+            registered_bytes: self.send_region.registered_bytes()
+                + self.recv_region.registered_bytes(),
+            ..self.stats
+        }
+    }
+
+    /// The error the connection failed with, if it did.
+    pub fn failure(&self) -> Option<&Arc<ConnectionError>> {
+        self.failed.as_ref()
+    }
+
+    /// Fails the connection with `error` (a provider failure, say): sends and receives
+    /// report it from now on.
+    pub fn fail(&mut self, error: ConnectionError) {
+        if self.failed.is_none() {
+            tracing::warn!(%error, "connection failed");
+            self.failed = Some(Arc::new(error));
+        }
+    }
+
+    /// The tier the peer has granted this side to send on.
+    pub fn send_tier(&self) -> TierIndex {
+        self.negotiation.outbound_grant().tier
+    }
+
+    /// Whether everything accepted has been posted and every posted send completed.
+    pub fn is_idle(&self) -> bool {
+        self.outbox.is_none() && self.control.is_empty() && self.sending.is_empty()
+    }
+
+    /// Offers a message given as an I/O vector, without blocking. Returns the bytes
+    /// accepted: all of them; or, when the message does not fit the tier in force but its
+    /// first element does, the longest prefix of whole elements that fits (patent Figure
+    /// 5; send the rest with another call). When the first element does not fit, a
+    /// promotion is asked for and [`WouldBlock::PromotionPending`] returned. A message
+    /// larger than the top tier, or one whose promotion the peer refused, is sent in
+    /// segments and delivered as one message.
+    pub fn try_send(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
+        if let Some(error) = &self.failed {
+            return Err(SendError::Failed(Arc::clone(error)));
+        }
+        // Act on what arrived since the last progress (a nack, an ack) before deciding.
+        self.handle_events(now);
+        let total: usize = message.iter().map(|part| part.len()).sum();
+        if total as u64 > self.config.max_message_len {
+            return Err(SendError::TooLong {
+                len: total as u64,
+                max: self.config.max_message_len,
+            });
+        }
+        let tier = self.send_tier();
+        let capacity = self.config.whole_capacity(tier);
+        if total <= capacity {
+            return self.send_whole(message, total);
+        }
+        let first = message.first().map_or(0, |part| part.len());
+        if first <= capacity {
+            let mut prefix = 0;
+            let mut elements = 0;
+            for part in message {
+                if prefix + part.len() > capacity {
+                    break;
+                }
+                prefix += part.len();
+                elements += 1;
+            }
+            return self.send_whole(&message[..elements], prefix);
+        }
+        let target = self
+            .config
+            .tier_for(first)
+            .unwrap_or(self.config.ladder.top());
+        let refused = self
+            .refused
+            .is_some_and(|(refused, until)| refused <= target && now < until);
+        if target > tier && !refused {
+            return match self.negotiation.request_tier(now, target) {
+                Ok(RequestStatus::InForce) => self.try_send(now, message),
+                Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
+                Err(error) => {
+                    let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
+                    self.failed = Some(Arc::clone(&error));
+                    Err(SendError::Failed(error))
+                }
+            };
+        }
+        if self.negotiation.pending_request().is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::PromotionPending));
+        }
+        if self.outbox.is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        let mut copy = Vec::with_capacity(total);
+        for part in message {
+            copy.extend_from_slice(part);
+        }
+        self.outbox = Some(Outbox {
+            message: copy,
+            sent: 0,
+        });
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += total as u64;
+        self.send_segments();
+        Ok(total)
+    }
+
+    /// Sends `len` bytes of `parts` as one whole frame, if a credit that fits and a send
+    /// slot are free.
+    fn send_whole(&mut self, parts: &[IoSlice<'_>], len: usize) -> Result<usize, SendError> {
+        if self.outbox.is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        let fits = self
+            .credits
+            .next_tier()
+            .is_some_and(|tier| self.config.frame_capacity(tier) >= len);
+        if !fits || !self.credits.has_data_credit() {
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        let header = FrameHeader {
+            kind: FrameKind::Whole,
+            grant: Grant { tier: 0, count: 0 },
+            payload_len: len as u32,
+            message_len: len as u64,
+        };
+        if !self.post_frame(header, parts, true) {
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += len as u64;
+        Ok(len)
+    }
+
+    /// Posts one frame: takes a send slot and a credit (a data credit when `data`), writes
+    /// the header (with the oldest pending grant) and the payload, and queues the send.
+    /// Returns false, consuming nothing, when no slot or credit is free or the payload does
+    /// not fit.
+    fn post_frame(&mut self, mut header: FrameHeader, payload: &[IoSlice<'_>], data: bool) -> bool {
+        let usable = if data {
+            self.credits.has_data_credit()
+        } else {
+            self.credits.total() > 0
+        };
+        let Some(credit_tier) = self.credits.next_tier().filter(|_| usable) else {
+            return false;
+        };
+        let len = header.payload_len as usize;
+        if len > self.config.frame_capacity(credit_tier) {
+            return false;
+        }
+        let Some(mut slot) = self.acquire_send_slot(HEADER_LEN + len) else {
+            return false;
+        };
+        self.credits.take();
+        header.grant = self.grants.take();
+        header.encode(&mut slot[..HEADER_LEN]);
+        let mut at = HEADER_LEN;
+        for part in payload {
+            let take = part.len().min(HEADER_LEN + len - at);
+            slot[at..at + take].copy_from_slice(&part[..take]);
+            at += take;
+        }
+        let buffer = BufferRef {
+            keys: slot.keys(),
+            addr: slot.remote_addr(),
+            len: (HEADER_LEN + len) as u32,
+        };
+        let wr_id = self.sending.insert(slot) as u64;
+        self.work.push_back(WorkRequest::PostSend { wr_id, buffer });
+        self.stats.frames_sent += 1;
+        true
+    }
+
+    /// A send slot of at least `len` bytes: from the send tier in force, or, while that is
+    /// too small (its promotion refused for memory), none.
+    fn acquire_send_slot(&mut self, len: usize) -> Option<OwnedTierSlot> {
+        let slot = self.send_region.try_acquire_owned()?;
+        (slot.len() >= len).then_some(slot)
+    }
+
+    /// Sends as many segments of the outbox as credits allow.
+    fn send_segments(&mut self) {
+        while let Some(outbox) = &self.outbox {
+            let Some(credit_tier) = self.credits.next_tier() else {
+                return;
+            };
+            let send_slot_len = self
+                .config
+                .ladder
+                .tier(self.send_region.tier())
+                .map_or(0, |spec| spec.slot_size());
+            let room = self
+                .config
+                .frame_capacity(credit_tier)
+                .min(send_slot_len - HEADER_LEN);
+            let remaining = outbox.message.len() - outbox.sent;
+            let first = outbox.sent == 0;
+            // A first segment leaves at least one byte for a later one: a message that
+            // fits one frame goes out whole, never as a lone first segment.
+            let chunk = if first {
+                remaining.min(room).min(remaining - 1)
+            } else {
+                remaining.min(room)
+            };
+            let kind = match (first, chunk == remaining) {
+                (true, _) => FrameKind::First,
+                (false, true) => FrameKind::Last,
+                (false, false) => FrameKind::Middle,
+            };
+            let header = FrameHeader {
+                kind,
+                grant: Grant { tier: 0, count: 0 },
+                payload_len: chunk as u32,
+                message_len: if first {
+                    outbox.message.len() as u64
+                } else {
+                    0
+                },
+            };
+            let start = outbox.sent;
+            let bytes = outbox.message[start..start + chunk].to_vec();
+            if !self.post_frame(header, &[IoSlice::new(&bytes)], true) {
+                return;
+            }
+            if let Some(outbox) = &mut self.outbox {
+                outbox.sent += chunk;
+                if header.kind == FrameKind::Last {
+                    self.outbox = None;
+                }
+            }
+        }
+    }
+
+    /// Runs the connection's own work: reposts returned receive slots, fires timers, acts
+    /// on negotiation events, and sends control, drain, segment and credit frames.
+    pub fn progress(&mut self, now: Instant) {
+        if self.failed.is_some() {
+            return;
+        }
+        while let Some(slot) = self.returned.pop() {
+            self.recycle(slot);
+        }
+        self.post_receives();
+        if self.negotiation.poll_timeout().is_some_and(|at| at <= now) {
+            self.negotiation.handle_timeout(now);
+        }
+        self.handle_events(now);
+        while let Some(message) = self.negotiation.poll_transmit() {
+            self.control.push_back(message);
+        }
+        self.send_control();
+        while self.drains_owed > 0 && self.credits.total() > 0 {
+            let header = FrameHeader {
+                kind: FrameKind::Drain,
+                grant: Grant { tier: 0, count: 0 },
+                payload_len: 0,
+                message_len: 0,
+            };
+            if !self.post_frame(header, &[], false) {
+                break;
+            }
+            self.drains_owed -= 1;
+        }
+        self.send_segments();
+        let threshold = (self.posted.len() as u32 / 2).max(2);
+        while self.grants.total() >= threshold
+            || (self.grants.total() > 0 && self.credits.total() == 1)
+        {
+            let header = FrameHeader {
+                kind: FrameKind::Credit,
+                grant: Grant { tier: 0, count: 0 },
+                payload_len: 0,
+                message_len: 0,
+            };
+            if !self.post_frame(header, &[], false) {
+                break;
+            }
+        }
+        self.send_region.reclaim();
+        self.recv_region.reclaim();
+    }
+
+    fn send_control(&mut self) {
+        while let Some(message) = self.control.front() {
+            let mut frame = [0u8; wire::MAX_FRAME_LEN];
+            let len = match wire::encode(message, &mut frame) {
+                Ok(len) => len,
+                Err(error) => {
+                    self.fail(ConnectionError::Wire(error));
+                    return;
+                }
+            };
+            let header = FrameHeader {
+                kind: FrameKind::Control,
+                grant: Grant { tier: 0, count: 0 },
+                payload_len: len as u32,
+                message_len: 0,
+            };
+            if !self.post_frame(header, &[IoSlice::new(&frame[..len])], false) {
+                return;
+            }
+            self.control.pop_front();
+        }
+    }
+
+    fn handle_events(&mut self, now: Instant) {
+        while let Some(event) = self.negotiation.poll_event() {
+            match event {
+                Event::Switched { from, to, .. } => {
+                    if to > from {
+                        self.stats.promotions += 1;
+                    } else {
+                        self.stats.demotions += 1;
+                    }
+                    self.refused = None;
+                    self.drains_owed = self.credits.ahead_of(to.get());
+                    match self.send_region.begin_change(to) {
+                        Ok(change) => {
+                            if let Err(error) = change.install(false) {
+                                tracing::warn!(%error, "send buffers stay on {from}");
+                            }
+                        }
+                        Err(error) => tracing::warn!(%error, "send buffers stay on {from}"),
+                    }
+                    tracing::info!(%from, %to, drains = self.drains_owed, "send tier changed");
+                }
+                Event::RequestFailed { tier, cause, .. } => {
+                    match cause {
+                        FailureCause::Nacked(_) => self.stats.nacks += 1,
+                        FailureCause::TimedOut { .. } => self.stats.timeouts += 1,
+                    }
+                    let backoff = self
+                        .config
+                        .ladder
+                        .policy()
+                        .hysteresis()
+                        .max(Duration::from_millis(100));
+                    self.refused = Some((tier, now + backoff));
+                    tracing::info!(%tier, ?cause, "tier request failed; segmenting instead");
+                }
+                Event::ProvisionRequested { epoch, tier, .. } => {
+                    let answer = self.provision(tier);
+                    if let Err(error) = self.negotiation.provisioned(now, epoch, answer) {
+                        self.fail(ConnectionError::ProtocolViolation(error.to_string()));
+                    }
+                }
+                Event::PeerSwitched { from, to, .. } => {
+                    tracing::debug!(%from, %to, "peer sends on a new tier");
+                }
+                Event::Retire { tier, .. } => {
+                    // Over SEND/RECV the old tier retires when its posted receives come
+                    // back (module invariants); nothing to free here.
+                    tracing::debug!(%tier, "peer released a receive tier");
+                }
+                Event::ProtocolViolation(violation) => {
+                    self.fail(ConnectionError::ProtocolViolation(format!("{violation:?}")));
+                }
+                other => tracing::debug!(?other, "negotiation event"),
+            }
+        }
+    }
+
+    /// Puts the receive region on `tier` and posts its receives, for a peer's request.
+    fn provision(
+        &mut self,
+        tier: TierIndex,
+    ) -> Result<tierbuf_tiers::RegionDescriptor, NackReason> {
+        let descriptor = match self.recv_region.begin_change(tier) {
+            Ok(mut change) => {
+                let descriptor = change.provision().map_err(|error| nack_for(&error))?;
+                change.install(false).map_err(|error| nack_for(&error))?;
+                descriptor
+            }
+            Err(TierError::AlreadyOn { .. }) => self.recv_region.current().descriptor(),
+            Err(error) => return Err(nack_for(&error)),
+        };
+        self.post_receives();
+        Ok(descriptor)
+    }
+
+    /// Posts every free slot of the receive tier in force as a receive.
+    fn post_receives(&mut self) {
+        while let Some(slot) = self.recv_region.try_acquire_owned() {
+            self.post_receive(slot);
+        }
+    }
+
+    fn post_receive(&mut self, slot: OwnedTierSlot) {
+        let tier = slot.tier().get();
+        let buffer = BufferRef {
+            keys: slot.keys(),
+            addr: slot.remote_addr(),
+            len: slot.len() as u32,
+        };
+        let wr_id = self.posted.insert(slot) as u64;
+        self.work.push_back(WorkRequest::PostRecv { wr_id, buffer });
+        self.grants.posted(tier, 1);
+    }
+
+    /// Reposts a receive slot that came back, unless its tier was replaced.
+    fn recycle(&mut self, slot: OwnedTierSlot) {
+        if slot.tier() == self.recv_region.tier() {
+            self.post_receive(slot);
+        }
+    }
+
+    /// Takes one successful completion from the provider endpoint.
+    pub fn handle_completion(
+        &mut self,
+        now: Instant,
+        kind: WorkKind,
+        wr_id: u64,
+        byte_len: u32,
+    ) -> Result<(), Arc<ConnectionError>> {
+        if let Some(error) = &self.failed {
+            return Err(Arc::clone(error));
+        }
+        let outcome = match kind {
+            WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
+                Some(_slot) => Ok(()),
+                None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
+            },
+            WorkKind::Recv => match self.posted.try_remove(wr_id as usize) {
+                Some(slot) => self.receive(now, slot, byte_len as usize),
+                None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
+            },
+        };
+        if let Err(error) = outcome {
+            self.fail(error);
+        }
+        match &self.failed {
+            Some(error) => Err(Arc::clone(error)),
+            None => Ok(()),
+        }
+    }
+
+    fn receive(
+        &mut self,
+        now: Instant,
+        slot: OwnedTierSlot,
+        len: usize,
+    ) -> Result<(), ConnectionError> {
+        let frame = &slot[..len.min(slot.len())];
+        let header = FrameHeader::decode(frame).map_err(ConnectionError::Header)?;
+        if usize::from(header.grant.tier) >= self.config.ladder.len() {
+            return Err(ConnectionError::GrantBeyondLadder {
+                tier: header.grant.tier,
+                len: self.config.ladder.len(),
+            });
+        }
+        self.credits.grant(header.grant);
+        let payload_len = header.payload_len as usize;
+        let payload = &frame[HEADER_LEN..HEADER_LEN + payload_len];
+        match header.kind {
+            FrameKind::Whole => {
+                self.reassembly
+                    .check_whole(header.message_len)
+                    .map_err(ConnectionError::Reassembly)?;
+                self.stats.messages_received += 1;
+                self.stats.bytes_received += payload_len as u64;
+                self.delivered.push_back(Message {
+                    body: Body::Slot {
+                        slot: Some(slot),
+                        len: payload_len,
+                    },
+                    returns: Arc::clone(&self.returned),
+                });
+                return Ok(());
+            }
+            FrameKind::First | FrameKind::Middle | FrameKind::Last => {
+                let done = self
+                    .reassembly
+                    .segment(header.kind, header.message_len, payload)
+                    .map_err(ConnectionError::Reassembly)?;
+                if let Some(message) = done {
+                    self.stats.messages_received += 1;
+                    self.stats.bytes_received += message.len() as u64;
+                    self.delivered.push_back(Message {
+                        body: Body::Copied(message),
+                        returns: Arc::clone(&self.returned),
+                    });
+                }
+            }
+            FrameKind::Control => {
+                let message = wire::decode(payload).map_err(ConnectionError::Wire)?;
+                self.negotiation.handle_message(now, message);
+            }
+            FrameKind::Credit | FrameKind::Drain => {}
+        }
+        self.recycle(slot);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ConnectionCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionCore")
+            .field("stats", &self.stats())
+            .field("credits", &self.credits.total())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+fn nack_for(error: &TierError) -> NackReason {
+    match error {
+        TierError::BeyondLadder { .. } => NackReason::BeyondLadder,
+        TierError::ChangePending { .. } => NackReason::Busy,
+        _ => NackReason::OverBudget,
+    }
+}
+
+enum Body {
+    Slot {
+        slot: Option<OwnedTierSlot>,
+        len: usize,
+    },
+    Copied(Vec<u8>),
+}
+
+/// A delivered message. One that arrived in one frame is a view onto the registered
+/// receive slot it landed in (zero-copy); dropping it returns the slot to be reposted. A
+/// segmented one was reassembled into its own buffer.
+pub struct Message {
+    body: Body,
+    returns: Arc<SegQueue<OwnedTierSlot>>,
+}
+
+impl Message {
+    /// Whether the bytes are still in the registered receive slot (not copied).
+    pub fn is_zero_copy(&self) -> bool {
+        matches!(self.body, Body::Slot { .. })
+    }
+}
+
+impl Deref for Message {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.body {
+            Body::Slot {
+                slot: Some(slot),
+                len,
+            } => &slot[HEADER_LEN..HEADER_LEN + len],
+            Body::Slot { slot: None, .. } => &[],
+            Body::Copied(bytes) => bytes,
+        }
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        if let Body::Slot { slot, .. } = &mut self.body
+            && let Some(slot) = slot.take()
+        {
+            self.returns.push(slot);
+        }
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("len", &self.len())
+            .field("zero_copy", &self.is_zero_copy())
+            .finish()
+    }
+}

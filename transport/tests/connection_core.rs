@@ -1,0 +1,309 @@
+//! Two `ConnectionCore`s wired by an executor that keeps the verbs rules (receives
+//! consumed in posting order, a send waits for a posted receive, a frame longer than the
+//! receive is an error): delivery in order byte for byte, promotion, segmentation, refusal
+//! for budget, and every byte of memory back at the end.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use tierbuf_pool::{HostRegistrar, MemoryBudget};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    BufferRef, ConnectionConfig, ConnectionCore, SendError, WorkKind, WorkRequest, WouldBlock,
+};
+
+/// One side: its core and the work it posted that the executor has not finished.
+struct Side {
+    core: ConnectionCore,
+    recvs: VecDeque<(u64, BufferRef)>,
+    sends: VecDeque<(u64, BufferRef)>,
+    received: Vec<Vec<u8>>,
+}
+
+struct Pair {
+    sides: [Side; 2],
+    now: Instant,
+    budgets: [MemoryBudget; 2],
+}
+
+fn ladder() -> Arc<TierLadder> {
+    Arc::new(
+        TierLadder::builder()
+            .tier(128, 4, 112)
+            .tier(1024, 4, 1008)
+            .tier(8192, 4, 8176)
+            .build()
+            .unwrap(),
+    )
+}
+
+impl Pair {
+    fn new(caps: [u64; 2]) -> Pair {
+        let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
+        let budgets = caps.map(MemoryBudget::with_cap);
+        let side = |budget: &MemoryBudget| {
+            let registrar = Arc::new(HostRegistrar::new(budget.clone()));
+            let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
+            Side {
+                core: ConnectionCore::new(Arc::clone(&config), Arc::clone(&reservoir), reservoir)
+                    .unwrap(),
+                recvs: VecDeque::new(),
+                sends: VecDeque::new(),
+                received: Vec::new(),
+            }
+        };
+        let sides = [side(&budgets[0]), side(&budgets[1])];
+        Pair {
+            sides,
+            now: Instant::now(),
+            budgets,
+        }
+    }
+
+    /// One round: progress both sides, collect their work, move every send that has a
+    /// posted receive, deliver completions, collect messages. Returns whether anything moved.
+    fn step(&mut self) -> bool {
+        self.now += Duration::from_millis(1);
+        let mut moved = false;
+        for side in &mut self.sides {
+            side.core.progress(self.now);
+            while let Some(work) = side.core.poll_work() {
+                moved = true;
+                match work {
+                    WorkRequest::PostRecv { wr_id, buffer } => {
+                        side.recvs.push_back((wr_id, buffer))
+                    }
+                    WorkRequest::PostSend { wr_id, buffer } => {
+                        side.sends.push_back((wr_id, buffer))
+                    }
+                }
+            }
+        }
+        for from in 0..2 {
+            let to = 1 - from;
+            while !self.sides[from].sends.is_empty() && !self.sides[to].recvs.is_empty() {
+                let (send_id, send) = self.sides[from].sends.pop_front().unwrap();
+                let (recv_id, recv) = self.sides[to].recvs.pop_front().unwrap();
+                assert!(
+                    send.len <= recv.len,
+                    "a frame of {} bytes overran a {}-byte receive",
+                    send.len,
+                    recv.len
+                );
+                // SAFETY: both buffers are slots the cores hold while their work requests
+                // are posted; they are distinct regions of this process.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        send.addr as *const u8,
+                        recv.addr as *mut u8,
+                        send.len as usize,
+                    );
+                }
+                let now = self.now;
+                self.sides[from]
+                    .core
+                    .handle_completion(now, WorkKind::Send, send_id, send.len)
+                    .unwrap();
+                self.sides[to]
+                    .core
+                    .handle_completion(now, WorkKind::Recv, recv_id, send.len)
+                    .unwrap();
+                moved = true;
+            }
+        }
+        for side in &mut self.sides {
+            while let Some(message) = side.core.try_recv() {
+                side.received.push(message.to_vec());
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// Sends `message` from side `from`, stepping until it is wholly accepted.
+    fn send(&mut self, from: usize, message: &[u8]) {
+        let mut offset = 0;
+        for _ in 0..10_000 {
+            match self.sides[from]
+                .core
+                .try_send(self.now, &[IoSlice::new(&message[offset..])])
+            {
+                Ok(accepted) => {
+                    offset += accepted;
+                    if offset == message.len() {
+                        return;
+                    }
+                }
+                Err(SendError::WouldBlock(_)) => {}
+                Err(other) => panic!("send failed: {other}"),
+            }
+            self.step();
+        }
+        panic!("message of {} bytes never accepted", message.len());
+    }
+
+    fn settle(&mut self) {
+        for _ in 0..10_000 {
+            if !self.step() && self.sides.iter().all(|s| s.core.is_idle()) {
+                return;
+            }
+        }
+        panic!("the pair never settled");
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn small_messages_both_ways_arrive_in_order() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    for i in 0..50u8 {
+        pair.send(0, &pattern(i as usize, i));
+        pair.send(1, &pattern(100 - i as usize, i));
+    }
+    pair.settle();
+    for i in 0..50u8 {
+        assert_eq!(pair.sides[1].received[i as usize], pattern(i as usize, i));
+        assert_eq!(
+            pair.sides[0].received[i as usize],
+            pattern(100 - i as usize, i)
+        );
+    }
+    assert_eq!(pair.sides[0].core.stats().promotions, 0);
+}
+
+#[test]
+fn a_large_message_waits_for_promotion_then_goes_whole() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let big = pattern(5000, 7);
+    let first = pair.sides[0].core.try_send(pair.now, &[IoSlice::new(&big)]);
+    assert!(matches!(
+        first,
+        Err(SendError::WouldBlock(WouldBlock::PromotionPending))
+    ));
+    pair.send(0, &big);
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![big]);
+    let stats = pair.sides[0].core.stats();
+    assert_eq!((stats.send_tier, stats.promotions), (2, 1));
+    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
+    // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
+    // and tier 0 send buffers only.
+    assert_eq!(pair.budgets[1].in_use(), 8192 * 4 + 128 * 4);
+}
+
+#[test]
+fn the_io_vector_prefix_that_fits_goes_first() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let (a, b, c) = (pattern(50, 1), pattern(50, 2), pattern(50, 3));
+    let accepted = pair.sides[0]
+        .core
+        .try_send(
+            pair.now,
+            &[IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)],
+        )
+        .unwrap();
+    assert_eq!(accepted, 100, "a and b fit 112 bytes together, c does not");
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![[a, b].concat()]);
+}
+
+#[test]
+fn messages_past_the_top_tier_are_segmented_and_arrive_as_one() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let huge = pattern(100_000, 9);
+    pair.send(0, &huge);
+    pair.settle();
+    assert_eq!(pair.sides[1].received.len(), 1);
+    assert!(
+        pair.sides[1].received[0] == huge,
+        "reassembled bytes differ"
+    );
+}
+
+#[test]
+fn a_refused_promotion_falls_back_to_segments_on_the_current_tier() {
+    // The receiver's budget holds its tier-0 buffers and nothing larger.
+    let mut pair = Pair::new([1 << 20, 128 * 4 * 2]);
+    let big = pattern(3000, 4);
+    pair.send(0, &big);
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![big]);
+    let stats = pair.sides[0].core.stats();
+    assert_eq!((stats.send_tier, stats.nacks), (0, 1));
+}
+
+#[test]
+fn every_registered_byte_comes_back() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.send(0, &pattern(6000, 1));
+    pair.send(1, &pattern(600, 2));
+    pair.settle();
+    let budgets = pair.budgets.clone();
+    assert!(budgets.iter().all(|b| b.in_use() > 0));
+    drop(pair);
+    assert_eq!(budgets.map(|b| b.in_use()), [0, 0]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Random sizes from empty to three times the top tier, both ways, interleaved:
+    /// every message once, in order, byte for byte.
+    #[test]
+    fn random_sizes_arrive_once_in_order(sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40)) {
+        let mut pair = Pair::new([4 << 20, 4 << 20]);
+        let mut expected: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
+        for (i, &(len, backwards)) in sizes.iter().enumerate() {
+            let from = usize::from(backwards);
+            let message = pattern(len, i as u8);
+            pair.send(from, &message);
+            expected[1 - from].push(message);
+        }
+        pair.settle();
+        for (side, expected) in pair.sides.iter().zip(&expected) {
+            prop_assert_eq!(side.received.len(), expected.len());
+            for (got, want) in side.received.iter().zip(expected) {
+                prop_assert!(got == want, "message differs: {} vs {} bytes", got.len(), want.len());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.send(0, &pattern(40, 1));
+    pair.settle();
+    let before = pair.budgets[0].in_use();
+    let big = pattern(5000, 2);
+    assert!(matches!(
+        pair.sides[0].core.try_send(pair.now, &[IoSlice::new(&big)]),
+        Err(SendError::WouldBlock(WouldBlock::PromotionPending))
+    ));
+    // From now on side 1 is gone: nothing it posted is consumed and it never answers.
+    for _ in 0..2_000 {
+        pair.now += Duration::from_millis(1);
+        pair.sides[0].core.progress(pair.now);
+        while pair.sides[0].core.poll_work().is_some() {}
+    }
+    let stats = pair.sides[0].core.stats();
+    assert_eq!((stats.timeouts, stats.send_tier), (1, 0), "{stats:?}");
+    assert!(
+        pair.sides[0].core.failure().is_none(),
+        "a timeout is not a failure"
+    );
+    assert_eq!(
+        pair.budgets[0].in_use(),
+        before,
+        "the sender registered nothing for it"
+    );
+}
