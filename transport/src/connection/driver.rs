@@ -1,0 +1,212 @@
+//! [`Connection`]: a [`ConnectionCore`] driven over a provider [`Endpoint`].
+//!
+//! # Invariants
+//!
+//! - Every buffer posted to the endpoint is a slot the core holds in its `posted` or
+//!   `sending` table until the completion that names it has been handed back to the core;
+//!   the core writes a send slot only before posting it and reads a receive slot only
+//!   after its completion. That is the contract `Endpoint::post_recv` and
+//!   `Endpoint::post_send` ask of their callers.
+//! - Work the endpoint refuses for a full queue is kept, in order, and posted first at the
+//!   next progress; work refused for any other reason fails the connection.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_utils::Backoff;
+
+use super::sansio::{
+    ConnectionCore, ConnectionError, ConnectionStats, Message, SendError, WorkKind, WorkRequest,
+};
+use crate::error::PostError;
+use crate::provider::{Completion, Endpoint, Opcode};
+
+/// Completions taken from the endpoint per poll.
+const POLL_BATCH: usize = 32;
+
+/// One side of a connection over a provider endpoint.
+///
+/// It makes progress whenever its owner calls [`Connection::progress`] or one of the
+/// blocking calls ([`Connection::send`], [`Connection::recv`], [`Connection::flush`]),
+/// which poll with a bounded backoff (spin, then yield) while they wait.
+pub struct Connection<E: Endpoint> {
+    core: ConnectionCore,
+    endpoint: E,
+    unposted: VecDeque<WorkRequest>,
+    completions: [Completion; POLL_BATCH],
+}
+
+impl<E: Endpoint> Connection<E> {
+    /// Drives `core` over `endpoint`, posting the core's first receives at once.
+    pub fn new(core: ConnectionCore, endpoint: E) -> Result<Connection<E>, Arc<ConnectionError>> {
+        let mut connection = Connection {
+            core,
+            endpoint,
+            unposted: VecDeque::new(),
+            completions: [Completion::default(); POLL_BATCH],
+        };
+        connection.progress()?;
+        Ok(connection)
+    }
+
+    /// Posts pending work, takes every completion ready, and runs the core's own work.
+    pub fn progress(&mut self) -> Result<(), Arc<ConnectionError>> {
+        let now = Instant::now();
+        self.core.progress(now);
+        self.post_work();
+        loop {
+            let ready = match self.endpoint.poll(&mut self.completions) {
+                Ok(ready) => ready,
+                Err(error) => {
+                    self.core.fail(ConnectionError::Provider(error.to_string()));
+                    break;
+                }
+            };
+            for completion in &self.completions[..ready] {
+                let kind = match completion.opcode {
+                    Opcode::Send => WorkKind::Send,
+                    Opcode::Recv => WorkKind::Recv,
+                };
+                if completion.status.is_success() {
+                    // A failure is recorded in the core and reported below.
+                    let _ = self
+                        .core
+                        .handle_completion(now, kind, completion.wr_id, completion.byte_len);
+                } else {
+                    self.core.fail(ConnectionError::Provider(format!(
+                        "{kind:?} work request {} completed with {:?}",
+                        completion.wr_id, completion.status
+                    )));
+                }
+            }
+            if ready < POLL_BATCH {
+                break;
+            }
+        }
+        self.core.progress(now);
+        self.post_work();
+        match self.core.failure() {
+            Some(error) => Err(Arc::clone(error)),
+            None => Ok(()),
+        }
+    }
+
+    fn post_work(&mut self) {
+        while let Some(work) = self.unposted.pop_front().or_else(|| self.core.poll_work()) {
+            // SAFETY: the buffer is a slot the core holds until the completion naming
+            // `wr_id` comes back through `progress`, and the core touches it only as the
+            // module invariants say; if the endpoint is dropped first, the core's slots
+            // outlive nothing the endpoint can still reach (closing flushes everything).
+            let posted = unsafe {
+                match work {
+                    WorkRequest::PostRecv { wr_id, buffer } => {
+                        self.endpoint.post_recv(buffer, wr_id)
+                    }
+                    WorkRequest::PostSend { wr_id, buffer } => {
+                        self.endpoint.post_send(&[buffer], wr_id)
+                    }
+                }
+            };
+            match posted {
+                Ok(()) => {}
+                Err(PostError::QueueFull { .. }) => {
+                    self.unposted.push_front(work);
+                    return;
+                }
+                Err(error) => {
+                    self.core.fail(ConnectionError::Provider(error.to_string()));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Offers a message without blocking; see [`ConnectionCore::try_send`].
+    pub fn try_send(&mut self, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
+        let accepted = self.core.try_send(Instant::now(), message);
+        self.post_work();
+        accepted
+    }
+
+    /// Sends `message` whole, making progress until it is accepted (through promotion,
+    /// prefixes or segments). It is then on its way; [`Connection::flush`] waits for it to
+    /// leave.
+    pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        let backoff = Backoff::new();
+        let mut offset = 0;
+        loop {
+            match self.try_send(&[IoSlice::new(&message[offset..])]) {
+                Ok(accepted) => {
+                    offset += accepted;
+                    if offset == message.len() {
+                        return Ok(());
+                    }
+                    backoff.reset();
+                }
+                Err(SendError::WouldBlock(_)) => backoff.snooze(),
+                Err(other) => return Err(other),
+            }
+            self.progress().map_err(SendError::Failed)?;
+        }
+    }
+
+    /// The next delivered message, if one has arrived; makes progress first.
+    pub fn try_recv(&mut self) -> Result<Option<Message>, Arc<ConnectionError>> {
+        if let Some(message) = self.core.try_recv() {
+            return Ok(Some(message));
+        }
+        self.progress()?;
+        Ok(self.core.try_recv())
+    }
+
+    /// Waits for the next message.
+    pub fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
+        let backoff = Backoff::new();
+        loop {
+            if let Some(message) = self.try_recv()? {
+                return Ok(message);
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Waits until everything accepted has been posted and every send has completed.
+    pub fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
+        let backoff = Backoff::new();
+        while !(self.core.is_idle() && self.unposted.is_empty()) {
+            self.progress()?;
+            backoff.snooze();
+        }
+        Ok(())
+    }
+
+    /// Counters and state of this side.
+    pub fn stats(&self) -> ConnectionStats {
+        self.core.stats()
+    }
+
+    /// The endpoint, for its limits and state.
+    pub fn endpoint(&self) -> &E {
+        &self.endpoint
+    }
+}
+
+impl<E: Endpoint> Drop for Connection<E> {
+    fn drop(&mut self) {
+        // Closing first makes the provider give up every buffer before the core's slots
+        // (and so the registered memory) are released.
+        self.endpoint.close();
+    }
+}
+
+impl<E: Endpoint> fmt::Debug for Connection<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("core", &self.core)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
