@@ -12,8 +12,9 @@ use proptest::prelude::*;
 use tierbuf_pool::{HostRegistrar, MemoryBudget};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
-    BufferRef, ConnectionConfig, ConnectionCore, SendError, WorkKind, WorkRequest, WouldBlock,
+    ConnectionConfig, ConnectionCore, SendError, WorkKind, WorkRequest, WouldBlock,
 };
 
 /// One side: its core and the work it posted that the executor has not finished.

@@ -72,9 +72,12 @@ impl<E: Endpoint> Connection<E> {
                 };
                 if completion.status.is_success() {
                     // A failure is recorded in the core and reported below.
-                    let _ = self
-                        .core
-                        .handle_completion(now, kind, completion.wr_id, completion.byte_len);
+                    let _ = self.core.handle_completion(
+                        now,
+                        kind,
+                        completion.wr_id,
+                        completion.byte_len,
+                    );
                 } else {
                     self.core.fail(ConnectionError::Provider(format!(
                         "{kind:?} work request {} completed with {:?}",

@@ -2,13 +2,15 @@
 //! sans-IO [`ConnectionCore`] that `docs/connection.md` describes.
 
 mod credits;
+mod driver;
 mod header;
 mod reassembly;
 mod sansio;
 
+pub use driver::Connection;
 pub use header::{FrameKind, HEADER_LEN, HeaderError};
 pub use reassembly::ReassemblyError;
 pub use sansio::{
-    BufferRef, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, Message,
-    SendError, WorkKind, WorkRequest, WouldBlock,
+    ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, Message, SendError,
+    WorkKind, WorkRequest, WouldBlock,
 };

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::SegQueue;
 use slab::Slab;
-use tierbuf_pool::RegionKeys;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::negotiation::{FailureCause, RequestStatus};
 use tierbuf_tiers::wire::{self, ControlMessage, NackReason, WireError};
@@ -38,6 +37,7 @@ use tierbuf_tiers::{
 use super::credits::{Credits, PendingGrants};
 use super::header::{FrameHeader, FrameKind, Grant, HEADER_LEN, HeaderError};
 use super::reassembly::{Reassembly, ReassemblyError};
+use crate::provider::BufferRef;
 
 /// How a connection is set up; both sides must use the same ladder.
 #[derive(Debug, Clone)]
@@ -205,17 +205,6 @@ pub enum WorkKind {
     Send,
     /// The receive queue.
     Recv,
-}
-
-/// Registered bytes named the way a provider names them: a region's keys and a range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferRef {
-    /// The keys of the region the bytes lie in.
-    pub keys: RegionKeys,
-    /// The address of the first byte.
-    pub addr: u64,
-    /// How many bytes.
-    pub len: u32,
 }
 
 /// What the core asks its provider endpoint to do.
@@ -554,7 +543,7 @@ impl ConnectionCore {
             at += take;
         }
         let buffer = BufferRef {
-            keys: slot.keys(),
+            remote_key: slot.keys().remote_key,
             addr: slot.remote_addr(),
             len: (HEADER_LEN + len) as u32,
         };
@@ -781,7 +770,7 @@ impl ConnectionCore {
     fn post_receive(&mut self, slot: OwnedTierSlot) {
         let tier = slot.tier().get();
         let buffer = BufferRef {
-            keys: slot.keys(),
+            remote_key: slot.keys().remote_key,
             addr: slot.remote_addr(),
             len: slot.len() as u32,
         };

@@ -1,0 +1,115 @@
+//! The error types of the `transport` crate.
+
+/// Which queue of an endpoint an error is about.
+///
+/// ```
+/// use tierbuf_transport::QueueKind;
+/// assert_eq!(QueueKind::Send.to_string(), "send");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueKind {
+    /// The send queue.
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
+impl std::fmt::Display for QueueKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            QueueKind::Send => "send",
+            QueueKind::Recv => "receive",
+        })
+    }
+}
+
+/// Why a work request was not posted. Nothing was queued: the caller still owns the
+/// buffer and may retry or give it back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// The queue already holds its depth of outstanding requests; poll completions first.
+    #[error("the {queue} queue is full ({depth} requests outstanding)")]
+    QueueFull {
+        /// The full queue.
+        queue: QueueKind,
+        /// Its depth.
+        depth: u32,
+    },
+    /// No live region registered with this provider has this remote key.
+    #[error("no live region registered with this provider has remote key {remote_key:#x}")]
+    UnknownKey {
+        /// The key named.
+        remote_key: u32,
+    },
+    /// The buffer does not lie inside the region its key names.
+    #[error(
+        "buffer {addr:#x}+{len} lies outside region {remote_key:#x} \
+         ({region_addr:#x}+{region_len})"
+    )]
+    OutOfBounds {
+        /// The key named.
+        remote_key: u32,
+        /// The buffer's first byte.
+        addr: u64,
+        /// The buffer's length.
+        len: u32,
+        /// The region's first byte.
+        region_addr: u64,
+        /// The region's length.
+        region_len: usize,
+    },
+    /// A send's gather list has more buffers than the endpoint takes.
+    #[error("a gather list of {given} buffers passes the endpoint's limit of {max}")]
+    TooManyBuffers {
+        /// Buffers given.
+        given: usize,
+        /// The endpoint's limit.
+        max: usize,
+    },
+    /// A send's buffers add up to more than one message can carry.
+    #[error("a message of {len} bytes passes the limit of {max} bytes")]
+    MessageTooLong {
+        /// The message's length.
+        len: u64,
+        /// The most one message carries.
+        max: u32,
+    },
+    /// This endpoint was closed.
+    #[error("the endpoint is closed")]
+    Closed,
+    /// The peer closed its endpoint.
+    #[error("the peer closed the connection")]
+    PeerClosed,
+    /// An error completion broke the connection; every request is flushed from then on.
+    #[error("the connection broke after an error completion")]
+    ConnectionBroken,
+}
+
+/// Failures of providers and endpoints outside posting.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// A queue depth outside `1..=max` was asked for.
+    #[error("a {queue} queue depth of {depth} is outside 1..={max}")]
+    InvalidDepth {
+        /// Which queue.
+        queue: QueueKind,
+        /// The depth asked for.
+        depth: u32,
+        /// The most a queue of this provider holds.
+        max: u32,
+    },
+    /// The provider's device or channel failed (a verbs call, a shared-memory peer that
+    /// vanished); the connection is unusable.
+    #[error("the {provider} provider failed in {operation}")]
+    Provider {
+        /// The provider's name.
+        provider: &'static str,
+        /// What it was doing.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

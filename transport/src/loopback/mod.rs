@@ -1,0 +1,282 @@
+//! The loopback provider: two endpoints in one process, connected by lock-free queues.
+//!
+//! # Progress
+//!
+//! A message is copied as soon as both its send and a receive for it are posted, by
+//! whichever side notices first: `post_send` and `post_recv` try to pair the channel they
+//! just fed (eager), and `poll` tries both channels of the endpoint. So, as with a NIC, a
+//! message moves once both sides have posted, whichever of them calls in next; neither
+//! side depends on the other polling. The copy happens on the calling thread while it
+//! holds the channel's matching claim; a caller that finds the claim taken returns at
+//! once, and the holder picks up its work before it lets go (see `channel`).
+//!
+//! # Locks
+//!
+//! Posting and polling take no lock: the queues are crossbeam `ArrayQueue`s, the claim is
+//! one atomic flag that is tried, never waited for. Two places do lock or wait, off the
+//! data path: resolving a remote key this endpoint has not met before takes the
+//! provider's region-table mutex once (then it is cached), and [`Endpoint::close`] waits
+//! for a copy in progress on the connection to finish, so that it can promise that no
+//! buffer of the closed endpoint is touched afterwards.
+
+mod channel;
+mod registry;
+
+use std::sync::Arc as StdArc;
+
+use tierbuf_pool::{HostRegistrar, MemoryBudget, Registrar};
+
+use crate::error::{PostError, QueueKind, TransportError};
+use crate::provider::{
+    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Opcode, Outstanding, Provider,
+};
+use crate::sync::Arc;
+use channel::{MAX_GATHER, PairShared, PairState, RecvRequest, SendRequest};
+pub use registry::LoopbackRegistrar;
+use registry::RegionCache;
+
+/// The deepest queue a loopback endpoint takes.
+pub const MAX_QUEUE_DEPTH: u32 = 1 << 16;
+
+/// The in-process provider: registered host memory and connected endpoint pairs.
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, SlotPool};
+/// use tierbuf_transport::{BufferRef, Completion, Endpoint, LoopbackProvider, Provider};
+/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let pool = SlotPool::new(&*provider.registrar(), 256, 2)?;
+/// let (mut client, mut server) = provider.pair(4, 4)?;
+/// let mut request = pool.try_acquire_owned().unwrap();
+/// let inbox = pool.try_acquire_owned().unwrap();
+/// request[..4].copy_from_slice(b"ping");
+/// // SAFETY: neither slot is touched again until its completion is polled.
+/// unsafe {
+///     server.post_recv(BufferRef::from(&inbox), 1)?;
+///     client.post_send(&[BufferRef::from(&request).prefix(4).unwrap()], 2)?;
+/// }
+/// let mut completions = [Completion::default(); 4];
+/// assert_eq!(server.poll(&mut completions)?, 1);
+/// assert_eq!((completions[0].wr_id, completions[0].byte_len), (1, 4));
+/// assert_eq!(&inbox[..4], b"ping");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct LoopbackProvider {
+    registrar: StdArc<LoopbackRegistrar>,
+}
+
+impl LoopbackProvider {
+    /// A provider registering unpinned host memory charged to `budget`.
+    pub fn new(budget: MemoryBudget) -> LoopbackProvider {
+        LoopbackProvider::with_host_registrar(HostRegistrar::new(budget))
+    }
+
+    /// A provider registering memory through `host` (for pinned or huge-page memory).
+    ///
+    /// ```
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+    /// use tierbuf_transport::{LoopbackProvider, Provider};
+    /// let host = HostRegistrar::new(MemoryBudget::with_cap(1 << 20)).lock_memory(false);
+    /// let provider = LoopbackProvider::with_host_registrar(host);
+    /// assert_eq!(provider.registrar().budget().cap(), 1 << 20);
+    /// ```
+    pub fn with_host_registrar(host: HostRegistrar) -> LoopbackProvider {
+        LoopbackProvider {
+            registrar: StdArc::new(LoopbackRegistrar::new(host)),
+        }
+    }
+
+    /// Two connected endpoints, each with `send_depth` sends and `recv_depth` receives
+    /// outstanding at most (both in `1..=`[`MAX_QUEUE_DEPTH`]).
+    ///
+    /// ```
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::{Endpoint, LoopbackProvider, TransportError};
+    /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// let (a, _b) = provider.pair(8, 32)?;
+    /// assert_eq!((a.limits().send_depth, a.limits().recv_depth), (8, 32));
+    /// assert!(matches!(provider.pair(0, 1), Err(TransportError::InvalidDepth { .. })));
+    /// # Ok::<(), TransportError>(())
+    /// ```
+    pub fn pair(
+        &self,
+        send_depth: u32,
+        recv_depth: u32,
+    ) -> Result<(LoopbackEndpoint, LoopbackEndpoint), TransportError> {
+        for (queue, depth) in [(QueueKind::Send, send_depth), (QueueKind::Recv, recv_depth)] {
+            if !(1..=MAX_QUEUE_DEPTH).contains(&depth) {
+                return Err(TransportError::InvalidDepth {
+                    queue,
+                    depth,
+                    max: MAX_QUEUE_DEPTH,
+                });
+            }
+        }
+        let shared = Arc::new(PairShared::new(send_depth, recv_depth));
+        let limits = EndpointLimits {
+            send_depth,
+            recv_depth,
+            max_gather: MAX_GATHER,
+            max_message: u32::MAX,
+        };
+        let endpoint = |side| LoopbackEndpoint {
+            shared: Arc::clone(&shared),
+            side,
+            limits,
+            regions: RegionCache::new(StdArc::clone(self.registrar.table())),
+            outstanding: Outstanding::default(),
+            closed: false,
+        };
+        Ok((endpoint(0), endpoint(1)))
+    }
+}
+
+impl Provider for LoopbackProvider {
+    type Endpoint = LoopbackEndpoint;
+
+    fn name(&self) -> &'static str {
+        "loopback"
+    }
+
+    fn registrar(&self) -> StdArc<dyn Registrar> {
+        StdArc::clone(&self.registrar) as StdArc<dyn Registrar>
+    }
+}
+
+/// One side of a loopback pair; see [`Endpoint`] for the rules it keeps and
+/// [`LoopbackProvider`] for an example. Dropping it closes it.
+#[derive(Debug)]
+pub struct LoopbackEndpoint {
+    shared: Arc<PairShared>,
+    /// 0 or 1: this endpoint sends on `shared.channel(side)` and receives on the other.
+    side: usize,
+    limits: EndpointLimits,
+    regions: RegionCache,
+    outstanding: Outstanding,
+    closed: bool,
+}
+
+impl LoopbackEndpoint {
+    fn peer(&self) -> usize {
+        1 - self.side
+    }
+
+    /// Refuses posting unless the connection is open.
+    fn check_open(&self) -> Result<(), PostError> {
+        match self.state() {
+            EndpointState::Open => Ok(()),
+            EndpointState::Closed => Err(PostError::Closed),
+            EndpointState::PeerClosed => Err(PostError::PeerClosed),
+            _ => Err(PostError::ConnectionBroken),
+        }
+    }
+}
+
+impl Endpoint for LoopbackEndpoint {
+    fn limits(&self) -> EndpointLimits {
+        self.limits
+    }
+
+    fn state(&self) -> EndpointState {
+        if self.closed {
+            return EndpointState::Closed;
+        }
+        match self.shared.state() {
+            PairState::Open => EndpointState::Open,
+            PairState::ClosedBy(side) if side == self.side => EndpointState::Closed,
+            PairState::ClosedBy(_) => EndpointState::PeerClosed,
+            PairState::Broken => EndpointState::Broken,
+        }
+    }
+
+    fn outstanding(&self) -> Outstanding {
+        self.outstanding
+    }
+
+    unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
+        self.check_open()?;
+        if self.outstanding.recvs == self.limits.recv_depth {
+            return Err(PostError::QueueFull {
+                queue: QueueKind::Recv,
+                depth: self.limits.recv_depth,
+            });
+        }
+        let buffer = self.regions.resolve(buffer)?;
+        self.outstanding.recvs += 1;
+        let incoming = self.peer();
+        self.shared
+            .channel(incoming)
+            .push_recv(RecvRequest { wr_id, buffer });
+        self.shared.progress(incoming);
+        Ok(())
+    }
+
+    unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
+        self.check_open()?;
+        if self.outstanding.sends == self.limits.send_depth {
+            return Err(PostError::QueueFull {
+                queue: QueueKind::Send,
+                depth: self.limits.send_depth,
+            });
+        }
+        if gather.len() > MAX_GATHER {
+            return Err(PostError::TooManyBuffers {
+                given: gather.len(),
+                max: MAX_GATHER,
+            });
+        }
+        let total: u64 = gather.iter().map(|buffer| u64::from(buffer.len)).sum();
+        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong {
+            len: total,
+            max: self.limits.max_message,
+        })?;
+        let mut resolved: [Option<_>; MAX_GATHER] = Default::default();
+        for (slot, buffer) in resolved.iter_mut().zip(gather) {
+            *slot = Some(self.regions.resolve(*buffer)?);
+        }
+        self.outstanding.sends += 1;
+        self.shared.channel(self.side).push_send(SendRequest {
+            wr_id,
+            gather: resolved,
+            len,
+        });
+        self.shared.progress(self.side);
+        Ok(())
+    }
+
+    fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
+        self.shared.progress(self.side);
+        self.shared.progress(self.peer());
+        let sends = self.shared.channel(self.side);
+        let recvs = self.shared.channel(self.peer());
+        let mut filled = 0;
+        for entry in completions.iter_mut() {
+            let Some(completion) = sends
+                .pop_send_completion()
+                .or_else(|| recvs.pop_recv_completion())
+            else {
+                break;
+            };
+            match completion.opcode {
+                Opcode::Send => self.outstanding.sends -= 1,
+                Opcode::Recv => self.outstanding.recvs -= 1,
+            }
+            *entry = completion;
+            filled += 1;
+        }
+        Ok(filled)
+    }
+
+    fn close(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.shared.close(self.side);
+        }
+    }
+}
+
+impl Drop for LoopbackEndpoint {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,251 @@
+//! The loopback provider's memory registration: a [`LoopbackRegistrar`] that wraps a
+//! [`HostRegistrar`] and records every live region by remote key, and the per-endpoint
+//! [`RegionCache`] through which posts resolve and check buffers.
+//!
+//! # Invariants
+//!
+//! - Every region the registrar hands out is shared as an `Arc<Registered>`: one strong
+//!   reference is the user's [`LoopbackRegion`], one more is held by every queued work
+//!   request that names it. The memory is unmapped (and its budget returned) only when
+//!   the last of these drops, so the provider never copies to or from freed memory.
+//! - The table and the caches hold only weak references: a region nobody holds is freed
+//!   even if it stays in a cache.
+//! - `Registered::live` is cleared (and the table entry removed) when the user drops the
+//!   region; from then on resolving its key fails and queued requests naming it complete
+//!   with a protection error, as after `ibv_dereg_mr`.
+//! - Remote keys are unique among regions whose memory is still mapped (the
+//!   [`HostRegistrar`] frees a key only when the memory is unmapped), so the table never
+//!   holds two live regions under one key.
+//! - Resolving takes the table's mutex only when an endpoint meets a key for the first
+//!   time (or again after the region behind it was replaced); the post path is lock-free
+//!   after that.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, RegionKeys, Registrar};
+
+use crate::error::PostError;
+use crate::provider::BufferRef;
+
+/// A region registered with the loopback provider, shared by its owner and the work
+/// requests that name it.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    region: Box<dyn Region>,
+    live: AtomicBool,
+}
+
+impl Registered {
+    /// Whether the owner still holds the region (it has not been deregistered).
+    pub(crate) fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// The address of the byte at `offset`.
+    ///
+    /// # Safety
+    ///
+    /// `offset` is at most the region's length.
+    pub(crate) unsafe fn byte_at(&self, offset: usize) -> NonNull<u8> {
+        // SAFETY: the caller keeps `offset <= len`, so the result points into the region
+        // or one past its end.
+        unsafe { self.region.base().add(offset) }
+    }
+}
+
+/// Live regions of one loopback provider by remote key.
+#[derive(Debug, Default)]
+pub(crate) struct RegionTable {
+    by_key: Mutex<HashMap<u32, Weak<Registered>>>,
+}
+
+impl RegionTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Weak<Registered>>> {
+        // Every critical section leaves the map consistent before anything can panic.
+        self.by_key
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn find(&self, remote_key: u32) -> Option<Arc<Registered>> {
+        self.lock()
+            .get(&remote_key)
+            .and_then(Weak::upgrade)
+            .filter(|registered| registered.is_live())
+    }
+}
+
+/// The loopback provider's registrar: host memory from a [`HostRegistrar`], recorded by
+/// remote key so that endpoints can check every buffer they are given.
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, Registrar};
+/// use tierbuf_transport::LoopbackProvider;
+/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let region = tierbuf_transport::Provider::registrar(&provider).register(8192, 4096)?;
+/// assert_eq!(region.keys().remote_addr, region.base().as_ptr() as u64);
+/// # Ok::<(), tierbuf_pool::PoolError>(())
+/// ```
+#[derive(Debug)]
+pub struct LoopbackRegistrar {
+    host: HostRegistrar,
+    table: Arc<RegionTable>,
+}
+
+impl LoopbackRegistrar {
+    pub(crate) fn new(host: HostRegistrar) -> LoopbackRegistrar {
+        LoopbackRegistrar {
+            host,
+            table: Arc::default(),
+        }
+    }
+
+    pub(crate) fn table(&self) -> &Arc<RegionTable> {
+        &self.table
+    }
+}
+
+impl Registrar for LoopbackRegistrar {
+    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
+        let region = self.host.register(len, align)?;
+        let remote_key = region.keys().remote_key;
+        let registered = Arc::new(Registered {
+            region,
+            live: AtomicBool::new(true),
+        });
+        self.table
+            .lock()
+            .insert(remote_key, Arc::downgrade(&registered));
+        Ok(Box::new(LoopbackRegion {
+            registered,
+            table: Arc::clone(&self.table),
+        }))
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        self.host.budget()
+    }
+}
+
+/// A region registered with the loopback provider; dropping it deregisters it.
+#[derive(Debug)]
+struct LoopbackRegion {
+    registered: Arc<Registered>,
+    table: Arc<RegionTable>,
+}
+
+impl Drop for LoopbackRegion {
+    fn drop(&mut self) {
+        self.registered.live.store(false, Ordering::Release);
+        let remote_key = self.registered.region.keys().remote_key;
+        let mut table = self.table.lock();
+        // Remove only this region's entry; the key is not reissued while this memory is
+        // mapped, so the entry under it is ours.
+        if table
+            .get(&remote_key)
+            .is_some_and(|weak| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&self.registered)))
+        {
+            table.remove(&remote_key);
+        }
+    }
+}
+
+// SAFETY: the inner region keeps its own promise (its bytes stay valid, fixed and owned
+// while it lives) and lives at least as long as this value, because this value holds a
+// strong reference to it. The provider's copies reach the bytes only on the owner's
+// behalf, through requests the owner posted.
+unsafe impl Region for LoopbackRegion {
+    fn base(&self) -> NonNull<u8> {
+        self.registered.region.base()
+    }
+
+    fn len(&self) -> usize {
+        self.registered.region.len()
+    }
+
+    fn keys(&self) -> RegionKeys {
+        self.registered.region.keys()
+    }
+}
+
+/// A checked buffer: a strong reference to its region and the buffer's place in it.
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    pub(crate) region: Arc<Registered>,
+    /// Offset of the buffer's first byte from the region's first byte; `offset + len`
+    /// is at most the region's length.
+    pub(crate) offset: usize,
+    pub(crate) len: u32,
+}
+
+/// An endpoint's memo of the regions it has met, so that resolving a known key takes no
+/// lock.
+#[derive(Debug)]
+pub(crate) struct RegionCache {
+    table: Arc<RegionTable>,
+    known: HashMap<u32, Weak<Registered>>,
+}
+
+impl RegionCache {
+    pub(crate) fn new(table: Arc<RegionTable>) -> RegionCache {
+        RegionCache {
+            table,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Finds the live region `buffer` names and checks that the buffer lies inside it.
+    pub(crate) fn resolve(&mut self, buffer: BufferRef) -> Result<Resolved, PostError> {
+        let region = match self
+            .known
+            .get(&buffer.remote_key)
+            .and_then(Weak::upgrade)
+            .filter(|registered| registered.is_live())
+        {
+            Some(region) => region,
+            None => self.resolve_slow(buffer.remote_key)?,
+        };
+        let region_addr = region.region.keys().remote_addr;
+        let region_len = region.region.len();
+        let out_of_bounds = || PostError::OutOfBounds {
+            remote_key: buffer.remote_key,
+            addr: buffer.addr,
+            len: buffer.len,
+            region_addr,
+            region_len,
+        };
+        let offset = buffer
+            .addr
+            .checked_sub(region_addr)
+            .and_then(|offset| usize::try_from(offset).ok())
+            .ok_or_else(out_of_bounds)?;
+        let end = offset
+            .checked_add(buffer.len as usize)
+            .ok_or_else(out_of_bounds)?;
+        if end > region_len {
+            return Err(out_of_bounds());
+        }
+        Ok(Resolved {
+            region,
+            offset,
+            len: buffer.len,
+        })
+    }
+
+    /// Looks `remote_key` up in the provider's table and remembers it, forgetting regions
+    /// that have been deregistered meanwhile.
+    #[cold]
+    fn resolve_slow(&mut self, remote_key: u32) -> Result<Arc<Registered>, PostError> {
+        self.known
+            .retain(|_, weak| weak.upgrade().is_some_and(|r| r.is_live()));
+        let region = self
+            .table
+            .find(remote_key)
+            .ok_or(PostError::UnknownKey { remote_key })?;
+        self.known.insert(remote_key, Arc::downgrade(&region));
+        Ok(region)
+    }
+}

@@ -1,0 +1,322 @@
+//! The verbs-shaped provider interface: [`Provider`], [`Endpoint`], the buffers they name
+//! ([`BufferRef`]) and the completions they report ([`Completion`]).
+//!
+//! Every provider keeps the verbs rules listed on [`Endpoint`]; a connection written
+//! against these traits behaves the same on loopback, shared memory and hardware.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tierbuf_pool::{OwnedSlot, Registrar, Slot};
+
+use crate::error::{PostError, TransportError};
+
+/// A transport provider: the memory registration and the endpoints of one kind of
+/// transport (loopback, shared memory, verbs hardware).
+///
+/// How endpoints are connected differs by provider (an in-process pair, a rendezvous
+/// socket, an exchange of queue-pair numbers), so connecting is each provider's own
+/// constructor; what the connection layer needs afterwards is on [`Endpoint`].
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, SlotPool};
+/// use tierbuf_transport::{LoopbackProvider, Provider};
+/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let pool = SlotPool::new(&*provider.registrar(), 4096, 4)?;
+/// assert_eq!(provider.name(), "loopback");
+/// assert_eq!(provider.registrar().budget().in_use(), 4 * 4096);
+/// # Ok::<(), tierbuf_pool::PoolError>(())
+/// ```
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// The endpoints this provider connects.
+    type Endpoint: Endpoint;
+
+    /// A short name for logs and reports (`"loopback"`, `"shm"`, `"verbs"`).
+    fn name(&self) -> &'static str;
+
+    /// The registrar whose regions this provider's endpoints can send from and receive
+    /// into. Memory registered elsewhere is unknown to the provider (as a verbs memory
+    /// region belongs to one protection domain): naming it fails with
+    /// [`PostError::UnknownKey`].
+    fn registrar(&self) -> Arc<dyn Registrar>;
+}
+
+/// One side of a connection, shaped like a verbs reliable-connected queue pair with its
+/// completion queues.
+///
+/// # The verbs rules every provider keeps
+///
+/// - **Two-sided.** A send is delivered into the receive buffer the peer posted first
+///   and has not consumed yet: receives are consumed in the order they were posted.
+/// - **Receiver not ready waits.** A send with no posted receive waits until the peer
+///   posts one (reliable connection with infinite RNR retry); it is never dropped.
+/// - **Length.** A message longer than the receive buffer it meets is not delivered: the
+///   receive completes with [`CompletionStatus::LocalLengthError`], the send with
+///   [`CompletionStatus::RemoteInvalidRequest`], and nothing is written to the receive
+///   buffer. As in verbs, any error completion breaks the connection
+///   ([`EndpointState::Broken`]): every later request of either side is flushed.
+/// - **Keys and bounds.** Every buffer must lie inside a live region registered with the
+///   provider, found by its remote key; anything else is refused when posted
+///   ([`PostError::UnknownKey`], [`PostError::OutOfBounds`]). A region deregistered while
+///   a request still names it completes that request with
+///   [`CompletionStatus::LocalProtectionError`]; its memory is never touched after
+///   deregistration in a way that can corrupt anything.
+/// - **Order.** Completions of one queue (sends, receives) come in posting order.
+/// - **Depth.** At most [`EndpointLimits::send_depth`] sends and
+///   [`EndpointLimits::recv_depth`] receives are outstanding (posted and not yet polled
+///   as completions); past that, posting fails with [`PostError::QueueFull`].
+/// - **Close.** [`Endpoint::close`] (and drop) flushes every outstanding request of
+///   both sides with [`CompletionStatus::Flushed`]; posting afterwards fails with
+///   [`PostError::Closed`] here and [`PostError::PeerClosed`] at the peer.
+///
+/// Work-request ids are the caller's: the provider hands them back in completions and
+/// never interprets them. The endpoint does not own the buffers' handles; the caller
+/// keeps them (for example in a `slab` keyed by work-request id) until the completion.
+pub trait Endpoint: Send + fmt::Debug {
+    /// The queue depths and gather limit of this endpoint.
+    fn limits(&self) -> EndpointLimits;
+
+    /// Whether the connection is open, closed by either side, or broken by an error.
+    fn state(&self) -> EndpointState;
+
+    /// Sends and receives posted and not yet returned by [`Endpoint::poll`].
+    fn outstanding(&self) -> Outstanding;
+
+    /// Posts `buffer` to receive the next message the peer sends; its completion carries
+    /// `wr_id`.
+    ///
+    /// # Safety
+    ///
+    /// From this call until the completion carrying `wr_id` has been returned by
+    /// [`Endpoint::poll`], or until this endpoint has been closed or dropped, nothing but
+    /// the provider reads or writes the bytes `buffer` names, and no other outstanding
+    /// request of any endpoint names any of them. An error return ends this at once:
+    /// nothing was posted.
+    unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError>;
+
+    /// Posts a send of the concatenation of the `gather` buffers (at most
+    /// [`EndpointLimits::max_gather`]; none sends an empty message); its completion
+    /// carries `wr_id`.
+    ///
+    /// # Safety
+    ///
+    /// From this call until the completion carrying `wr_id` has been returned by
+    /// [`Endpoint::poll`], or until this endpoint has been closed or dropped, nothing
+    /// writes the bytes the `gather` buffers name, and no outstanding receive of any
+    /// endpoint names any of them. An error return ends this at once: nothing was posted.
+    unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError>;
+
+    /// Makes progress and moves up to `completions.len()` completions into
+    /// `completions`, returning how many; never blocks. Each completion ends the
+    /// obligation its post took on.
+    fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError>;
+
+    /// Closes this side: every outstanding request of both sides completes with
+    /// [`CompletionStatus::Flushed`] (or has already completed), and when this returns the
+    /// provider touches none of this endpoint's buffers again. Closing twice does nothing.
+    fn close(&mut self);
+}
+
+/// The limits of an endpoint's queues and messages (verbs `max_send_wr`, `max_recv_wr`,
+/// `max_send_sge`, `max_msg_sz`).
+///
+/// ```
+/// use tierbuf_transport::EndpointLimits;
+/// let limits = EndpointLimits { send_depth: 16, recv_depth: 64, max_gather: 4, max_message: 1 << 30 };
+/// assert!(limits.recv_depth > limits.send_depth);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointLimits {
+    /// Most sends outstanding at once.
+    pub send_depth: u32,
+    /// Most receives outstanding at once.
+    pub recv_depth: u32,
+    /// Most buffers in one send's gather list.
+    pub max_gather: usize,
+    /// Most bytes in one message (verbs `max_msg_sz`).
+    pub max_message: u32,
+}
+
+/// Work requests posted and not yet returned by [`Endpoint::poll`].
+///
+/// ```
+/// use tierbuf_transport::Outstanding;
+/// assert_eq!(Outstanding::default(), Outstanding { sends: 0, recvs: 0 });
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Outstanding {
+    /// Outstanding sends.
+    pub sends: u32,
+    /// Outstanding receives.
+    pub recvs: u32,
+}
+
+/// The state of an endpoint's connection.
+///
+/// ```
+/// use tierbuf_transport::EndpointState;
+/// assert_ne!(EndpointState::Open, EndpointState::Broken);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndpointState {
+    /// Both sides are open.
+    Open,
+    /// This side was closed.
+    Closed,
+    /// The peer closed (or was dropped).
+    PeerClosed,
+    /// An error completion broke the connection (verbs: the queue pair is in the error
+    /// state).
+    Broken,
+}
+
+/// A buffer inside a registered region, named as a verbs scatter-gather element names it:
+/// the region's remote key, the address of the first byte, and a length.
+///
+/// Regions are found by their *remote* key because `ibverbs` 0.9 exposes no local key.
+/// Slot handles convert into the buffer of the whole slot; the endpoint never takes the
+/// handle, so the caller keeps it until the request completes.
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, SlotPool};
+/// use tierbuf_transport::{BufferRef, LoopbackProvider, Provider};
+/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let pool = SlotPool::new(&*provider.registrar(), 512, 2)?;
+/// let slot = pool.try_acquire_owned().unwrap();
+/// let whole = BufferRef::from(&slot);
+/// assert_eq!((whole.remote_key, whole.addr, whole.len), (slot.keys().remote_key, slot.remote_addr(), 512));
+/// assert_eq!(whole.prefix(16).unwrap().len, 16);
+/// assert!(whole.prefix(513).is_none());
+/// # Ok::<(), tierbuf_pool::PoolError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferRef {
+    /// The remote key of the region the buffer lies in.
+    pub remote_key: u32,
+    /// The address of the buffer's first byte, in the region's address space
+    /// ([`tierbuf_pool::RegionKeys::remote_addr`] names the region's first byte).
+    pub addr: u64,
+    /// The buffer's length in bytes.
+    pub len: u32,
+}
+
+impl BufferRef {
+    /// The first `len` bytes of this buffer, or `None` when it is shorter than `len`.
+    pub fn prefix(self, len: u32) -> Option<BufferRef> {
+        (len <= self.len).then_some(BufferRef { len, ..self })
+    }
+
+    /// The buffer of a whole slot. A verbs scatter-gather element covers at most
+    /// `u32::MAX` bytes, so a longer slot is named by its first `u32::MAX` bytes.
+    fn of_slot(remote_key: u32, addr: u64, len: usize) -> BufferRef {
+        BufferRef {
+            remote_key,
+            addr,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+impl From<&OwnedSlot> for BufferRef {
+    fn from(slot: &OwnedSlot) -> BufferRef {
+        BufferRef::of_slot(slot.keys().remote_key, slot.remote_addr(), slot.len())
+    }
+}
+
+impl From<&Slot<'_>> for BufferRef {
+    fn from(slot: &Slot<'_>) -> BufferRef {
+        BufferRef::of_slot(slot.keys().remote_key, slot.remote_addr(), slot.len())
+    }
+}
+
+/// Which queue a completion belongs to.
+///
+/// ```
+/// use tierbuf_transport::Opcode;
+/// assert_ne!(Opcode::Send, Opcode::Recv);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Opcode {
+    /// A send (verbs `IBV_WC_SEND`).
+    Send,
+    /// A receive (verbs `IBV_WC_RECV`).
+    Recv,
+}
+
+/// How a work request ended. Mirrors the `ibv_wc_status` values a two-sided reliable
+/// connection produces; the name of each is on its variant.
+///
+/// ```
+/// use tierbuf_transport::CompletionStatus;
+/// assert!(CompletionStatus::Success.is_success());
+/// assert!(!CompletionStatus::Flushed.is_success());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CompletionStatus {
+    /// Done (`IBV_WC_SUCCESS`).
+    Success,
+    /// A receive met a message longer than its buffer; nothing was written
+    /// (`IBV_WC_LOC_LEN_ERR`).
+    LocalLengthError,
+    /// A buffer's region was deregistered before the request was carried out
+    /// (`IBV_WC_LOC_PROT_ERR`).
+    LocalProtectionError,
+    /// The peer refused the send: its receive buffer was too short
+    /// (`IBV_WC_REM_INV_REQ_ERR`).
+    RemoteInvalidRequest,
+    /// The peer could not carry out the send: its receive failed, for example on a
+    /// deregistered region (`IBV_WC_REM_OP_ERR`).
+    RemoteOperationError,
+    /// The peer could not be reached or gave up (`IBV_WC_RETRY_EXC_ERR`,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`). The software providers retry forever and never report
+    /// it; the verbs provider does when the fabric fails.
+    RetryExceeded,
+    /// The request was not carried out because the connection closed or broke first
+    /// (`IBV_WC_WR_FLUSH_ERR`).
+    Flushed,
+}
+
+impl CompletionStatus {
+    /// Whether the request was carried out.
+    pub fn is_success(self) -> bool {
+        self == CompletionStatus::Success
+    }
+}
+
+/// A completed work request (verbs `ibv_wc`).
+///
+/// ```
+/// use tierbuf_transport::{Completion, CompletionStatus, Opcode};
+/// let mut completions = [Completion::default(); 8];
+/// assert_eq!(completions[0].status, CompletionStatus::Flushed);
+/// completions[0] = Completion { wr_id: 7, byte_len: 64, status: CompletionStatus::Success, opcode: Opcode::Recv };
+/// assert!(completions[0].status.is_success());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Completion {
+    /// The id the request was posted with.
+    pub wr_id: u64,
+    /// For a successful receive, the bytes received; otherwise 0 (verbs defines it for
+    /// receives only).
+    pub byte_len: u32,
+    /// How the request ended.
+    pub status: CompletionStatus,
+    /// Which queue the request was on. A provider knows it even for failed requests
+    /// (verbs leaves `opcode` undefined then; the verbs provider uses one completion queue
+    /// per direction).
+    pub opcode: Opcode,
+}
+
+impl Default for Completion {
+    /// A placeholder for sizing a [`Endpoint::poll`] buffer: a flushed receive of id 0.
+    fn default() -> Completion {
+        Completion {
+            wr_id: 0,
+            byte_len: 0,
+            status: CompletionStatus::Flushed,
+            opcode: Opcode::Recv,
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The synchronisation facade: `std` primitives and crossbeam's `ArrayQueue` normally,
+//! loom's primitives and a loom stand-in for the queue under `cfg(loom)`.
+//!
+//! The loopback provider's hand-over protocol (the per-direction matching claim, see
+//! `loopback::channel`) takes its atomics, `Arc` and queues from here, so that
+//! `RUSTFLAGS="--cfg loom"` model-checks the shipped protocol. crossbeam's queue is not
+//! loom-aware; under loom [`BoundedQueue`] is a mutex-guarded `VecDeque` with the same
+//! operations, which models the queue as linearizable (what crossbeam documents) and lets
+//! loom explore the claim protocol around it.
+
+#[cfg(all(loom, not(feature = "loom")))]
+compile_error!(
+    "`--cfg loom` needs the `loom` feature of tierbuf-transport (loom-tests enables it)"
+);
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+#[cfg(not(loom))]
+pub(crate) use crossbeam_queue::ArrayQueue as BoundedQueue;
+
+/// Lets another thread run while this one waits for a claim held by it.
+#[cfg(not(loom))]
+pub(crate) fn yield_now() {
+    std::thread::yield_now();
+}
+
+/// Lets another thread run while this one waits for a claim held by it.
+#[cfg(loom)]
+pub(crate) fn yield_now() {
+    loom::thread::yield_now();
+}
+
+#[cfg(loom)]
+pub(crate) use loom_queue::BoundedQueue;
+
+#[cfg(loom)]
+mod loom_queue {
+    use std::collections::VecDeque;
+
+    use loom::sync::Mutex;
+
+    /// A bounded FIFO queue with `ArrayQueue`'s operations, for loom models.
+    #[derive(Debug)]
+    pub(crate) struct BoundedQueue<T> {
+        items: Mutex<VecDeque<T>>,
+        capacity: usize,
+    }
+
+    impl<T> BoundedQueue<T> {
+        pub(crate) fn new(capacity: usize) -> BoundedQueue<T> {
+            BoundedQueue {
+                items: Mutex::new(VecDeque::with_capacity(capacity)),
+                capacity,
+            }
+        }
+
+        pub(crate) fn push(&self, item: T) -> Result<(), T> {
+            let mut items = self.items.lock().unwrap_or_else(|p| p.into_inner());
+            if items.len() == self.capacity {
+                return Err(item);
+            }
+            items.push_back(item);
+            Ok(())
+        }
+
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.items
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front()
+        }
+
+        pub(crate) fn is_empty(&self) -> bool {
+            self.items
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+        }
+    }
+}
