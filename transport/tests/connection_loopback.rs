@@ -86,7 +86,7 @@ fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
             let message = receiver.recv().expect("a message");
             assert_eq!(message.len(), len, "message {index}");
             assert!(
-                &message[..] == &pattern(len, index as u64)[..],
+                message[..] == pattern(len, index as u64)[..],
                 "message {index} differs"
             );
         }
