@@ -576,3 +576,93 @@ fn a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages() {
     assert_eq!(a.outstanding(), Outstanding::default());
     assert_eq!(b.outstanding(), Outstanding::default());
 }
+
+/// Polls until nothing is outstanding, failing rather than hanging if a request is lost.
+fn poll_until_idle(endpoint: &mut LoopbackEndpoint) -> Vec<Completion> {
+    let mut all = Vec::new();
+    for _ in 0..1_000_000 {
+        if endpoint.outstanding() == Outstanding::default() {
+            return all;
+        }
+        all.extend(poll_all(endpoint));
+        std::thread::yield_now();
+    }
+    panic!(
+        "requests never completed: {:?} outstanding",
+        endpoint.outstanding()
+    );
+}
+
+#[test]
+fn closing_during_traffic_completes_every_request_exactly_once() {
+    for round in 0..8u64 {
+        let provider = provider();
+        let send_pool = pool(&provider, 64, 8);
+        let recv_pool = pool(&provider, 64, 8);
+        let (mut a, mut b) = provider.pair(8, 8).unwrap();
+        let sender = std::thread::spawn(move || {
+            let mut held: HashMap<u64, OwnedSlot> = HashMap::new();
+            let mut completions = Vec::new();
+            let mut next = 0;
+            loop {
+                if a.outstanding().sends < 8 {
+                    let slot = send_pool.try_acquire_owned().unwrap();
+                    match send(&mut a, &[BufferRef::from(&slot)], next) {
+                        Ok(()) => {
+                            held.insert(next, slot);
+                            next += 1;
+                        }
+                        Err(PostError::PeerClosed) => break,
+                        Err(other) => panic!("unexpected {other}"),
+                    }
+                }
+                for done in poll_all(&mut a) {
+                    held.remove(&done.wr_id).unwrap();
+                    completions.push(done);
+                }
+            }
+            for done in poll_until_idle(&mut a) {
+                held.remove(&done.wr_id).unwrap();
+                completions.push(done);
+            }
+            assert!(held.is_empty());
+            (next, completions)
+        });
+        let mut held: HashMap<u64, OwnedSlot> = HashMap::new();
+        let mut received = 0;
+        let mut next = 0;
+        while received < 200 + round * 50 {
+            if b.outstanding().recvs < 8 {
+                let slot = recv_pool.try_acquire_owned().unwrap();
+                recv(&mut b, BufferRef::from(&slot), next).unwrap();
+                held.insert(next, slot);
+                next += 1;
+            }
+            for done in poll_all(&mut b) {
+                assert_eq!(done.status, SUCCESS);
+                held.remove(&done.wr_id).unwrap();
+                received += 1;
+            }
+        }
+        b.close();
+        for done in poll_until_idle(&mut b) {
+            assert!(matches!(done.status, SUCCESS | CompletionStatus::Flushed));
+            held.remove(&done.wr_id).unwrap();
+        }
+        assert!(held.is_empty());
+        let (posted, completions) = sender.join().unwrap();
+        // Every posted send completed once, in posting order, successes before flushes.
+        let ids: Vec<u64> = completions.iter().map(|done| done.wr_id).collect();
+        assert_eq!(ids, (0..posted).collect::<Vec<_>>());
+        let successes = completions
+            .iter()
+            .take_while(|d| d.status == SUCCESS)
+            .count();
+        assert!(
+            completions[successes..]
+                .iter()
+                .all(|done| done.status == CompletionStatus::Flushed)
+        );
+        assert!(successes as u64 >= received);
+    }
+}
