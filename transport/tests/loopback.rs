@@ -21,6 +21,20 @@ fn pool(provider: &LoopbackProvider, slot_size: usize, slots: usize) -> SlotPool
     SlotPool::new(&*provider.registrar(), slot_size, slots).unwrap()
 }
 
+/// A pool of `slots` slots of `slot_size` bytes and a pair of endpoints of the given
+/// depths, all from one loopback provider.
+fn fixture(
+    slot_size: usize,
+    slots: usize,
+    send_depth: u32,
+    recv_depth: u32,
+) -> (SlotPool, LoopbackEndpoint, LoopbackEndpoint) {
+    let provider = provider();
+    let pool = pool(&provider, slot_size, slots);
+    let (a, b) = provider.pair(send_depth, recv_depth).unwrap();
+    (pool, a, b)
+}
+
 fn send(
     endpoint: &mut LoopbackEndpoint,
     gather: &[BufferRef],
@@ -79,9 +93,7 @@ fn is_message(bytes: &[u8], index: u64) -> bool {
 
 #[test]
 fn messages_arrive_byte_for_byte_in_order() {
-    let provider = provider();
-    let pool = pool(&provider, 256, 16);
-    let (mut a, mut b) = provider.pair(4, 4).unwrap();
+    let (pool, mut a, mut b) = fixture(256, 16, 4, 4);
     for round in 0..50u64 {
         let mut inboxes = Vec::new();
         let mut messages = Vec::new();
@@ -119,9 +131,7 @@ fn messages_arrive_byte_for_byte_in_order() {
 
 #[test]
 fn gather_lists_are_concatenated_and_limited() {
-    let provider = provider();
-    let pool = pool(&provider, 64, 8);
-    let (mut a, mut b) = provider.pair(4, 4).unwrap();
+    let (pool, mut a, mut b) = fixture(64, 8, 4, 4);
     let mut parts: Vec<OwnedSlot> = (0..3).map(|_| pool.try_acquire_owned().unwrap()).collect();
     for (i, part) in parts.iter_mut().enumerate() {
         part.fill(b'a' + i as u8);
@@ -168,9 +178,7 @@ fn gather_lists_are_concatenated_and_limited() {
 
 #[test]
 fn a_message_of_exactly_the_receive_length_is_delivered() {
-    let provider = provider();
-    let pool = pool(&provider, 256, 4);
-    let (mut a, mut b) = provider.pair(2, 2).unwrap();
+    let (pool, mut a, mut b) = fixture(256, 4, 2, 2);
     let mut inbox = pool.try_acquire_owned().unwrap();
     inbox.fill(0xEE);
     let mut message = pool.try_acquire_owned().unwrap();
@@ -192,9 +200,7 @@ fn a_message_of_exactly_the_receive_length_is_delivered() {
 
 #[test]
 fn a_message_one_byte_longer_than_the_receive_is_a_length_error() {
-    let provider = provider();
-    let pool = pool(&provider, 256, 4);
-    let (mut a, mut b) = provider.pair(2, 2).unwrap();
+    let (pool, mut a, mut b) = fixture(256, 4, 2, 2);
     let mut inbox = pool.try_acquire_owned().unwrap();
     inbox.fill(0xEE);
     let spare = pool.try_acquire_owned().unwrap();
@@ -234,9 +240,7 @@ fn a_message_one_byte_longer_than_the_receive_is_a_length_error() {
 
 #[test]
 fn a_send_without_a_posted_receive_waits_for_one() {
-    let provider = provider();
-    let pool = pool(&provider, 128, 4);
-    let (mut a, mut b) = provider.pair(2, 2).unwrap();
+    let (pool, mut a, mut b) = fixture(128, 4, 2, 2);
     let mut message = pool.try_acquire_owned().unwrap();
     fill_message(&mut message, 5, 128);
     send(&mut a, &[BufferRef::from(&message)], 7).unwrap();
@@ -258,9 +262,7 @@ fn a_send_without_a_posted_receive_waits_for_one() {
 
 #[test]
 fn unknown_keys_and_out_of_bounds_buffers_are_refused() {
-    let provider = provider();
-    let pool = pool(&provider, 256, 4);
-    let (mut a, mut b) = provider.pair(2, 2).unwrap();
+    let (pool, mut a, mut b) = fixture(256, 4, 2, 2);
     let slot = pool.try_acquire_owned().unwrap();
     let whole_region = BufferRef {
         remote_key: pool.keys().remote_key,
@@ -393,9 +395,7 @@ fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early() {
 
 #[test]
 fn receives_are_consumed_in_posting_order() {
-    let provider = provider();
-    let pool = pool(&provider, 256, 16);
-    let (mut a, mut b) = provider.pair(8, 8).unwrap();
+    let (pool, mut a, mut b) = fixture(256, 16, 8, 8);
     // Only in-order pairing fits every message into its receive: any other order puts a
     // message into a shorter buffer (a length error) or shows in the contents.
     let sizes = [32u32, 200, 8, 100, 1, 256];
@@ -436,9 +436,7 @@ fn receives_are_consumed_in_posting_order() {
 
 #[test]
 fn posting_past_a_queue_depth_is_refused_until_completions_are_polled() {
-    let provider = provider();
-    let pool = pool(&provider, 64, 16);
-    let (mut a, mut b) = provider.pair(2, 3).unwrap();
+    let (pool, mut a, mut b) = fixture(64, 16, 2, 3);
     let slots: Vec<OwnedSlot> = (0..8).map(|_| pool.try_acquire_owned().unwrap()).collect();
     let buffer = |i: usize| BufferRef::from(&slots[i]);
     send(&mut a, &[buffer(0)], 0).unwrap();
@@ -464,9 +462,7 @@ fn posting_past_a_queue_depth_is_refused_until_completions_are_polled() {
 
 #[test]
 fn closing_flushes_the_outstanding_requests_of_both_sides() {
-    let provider = provider();
-    let pool = pool(&provider, 64, 8);
-    let (mut a, mut b) = provider.pair(4, 4).unwrap();
+    let (pool, mut a, mut b) = fixture(64, 8, 4, 4);
     let slots: Vec<OwnedSlot> = (0..4).map(|_| pool.try_acquire_owned().unwrap()).collect();
     recv(&mut a, BufferRef::from(&slots[0]), 1).unwrap();
     recv(&mut a, BufferRef::from(&slots[1]), 2).unwrap();
