@@ -23,3 +23,5 @@ pub mod harness;
 pub mod pool_models;
 #[cfg(loom)]
 pub mod tiers_models;
+#[cfg(loom)]
+pub mod transport_models;

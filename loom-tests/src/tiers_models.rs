@@ -25,7 +25,7 @@ fn region() -> (MemoryBudget, Arc<TieredRegion>) {
     let budget = MemoryBudget::with_cap(1 << 20);
     let registrar: StdArc<dyn Registrar> = StdArc::new(HostRegistrar::new(budget.clone()));
     let reservoir = Reservoir::new(registrar, StdArc::new(ladder));
-    let region = TieredRegion::new(Arc::new(reservoir)).expect("the smallest tier");
+    let region = TieredRegion::new(StdArc::new(reservoir)).expect("the smallest tier");
     (budget, Arc::new(region))
 }
 

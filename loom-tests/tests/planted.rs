@@ -6,6 +6,7 @@
 use tierbuf_loom_tests::harness::expect_caught;
 use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
 use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
+use tierbuf_loom_tests::transport_models::post_is_never_stranded;
 use tierbuf_pool::sync::planted::Bug;
 
 #[test]
@@ -47,4 +48,10 @@ fn reclaim_without_retire_is_caught() {
         message.contains("while one of its slots is held"),
         "{message}"
     );
+}
+
+#[test]
+fn loopback_no_recheck_after_release_is_caught() {
+    let message = expect_caught(Bug::LoopbackNoRecheckAfterRelease, post_is_never_stranded);
+    assert!(message.contains("stranded"), "{message}");
 }

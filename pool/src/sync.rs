@@ -50,6 +50,10 @@ pub mod planted {
         /// Reclaiming a replaced tier drops it without first retiring its slot pool, so a
         /// slot still held locally may outlive its tier (`tierbuf-tiers`).
         ReclaimWithoutRetire = 5,
+        /// The loopback provider's matching claim is released without checking for work
+        /// posted meanwhile, so a post whose claim failed is stranded
+        /// (`tierbuf-transport`).
+        LoopbackNoRecheckAfterRelease = 6,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

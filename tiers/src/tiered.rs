@@ -15,6 +15,8 @@
 //!   its reference. A cache may still point at the tier until its next load; the tier's
 //!   region goes back to the reservoir (or is deregistered) when the last reference drops,
 //!   and by then no slot of it is held or can be taken.
+//! - The reservoir is shared with `std::sync::Arc` in every build: it takes no part in a
+//!   lock-free protocol (tiers hold it only to give their region back).
 //! - A [`TierSlot`] borrows the region. The tier it lies in stays referenced by the region
 //!   while the slot is held (previous invariant), and the region outlives the borrow, so
 //!   the slot's memory outlives the handle.
@@ -37,7 +39,7 @@ const NO_CHANGE: u16 = 0;
 pub struct Tier {
     index: TierIndex,
     pool: ManuallyDrop<SlotPool>,
-    reservoir: Arc<Reservoir>,
+    reservoir: std::sync::Arc<Reservoir>,
 }
 
 impl Tier {
@@ -131,12 +133,12 @@ pub struct TieredRegion {
     replaced: Mutex<Vec<Replaced>>,
     /// Replaced tiers kept registered when the ladder's policy retains them.
     retained: Mutex<Vec<Arc<Tier>>>,
-    reservoir: Arc<Reservoir>,
+    reservoir: std::sync::Arc<Reservoir>,
 }
 
 impl TieredRegion {
     /// A region on the smallest tier of the reservoir's ladder.
-    pub fn new(reservoir: Arc<Reservoir>) -> Result<TieredRegion, TierError> {
+    pub fn new(reservoir: std::sync::Arc<Reservoir>) -> Result<TieredRegion, TierError> {
         let smallest = provision_tier(&reservoir, TierIndex::SMALLEST)?.0;
         Ok(TieredRegion {
             current: SwapCell::new(smallest),
@@ -308,7 +310,7 @@ fn retire_pool(pool: &SlotPool) -> bool {
 }
 
 fn provision_tier(
-    reservoir: &Arc<Reservoir>,
+    reservoir: &std::sync::Arc<Reservoir>,
     index: TierIndex,
 ) -> Result<(Arc<Tier>, Provenance), TierError> {
     let spec = reservoir
@@ -327,7 +329,7 @@ fn provision_tier(
     let tier = Tier {
         index,
         pool: ManuallyDrop::new(pool),
-        reservoir: Arc::clone(reservoir),
+        reservoir: std::sync::Arc::clone(reservoir),
     };
     Ok((Arc::new(tier), provenance))
 }

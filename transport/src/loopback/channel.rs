@@ -223,6 +223,12 @@ impl PairShared {
             self.run_claimed(channel);
             channel.release();
             wait = false;
+            #[cfg(loom)]
+            if tierbuf_pool::sync::planted::is_planted(
+                tierbuf_pool::sync::planted::Bug::LoopbackNoRecheckAfterRelease,
+            ) {
+                return;
+            }
             if !self.has_work(channel) {
                 return;
             }
