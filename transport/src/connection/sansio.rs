@@ -486,18 +486,11 @@ impl ConnectionCore {
         Ok(total)
     }
 
-    /// Sends `len` bytes of `parts` as one whole frame, if a credit that fits and a send
-    /// slot are free.
+    /// Sends `len` bytes of `parts` as one whole frame, if a data credit whose receive
+    /// holds it and a send slot are free.
     fn send_whole(&mut self, parts: &[IoSlice<'_>], len: usize) -> Result<usize, SendError> {
         if self.outbox.is_some() {
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
-        }
-        let fits = self
-            .credits
-            .next_tier()
-            .is_some_and(|tier| self.config.frame_capacity(tier) >= len);
-        if !fits || !self.credits.has_data_credit() {
-            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
         }
         let header = FrameHeader {
             kind: FrameKind::Whole,
@@ -562,8 +555,9 @@ impl ConnectionCore {
 
     /// Sends as many segments of the outbox as credits allow.
     fn send_segments(&mut self) {
-        while let Some(outbox) = &self.outbox {
+        while let Some(outbox) = self.outbox.take() {
             let Some(credit_tier) = self.credits.next_tier() else {
+                self.outbox = Some(outbox);
                 return;
             };
             let send_slot_len = self
@@ -599,16 +593,16 @@ impl ConnectionCore {
                     0
                 },
             };
-            let start = outbox.sent;
-            let bytes = outbox.message[start..start + chunk].to_vec();
-            if !self.post_frame(header, &[IoSlice::new(&bytes)], true) {
+            let segment = &outbox.message[outbox.sent..outbox.sent + chunk];
+            if !self.post_frame(header, &[IoSlice::new(segment)], true) {
+                self.outbox = Some(outbox);
                 return;
             }
-            if let Some(outbox) = &mut self.outbox {
-                outbox.sent += chunk;
-                if header.kind == FrameKind::Last {
-                    self.outbox = None;
-                }
+            if kind != FrameKind::Last {
+                self.outbox = Some(Outbox {
+                    sent: outbox.sent + chunk,
+                    ..outbox
+                });
             }
         }
     }
