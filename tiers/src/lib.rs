@@ -10,6 +10,7 @@
 pub mod ladder;
 pub mod negotiation;
 pub mod negotiator;
+pub mod policy;
 mod reservoir;
 mod sync;
 mod tiered;
@@ -17,6 +18,7 @@ pub mod wire;
 
 pub use negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
 pub use negotiator::{InMemoryNegotiator, Negotiator, pump};
+pub use policy::{DemotionTracker, IoVecPlan, MessagePlan, PolicyError, Promotion};
 pub use reservoir::{Provenance, Reservoir, TierError};
 pub use tiered::{OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion};
 pub use wire::{ControlMessage, Epoch, NackReason};
