@@ -46,12 +46,18 @@ impl Pair {
     fn new(caps: [u64; 2]) -> Pair {
         let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
         let budgets = caps.map(MemoryBudget::with_cap);
+        let now = Instant::now();
         let side = |budget: &MemoryBudget| {
             let registrar = Arc::new(HostRegistrar::new(budget.clone()));
             let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
             Side {
-                core: ConnectionCore::new(Arc::clone(&config), Arc::clone(&reservoir), reservoir)
-                    .unwrap(),
+                core: ConnectionCore::new(
+                    Arc::clone(&config),
+                    Arc::clone(&reservoir),
+                    reservoir,
+                    now,
+                )
+                .unwrap(),
                 recvs: VecDeque::new(),
                 sends: VecDeque::new(),
                 received: Vec::new(),
@@ -60,7 +66,7 @@ impl Pair {
         let sides = [side(&budgets[0]), side(&budgets[1])];
         Pair {
             sides,
-            now: Instant::now(),
+            now,
             budgets,
         }
     }
@@ -307,4 +313,30 @@ fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
         before,
         "the sender registered nothing for it"
     );
+}
+
+#[test]
+fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.send(0, &pattern(5000, 1));
+    pair.settle();
+    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
+    let promoted = pair.budgets[1].in_use();
+    // Small traffic only, then quiet past the ladder's `demote_after`.
+    pair.send(0, &pattern(10, 2));
+    pair.now += Duration::from_secs(60);
+    pair.settle();
+    let sender = pair.sides[0].core.stats();
+    assert_eq!((sender.send_tier, sender.demotions), (0, 1), "{sender:?}");
+    let receiver = pair.sides[1].core.stats();
+    assert_eq!(receiver.recv_tier, 0);
+    // The large receives were drained and their tier retired: the receiver holds its
+    // tier-0 receives and tier-0 send buffers again.
+    assert_eq!(pair.budgets[1].in_use(), 128 * 4 * 2, "was {promoted}");
+    // And the connection still works both ways, promoting again when needed.
+    pair.send(0, &pattern(3000, 3));
+    pair.send(1, &pattern(20, 4));
+    pair.settle();
+    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(3000, 3));
+    assert_eq!(pair.sides[0].received.last().unwrap(), &pattern(20, 4));
 }

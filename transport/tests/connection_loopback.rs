@@ -36,6 +36,7 @@ fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<Loop
             Arc::clone(&config),
             Arc::clone(&reservoir),
             Arc::clone(&reservoir),
+            Instant::now(),
         )
         .unwrap()
     };

@@ -28,6 +28,7 @@ use crossbeam_queue::SegQueue;
 use slab::Slab;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::negotiation::{FailureCause, RequestStatus};
+use tierbuf_tiers::policy::DemotionTracker;
 use tierbuf_tiers::wire::{self, ControlMessage, NackReason, WireError};
 use tierbuf_tiers::{
     Event, Negotiation, NegotiationConfig, OwnedTierSlot, Reservoir, TierError, TierIndex,
@@ -312,6 +313,8 @@ pub struct ConnectionCore {
     outbox: Option<Outbox>,
     drains_owed: u32,
     refused: Option<(TierIndex, Instant)>,
+    /// When the send tier may step down (`tiers::policy`).
+    demotion: DemotionTracker,
     failed: Option<Arc<ConnectionError>>,
     stats: ConnectionStats,
 }
@@ -325,6 +328,7 @@ impl ConnectionCore {
         config: Arc<ConnectionConfig>,
         send_reservoir: Arc<Reservoir>,
         recv_reservoir: Arc<Reservoir>,
+        now: Instant,
     ) -> Result<ConnectionCore, ConnectionError> {
         let send_region = TieredRegion::new(send_reservoir).map_err(ConnectionError::Tier)?;
         let recv_region = TieredRegion::new(recv_reservoir).map_err(ConnectionError::Tier)?;
@@ -335,6 +339,7 @@ impl ConnectionCore {
             count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
         });
         let mut core = ConnectionCore {
+            demotion: DemotionTracker::new(Arc::clone(&config.ladder), now),
             negotiation: Negotiation::new(config.negotiation.clone()),
             reassembly: Reassembly::new(config.max_message_len),
             config,
@@ -370,9 +375,16 @@ impl ConnectionCore {
         self.delivered.pop_front()
     }
 
-    /// The next time [`ConnectionCore::progress`] must run even if nothing arrives.
+    /// The next time [`ConnectionCore::progress`] must run even if nothing arrives: a
+    /// negotiation timer, or the moment the send tier may step down.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.negotiation.poll_timeout()
+        match (
+            self.negotiation.poll_timeout(),
+            self.demotion.next_deadline(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Counters and state now.
@@ -418,6 +430,13 @@ impl ConnectionCore {
     /// larger than the top tier, or one whose promotion the peer refused, is sent in
     /// segments and delivered as one message.
     pub fn try_send(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
+        let accepted = self.offer(now, message)?;
+        // The tracker learns what the send tier is needed for, so it can step down later.
+        self.demotion.record(now, accepted);
+        Ok(accepted)
+    }
+
+    fn offer(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
         if let Some(error) = &self.failed {
             return Err(SendError::Failed(Arc::clone(error)));
         }
@@ -457,7 +476,7 @@ impl ConnectionCore {
             .is_some_and(|(refused, until)| refused <= target && now < until);
         if target > tier && !refused {
             return match self.negotiation.request_tier(now, target) {
-                Ok(RequestStatus::InForce) => self.try_send(now, message),
+                Ok(RequestStatus::InForce) => self.offer(now, message),
                 Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
                 Err(error) => {
                     let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
@@ -621,6 +640,13 @@ impl ConnectionCore {
             self.negotiation.handle_timeout(now);
         }
         self.handle_events(now);
+        if self.negotiation.pending_request().is_none()
+            && let Some(target) = self.demotion.poll(now)
+            && target < self.send_tier()
+            && let Err(error) = self.negotiation.request_tier(now, target)
+        {
+            self.fail(ConnectionError::ProtocolViolation(error.to_string()));
+        }
         while let Some(message) = self.negotiation.poll_transmit() {
             self.control.push_back(message);
         }
@@ -690,6 +716,9 @@ impl ConnectionCore {
                     }
                     self.refused = None;
                     self.drains_owed = self.credits.ahead_of(to.get());
+                    if let Err(error) = self.demotion.tier_changed(now, to) {
+                        self.fail(ConnectionError::ProtocolViolation(error.to_string()));
+                    }
                     match self.send_region.begin_change(to) {
                         Ok(change) => {
                             if let Err(error) = change.install(false) {
