@@ -166,7 +166,8 @@ impl Default for LadderPolicy {
 }
 
 impl LadderPolicy {
-    /// Idle time before a connection is demoted one tier: the time since the last message
+    /// Idle time before a connection is demoted (to the smallest tier every message of that
+    /// window fits, possibly several steps down): the time since the last message
     /// that needed its current tier (one that did not fit the tier below). Never zero.
     ///
     /// ```
