@@ -13,8 +13,8 @@
 
 use std::fmt;
 
-use super::TierLadder;
 use super::size::format_size_readable;
+use super::{TierLadder, TierSpec};
 use crate::TierIndex;
 
 /// One tier's line of a [`MemoryTable`].
@@ -24,7 +24,7 @@ use crate::TierIndex;
 /// let table = TierLadder::preset("patent")?.memory_table(10_000);
 /// let top = &table.rows()[1];
 /// assert_eq!(top.tier(), TierIndex::new(1));
-/// assert_eq!(top.region_len(), 128 * 1024);
+/// assert_eq!(top.spec().region_len(), 128 * 1024);
 /// assert_eq!(top.per_connection(), 256 * 1024);
 /// assert_eq!(top.all_connections(), 10_000 * 256 * 1024);
 /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
@@ -32,10 +32,7 @@ use crate::TierIndex;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryRow {
     tier: TierIndex,
-    slot_size: usize,
-    slot_count: usize,
-    promote_threshold: usize,
-    region_len: usize,
+    spec: TierSpec,
     per_connection: u64,
     all_connections: u128,
 }
@@ -46,24 +43,9 @@ impl MemoryRow {
         self.tier
     }
 
-    /// The tier's slot size in bytes.
-    pub fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-
-    /// The tier's slots per region.
-    pub fn slot_count(&self) -> usize {
-        self.slot_count
-    }
-
-    /// The tier's promotion threshold in bytes.
-    pub fn promote_threshold(&self) -> usize {
-        self.promote_threshold
-    }
-
-    /// The length of one of the tier's regions in bytes.
-    pub fn region_len(&self) -> usize {
-        self.region_len
+    /// The tier's shape: slot size, slot count, threshold and region length.
+    pub fn spec(&self) -> &TierSpec {
+        &self.spec
     }
 
     /// Bytes one connection at this tier registers (see the module documentation).
@@ -116,18 +98,15 @@ impl MemoryTable {
                 retained_below += own;
                 MemoryRow {
                     tier,
-                    slot_size: spec.slot_size(),
-                    slot_count: spec.slot_count(),
-                    promote_threshold: spec.promote_threshold(),
-                    region_len: spec.region_len(),
+                    spec: *spec,
                     per_connection,
                     all_connections: u128::from(per_connection) * connections as u128,
                 }
             })
             .collect();
-        let top_region_len = rows.last().map_or(0, |top| top.region_len);
+        let top_region_len = rows.last().map_or(0, |top| top.spec.region_len());
         let reservoir_regions = ladder.policy().reservoir_regions();
-        let all_tiers_once: u128 = rows.iter().map(|row| row.region_len as u128).sum();
+        let all_tiers_once: u128 = rows.iter().map(|row| row.spec.region_len() as u128).sum();
         MemoryTable {
             connections,
             retain_replaced,
@@ -242,10 +221,10 @@ impl fmt::Display for MemoryTable {
         for row in &self.rows {
             lines.push([
                 row.tier.get().to_string(),
-                size(row.slot_size as u128),
-                row.slot_count.to_string(),
-                size(row.promote_threshold as u128),
-                size(row.region_len as u128),
+                size(row.spec.slot_size() as u128),
+                row.spec.slot_count().to_string(),
+                size(row.spec.promote_threshold() as u128),
+                size(row.spec.region_len() as u128),
                 size(u128::from(row.per_connection)),
                 size(row.all_connections),
             ]);
