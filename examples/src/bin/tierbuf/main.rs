@@ -1,5 +1,6 @@
 //! `tierbuf`: the command-line program of tierbuf.
 //!
+//! - `tierbuf demo`: the main job; see `demo.rs`.
 //! - `tierbuf ladder check FILE`: validate a ladder file and print its memory table.
 //! - `tierbuf ladder show (--preset NAME | FILE)`: print a ladder as a ladder file, with its
 //!   memory table.
@@ -7,6 +8,7 @@
 //! Exit status: 0 on success, 1 when a ladder is invalid or cannot be read or printed,
 //! 2 for a usage error.
 
+mod demo;
 mod ladder;
 
 use std::process::ExitCode;
@@ -23,6 +25,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run many connection pairs over the loopback provider and report what tiering
+    /// registered against a static top-tier configuration.
+    Demo(demo::DemoArgs),
     /// Check and show tier ladders.
     #[command(subcommand)]
     Ladder(ladder::LadderCommand),
@@ -30,6 +35,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Demo(args) => demo::run(args),
         Command::Ladder(command) => ladder::run(command),
     }
 }
