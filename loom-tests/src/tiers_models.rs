@@ -29,6 +29,22 @@ fn region() -> (MemoryBudget, Arc<TieredRegion>) {
     (budget, Arc::new(region))
 }
 
+/// Changes `region` to `tier`, the only change under way.
+fn change_to(region: &TieredRegion, tier: TierIndex) {
+    region
+        .begin_change(tier)
+        .expect("the only change")
+        .install(false)
+        .expect("within budget");
+}
+
+/// Marks the first and last byte of a slot as written by `writer`.
+fn stamp(slot: &mut [u8], writer: u8) {
+    let last = slot.len() - 1;
+    slot[0] = writer;
+    slot[last] = writer;
+}
+
 /// A reader takes a slot of the small tier and writes it while another thread promotes
 /// and reclaims. The reader's slot stays valid, the small tier is retired only after the
 /// slot is back (its drop asserts no slot is held), and it is deregistered exactly once:
@@ -39,16 +55,10 @@ pub fn swap_during_read() {
     let reader = thread::spawn(move || {
         let mut cache = reader_region.cache();
         if let Some(mut slot) = cache.try_acquire() {
-            let last = slot.len() - 1;
-            slot[0] = 1;
-            slot[last] = 1;
+            stamp(&mut slot, 1);
         }
     });
-    region
-        .begin_change(LARGE)
-        .expect("the only change")
-        .install(false)
-        .expect("within budget");
+    change_to(&region, LARGE);
     region.reclaim();
     reader.join().unwrap();
     while region.reclaim() > 0 {}
@@ -94,26 +104,16 @@ pub fn promotion_race() {
 /// freed while the slot is held, and is retired once it is back.
 pub fn demotion_against_in_flight_slot() {
     let (budget, region) = region();
-    region
-        .begin_change(LARGE)
-        .expect("the only change")
-        .install(false)
-        .expect("within budget");
+    change_to(&region, LARGE);
     assert_eq!(region.reclaim(), 1);
     let holder_region = Arc::clone(&region);
     let holder = thread::spawn(move || {
         let slot = holder_region.cache().try_acquire();
         if let Some(mut slot) = slot {
-            let last = slot.len() - 1;
-            slot[0] = 2;
-            slot[last] = 2;
+            stamp(&mut slot, 2);
         }
     });
-    region
-        .begin_change(SMALL)
-        .expect("the only change")
-        .install(false)
-        .expect("within budget");
+    change_to(&region, SMALL);
     region.reclaim();
     holder.join().unwrap();
     while region.reclaim() > 0 {}
