@@ -3,20 +3,38 @@
 //! - `transport/pingpong`: one-way latency (round trip / 2) of a message echoed back,
 //!   64 B to 1 MiB; the echo side runs on a second thread pinned to the other core.
 //! - `transport/stream`: bandwidth of a stream of messages (a window of them in flight,
-//!   bounded by the receiver's credits), receiver on the other core.
+//!   bounded by the receiver's credits: the slot count of the tier, less the one credit
+//!   kept back), receiver on the other core; the time runs from the first `send` to the
+//!   last delivery.
 //! - `transport/promotion`: from the first `send` of an 8 KiB message on a fresh tier-0
-//!   connection to its delivery (the promotion negotiated in-band, the new receives posted,
-//!   the old ones drained), against the same message on an already-promoted connection.
+//!   connection to its delivery (the promotion negotiated in-band, the new receives posted
+//!   from a filled reservoir, the old ones drained), against the same message on an
+//!   already-promoted connection. One thread drives both sides in both functions, so the
+//!   ratio is the protocol's cost, not a cross-core one; a fresh pair is built for every
+//!   `first_oversize` message, outside the timed part.
 //!
-//! The ladder's top tier holds 64 KiB whole; 1 MiB travels segmented and is reassembled.
+//! The ladder's top tier holds 64 KiB whole, so 1 MiB travels as 16+ frames and is
+//! reassembled (segmentation). Every connection is warmed first, so the measured messages
+//! run on the tier their size needs; that the tiers did not change while measuring is
+//! checked after each size. Every delivered message is checked (length, a sequence number
+//! stamped into its first 8 bytes, its middle and last bytes), so a transport that loses,
+//! repeats, truncates or mixes up messages cannot produce a fast figure.
+//!
+//! The two sides of a two-thread bench each own their connection: if either side panics,
+//! its connection is dropped, the other side's next call fails instead of waiting
+//! forever, and the panic reaches criterion. No thread outlives a measurement.
+//!
 //! Functions are named by provider with the size as parameter, so the `shm` provider
 //! (the one to race against Open MPI's and UCX's shared-memory transports,
-//! `shared/peers/mpi` and `shared/peers/ucx`) slots in beside `loopback` once it exists.
+//! `shared/peers/mpi` and `shared/peers/ucx`) slots in beside `loopback` once it exists;
+//! it does not yet.
 //!
 //! Run: `cargo bench -p tierbuf-benches --bench transport`.
 
 use std::hint::black_box;
-use std::sync::Arc;
+use std::io::IoSlice;
+use std::panic::resume_unwind;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -24,10 +42,15 @@ use tierbuf_benches::pin_to_core;
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, ConnectionStats, SendError,
+};
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
 const SIZES: [usize; 5] = [64, 1024, 8 * 1024, 64 * 1024, 1024 * 1024];
+
+/// The size of the `transport/promotion` message: past tier 0, within tier 1.
+const PROMOTION_SIZE: usize = 8 * 1024;
 
 type Loopback = Connection<LoopbackEndpoint>;
 
@@ -44,7 +67,7 @@ fn ladder() -> Arc<TierLadder> {
     )
 }
 
-/// A connected pair over a fresh loopback provider.
+/// A connected pair over a fresh loopback provider, both sides on tier 0.
 fn pair() -> (Loopback, Loopback) {
     let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 30));
     let config = Arc::new(ConnectionConfig::new(ladder()).expect("a connection config"));
@@ -67,77 +90,174 @@ fn pair() -> (Loopback, Loopback) {
     (connect(a), connect(b))
 }
 
-/// Receives one message and checks its length and its edges (so a broken transport
-/// cannot produce a fast figure).
-fn receive_checked(connection: &mut Loopback, message: &[u8]) {
-    let received = connection.recv().expect("a message");
-    assert_eq!(received.len(), message.len(), "length");
-    if let (Some(first), Some(last)) = (received.first(), received.last()) {
-        assert_eq!(
-            (*first, *last),
-            (message[0], message[message.len() - 1]),
-            "bytes"
-        );
-    }
-}
-
+/// A message of `size` bytes (at least 8): a sequence number in the first 8 bytes, a
+/// pattern after it.
 fn message(size: usize) -> Vec<u8> {
+    assert!(size >= 8, "room for the sequence number");
     (0..size).map(|i| (i * 7 + 3) as u8).collect()
 }
 
-/// Sends `message` from `a` to `b` and back once, so both directions are on the tier the
-/// size needs before timing starts.
-fn warm(a: &mut Loopback, b: &mut Loopback, message: &[u8]) {
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            receive_checked(b, message);
-            b.send(message).expect("echo");
-            b.flush().expect("flush");
-        });
-        a.send(message).expect("send");
-        receive_checked(a, message);
-    });
+/// Writes sequence number `seq` into `message`.
+fn stamp(message: &mut [u8], seq: u64) {
+    message[..8].copy_from_slice(&seq.to_le_bytes());
 }
 
-/// A pair already on the tier `size` needs, and the message it carries.
-fn warmed_pair(size: usize) -> (Vec<u8>, Loopback, Loopback) {
-    let bytes = message(size);
-    let (mut a, mut b) = pair();
-    warm(&mut a, &mut b, &bytes);
-    (bytes, a, b)
+/// Checks that `received` is message number `seq` built like `expected`: its length, its
+/// sequence number, its middle and last bytes.
+fn check(received: &[u8], seq: u64, expected: &[u8]) {
+    assert_eq!(received.len(), expected.len(), "length of message {seq}");
+    let got = u64::from_le_bytes(received[..8].try_into().expect("8 bytes"));
+    assert_eq!(got, seq, "sequence number");
+    let (middle, last) = (expected.len() / 2, expected.len() - 1);
+    assert_eq!(
+        (received[middle], received[last]),
+        (expected[middle], expected[last]),
+        "middle and last bytes of message {seq}"
+    );
+}
+
+/// Runs `peer` with `b` on a second thread pinned to core 1 and `main` with `a` on this
+/// thread pinned to core 0, both starting behind a barrier (so neither the thread's start
+/// nor its pinning is in `main`'s timing). Each side owns its connection while it runs:
+/// a side that panics drops its connection, which fails the other side's next call, so a
+/// failure ends the bench instead of hanging it. Returns both results and both
+/// connections.
+fn on_two_cores<T, U: Send>(
+    mut a: Loopback,
+    b: Loopback,
+    peer: impl FnOnce(&mut Loopback) -> U + Send,
+    main: impl FnOnce(&mut Loopback) -> T,
+) -> (T, U, Loopback, Loopback) {
+    let barrier = Barrier::new(2);
+    std::thread::scope(|scope| {
+        let barrier = &barrier;
+        let peer_thread = scope.spawn(move || {
+            let mut b = b;
+            pin_to_core(1);
+            barrier.wait();
+            let result = peer(&mut b);
+            (result, b)
+        });
+        pin_to_core(0);
+        barrier.wait();
+        let result = main(&mut a);
+        let (peer_result, b) = peer_thread
+            .join()
+            .unwrap_or_else(|panic| resume_unwind(panic));
+        (result, peer_result, a, b)
+    })
+}
+
+/// The tier state and tier-change counters of one side.
+fn tiers(stats: ConnectionStats) -> (u8, u8, u64, u64) {
+    (
+        stats.send_tier,
+        stats.recv_tier,
+        stats.promotions,
+        stats.demotions,
+    )
+}
+
+/// A pair of connections already on the tier a message needs, carried across the calls
+/// criterion makes, with the next sequence number. The tiers seen after warming are kept
+/// so that [`Warmed::finish`] can check they did not change while measuring.
+struct Warmed {
+    pair: Option<(Loopback, Loopback)>,
+    message: Vec<u8>,
+    next_seq: u64,
+    tiers: [(u8, u8, u64, u64); 2],
+}
+
+impl Warmed {
+    /// Sends a message of `size` bytes from one side to the other and back once, so both
+    /// directions are on the tier it needs.
+    fn new(size: usize) -> Warmed {
+        let mut message = message(size);
+        stamp(&mut message, 0);
+        let (a, b) = pair();
+        let expected = &message;
+        let ((), (), a, b) = on_two_cores(
+            a,
+            b,
+            |b| {
+                let received = b.recv().expect("a message");
+                check(&received, 0, expected);
+                b.send(&received).expect("echo");
+                b.flush().expect("flush");
+            },
+            |a| {
+                a.send(expected).expect("send");
+                check(&a.recv().expect("the echo"), 0, expected);
+            },
+        );
+        let tiers = [tiers(a.stats()), tiers(b.stats())];
+        Warmed {
+            pair: Some((a, b)),
+            message,
+            next_seq: 1,
+            tiers,
+        }
+    }
+
+    /// Takes the pair and reserves `iters` sequence numbers, the first of which it
+    /// returns.
+    fn take(&mut self, iters: u64) -> (Loopback, Loopback, u64) {
+        let (a, b) = self
+            .pair
+            .take()
+            .expect("the pair (lost to an earlier failure)");
+        let first = self.next_seq;
+        self.next_seq += iters;
+        (a, b, first)
+    }
+
+    /// Checks that neither side changed tier since warming.
+    fn finish(self) {
+        if let Some((a, b)) = self.pair {
+            assert_eq!(
+                [tiers(a.stats()), tiers(b.stats())],
+                self.tiers,
+                "tiers (send, receive, promotions, demotions) changed while measuring"
+            );
+        }
+    }
 }
 
 fn pingpong(c: &mut Criterion) {
     let mut group = c.benchmark_group("transport/pingpong");
     for size in SIZES {
-        let (bytes, mut a, mut b) = warmed_pair(size);
-        group.bench_with_input(
-            BenchmarkId::new("loopback", size),
-            &bytes,
-            |bench, bytes| {
-                bench.iter_custom(|iters| {
-                    std::thread::scope(|scope| {
-                        let echo = &mut b;
-                        scope.spawn(move || {
-                            pin_to_core(1);
-                            for _ in 0..iters {
-                                let received = echo.recv().expect("a message");
-                                assert_eq!(received.len(), bytes.len());
-                                echo.send(&received).expect("echo");
-                            }
-                            echo.flush().expect("flush");
-                        });
-                        pin_to_core(0);
+        let mut warmed = Warmed::new(size);
+        group.bench_function(BenchmarkId::new("loopback", size), |bench| {
+            bench.iter_custom(|iters| {
+                let (a, b, first) = warmed.take(iters);
+                let mut message = warmed.message.clone();
+                let expected = &warmed.message;
+                let (elapsed, (), a, b) = on_two_cores(
+                    a,
+                    b,
+                    |echo| {
+                        for seq in first..first + iters {
+                            let received = echo.recv().expect("a message");
+                            check(&received, seq, expected);
+                            echo.send(&received).expect("echo");
+                        }
+                        echo.flush().expect("flush");
+                    },
+                    |a| {
                         let start = Instant::now();
-                        for _ in 0..iters {
-                            a.send(bytes).expect("send");
-                            receive_checked(&mut a, bytes);
+                        for seq in first..first + iters {
+                            stamp(&mut message, seq);
+                            a.send(&message).expect("send");
+                            check(&a.recv().expect("the echo"), seq, expected);
                         }
                         start.elapsed() / 2
-                    })
-                })
-            },
-        );
+                    },
+                );
+                warmed.pair = Some((a, b));
+                elapsed
+            })
+        });
+        warmed.finish();
     }
     group.finish();
 }
@@ -145,43 +265,48 @@ fn pingpong(c: &mut Criterion) {
 fn stream(c: &mut Criterion) {
     let mut group = c.benchmark_group("transport/stream");
     for size in SIZES {
-        let (bytes, mut a, mut b) = warmed_pair(size);
+        let mut warmed = Warmed::new(size);
         group.throughput(Throughput::Bytes(size as u64));
-        group.bench_with_input(
-            BenchmarkId::new("loopback", size),
-            &bytes,
-            |bench, bytes| {
-                bench.iter_custom(|iters| {
-                    std::thread::scope(|scope| {
-                        let receiver = &mut b;
-                        let done = scope.spawn(move || {
-                            pin_to_core(1);
-                            for _ in 0..iters {
-                                receive_checked(receiver, bytes);
-                            }
-                            Instant::now()
-                        });
-                        pin_to_core(0);
+        group.bench_function(BenchmarkId::new("loopback", size), |bench| {
+            bench.iter_custom(|iters| {
+                let (a, b, first) = warmed.take(iters);
+                let mut message = warmed.message.clone();
+                let expected = &warmed.message;
+                let (start, done, a, b) = on_two_cores(
+                    a,
+                    b,
+                    |receiver| {
+                        for seq in first..first + iters {
+                            check(&receiver.recv().expect("a message"), seq, expected);
+                        }
+                        Instant::now()
+                    },
+                    |a| {
                         let start = Instant::now();
-                        for _ in 0..iters {
-                            a.send(bytes).expect("send");
+                        for seq in first..first + iters {
+                            stamp(&mut message, seq);
+                            a.send(&message).expect("send");
                         }
                         a.flush().expect("flush");
-                        done.join().expect("the receiver") - start
-                    })
-                })
-            },
-        );
+                        start
+                    },
+                );
+                warmed.pair = Some((a, b));
+                done - start
+            })
+        });
+        warmed.finish();
     }
     group.finish();
 }
 
-/// Sends `message` from `a` and waits for it at `b`, driving both from this thread.
-fn deliver(a: &mut Loopback, b: &mut Loopback, message: &[u8]) {
+/// Sends `message` from `a` and waits for it at `b`, driving both from this thread, and
+/// checks it on arrival as message number `seq`.
+fn deliver(a: &mut Loopback, b: &mut Loopback, message: &[u8], seq: u64) {
     loop {
-        match a.try_send(&[std::io::IoSlice::new(message)]) {
+        match a.try_send(&[IoSlice::new(message)]) {
             Ok(accepted) => {
-                assert_eq!(accepted, message.len());
+                assert_eq!(accepted, message.len(), "accepted whole");
                 break;
             }
             Err(SendError::WouldBlock(_)) => {
@@ -194,7 +319,7 @@ fn deliver(a: &mut Loopback, b: &mut Loopback, message: &[u8]) {
     loop {
         a.progress().expect("progress");
         if let Some(received) = b.try_recv().expect("receive") {
-            assert_eq!(received.len(), message.len());
+            check(&received, seq, message);
             black_box(&received[..]);
             return;
         }
@@ -204,25 +329,38 @@ fn deliver(a: &mut Loopback, b: &mut Loopback, message: &[u8]) {
 fn promotion(c: &mut Criterion) {
     pin_to_core(0);
     let mut group = c.benchmark_group("transport/promotion");
-    let bytes = message(8 * 1024);
+    let mut bytes = message(PROMOTION_SIZE);
+    stamp(&mut bytes, 0);
     group.bench_function(BenchmarkId::new("first_oversize", "loopback"), |bench| {
         bench.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let (mut a, mut b) = pair();
+                assert_eq!(a.stats().send_tier, 0, "a fresh pair starts on tier 0");
                 let start = Instant::now();
-                deliver(&mut a, &mut b, &bytes);
+                deliver(&mut a, &mut b, &bytes, 0);
                 total += start.elapsed();
-                assert_eq!(a.stats().promotions, 1);
+                assert_eq!(a.stats().promotions, 1, "one promotion");
             }
             total
         })
     });
     let (mut a, mut b) = pair();
-    deliver(&mut a, &mut b, &bytes);
+    deliver(&mut a, &mut b, &bytes, 0);
+    let mut seq = 0;
     group.bench_function(BenchmarkId::new("already_promoted", "loopback"), |bench| {
-        bench.iter(|| deliver(&mut a, &mut b, &bytes))
+        bench.iter(|| {
+            seq += 1;
+            stamp(&mut bytes, seq);
+            deliver(&mut a, &mut b, &bytes, seq);
+        })
     });
+    let stats = a.stats();
+    assert_eq!(
+        (stats.promotions, stats.demotions),
+        (1, 0),
+        "already_promoted stayed on its tier"
+    );
     group.finish();
 }
 
