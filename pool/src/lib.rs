@@ -25,7 +25,7 @@ pub use budget::{
     memlock_limit, physical_memory,
 };
 pub use error::PoolError;
-pub use region::{HostRegistrar, HugePages, Region, RegionKeys, Registrar};
+pub use region::{HostRegistrar, HugePages, Region, RegionKeys, Registrar, SharedHostRegion};
 pub use slot::{MAX_SLOTS, OwnedSlot, Slot, SlotPool};
 
 /// The system's page size: the alignment [`SlotPool::new`] registers with.

@@ -1,16 +1,20 @@
 //! Registered memory: the [`Registrar`] that allocates and registers it, the [`Region`]
 //! that owns it, and [`HostRegistrar`], the registrar for host memory used by software
-//! providers and tests.
+//! providers and tests, with [`SharedHostRegion`] for memory another process can map.
 //!
 //! # Invariants
 //!
 //! - A region owns its memory: the bytes `[base, base + len)` stay mapped and registered
 //!   for as long as the region value lives, and are deregistered and unmapped exactly once,
 //!   when it is dropped.
+//! - A shared region's memory file is sealed against shrinking and growing before anyone
+//!   else can see it, so every process that maps its whole length can touch every byte of
+//!   that mapping for as long as it keeps it (no `SIGBUS` from a truncated file).
 //! - A [`HostRegistrar`]'s remote keys are unique among its live regions.
 //! - A region's bytes are charged to the registrar's [`MemoryBudget`] while it lives.
 
 use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
@@ -164,8 +168,35 @@ impl HostRegistrar {
     }
 }
 
-impl Registrar for HostRegistrar {
-    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
+impl HostRegistrar {
+    /// Registers `len` bytes of shared memory aligned to `align`: a sealed memory file
+    /// (`memfd`) mapped shared, whose descriptor can be passed to another process
+    /// (`SCM_RIGHTS`) that maps the same bytes. Charged, keyed and pinned as
+    /// [`Registrar::register`] is.
+    ///
+    /// ```
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, Region};
+    /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
+    /// let region = registrar.register_shared(5000, 4096)?;
+    /// assert_eq!((region.len(), region.file_len()), (5000, 8192));
+    /// assert_eq!(registrar.budget().in_use(), 5000);
+    /// # Ok::<(), tierbuf_pool::PoolError>(())
+    /// ```
+    pub fn register_shared(&self, len: usize, align: usize) -> Result<SharedHostRegion, PoolError> {
+        let (region, memfd) = self.register_host(len, align, Backing::SharedFile)?;
+        let memfd = memfd.ok_or_else(|| PoolError::Map {
+            len,
+            source: std::io::Error::other("a shared mapping came without its memory file"),
+        })?;
+        Ok(SharedHostRegion { region, memfd })
+    }
+
+    fn register_host(
+        &self,
+        len: usize,
+        align: usize,
+        backing: Backing,
+    ) -> Result<(HostRegion, Option<OwnedFd>), PoolError> {
         if len == 0 {
             return Err(PoolError::ZeroLength);
         }
@@ -173,7 +204,7 @@ impl Registrar for HostRegistrar {
             return Err(PoolError::AlignmentNotPowerOfTwo { align });
         }
         let reservation = self.budget.reserve(len as u64)?;
-        let mapping = Mapping::new(len, align, self.huge_pages)?;
+        let (mapping, memfd) = Mapping::new(len, align, self.huge_pages, backing)?;
         if self.lock_memory {
             // SAFETY: `mapping` owns `[base, base + len)`, mapped and not yet shared.
             unsafe { rustix::mm::mlock(mapping.base.as_ptr().cast(), len) }.map_err(|errno| {
@@ -184,7 +215,7 @@ impl Registrar for HostRegistrar {
             })?;
         }
         let (key_index, remote_key) = self.keys.issue()?;
-        Ok(Box::new(HostRegion {
+        let region = HostRegion {
             keys: RegionKeys {
                 local_key: Some(remote_key),
                 remote_key,
@@ -195,7 +226,15 @@ impl Registrar for HostRegistrar {
             key_index,
             key_table: std::sync::Arc::clone(&self.keys),
             _reservation: reservation,
-        }))
+        };
+        Ok((region, memfd))
+    }
+}
+
+impl Registrar for HostRegistrar {
+    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
+        let (region, _) = self.register_host(len, align, Backing::Private)?;
+        Ok(Box::new(region))
     }
 
     fn budget(&self) -> &MemoryBudget {
@@ -216,7 +255,16 @@ fn huge_page_size() -> usize {
         .unwrap_or(2 << 20)
 }
 
-/// An anonymous private mapping, unmapped on drop.
+/// What a [`Mapping`] maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// Anonymous private memory.
+    Private,
+    /// A fresh sealed memory file, mapped shared.
+    SharedFile,
+}
+
+/// A mapping of anonymous memory or of a memory file, unmapped on drop.
 #[derive(Debug)]
 struct Mapping {
     /// The aligned first byte handed out.
@@ -224,10 +272,19 @@ struct Mapping {
     /// What `mmap` returned, and its length, for `munmap`.
     map_start: NonNull<u8>,
     map_len: usize,
+    /// Bytes mapped from `base` on: the length rounded up to whole pages.
+    rounded: usize,
 }
 
 impl Mapping {
-    fn new(len: usize, align: usize, huge_pages: HugePages) -> Result<Mapping, PoolError> {
+    /// Maps at least `len` bytes aligned to `align`; for [`Backing::SharedFile`] also
+    /// returns the memory file, `rounded` bytes long and mapped at `base`.
+    fn new(
+        len: usize,
+        align: usize,
+        huge_pages: HugePages,
+        backing: Backing,
+    ) -> Result<(Mapping, Option<OwnedFd>), PoolError> {
         use rustix::mm::{Advice, MapFlags, ProtFlags};
         let page = match huge_pages {
             // `munmap` of a hugetlb mapping needs a length in whole huge pages.
@@ -244,20 +301,10 @@ impl Mapping {
         let slack = align.saturating_sub(page);
         let map_len = rounded.checked_add(slack).ok_or_else(overflow)?;
         let mut flags = MapFlags::PRIVATE;
-        if huge_pages == HugePages::Explicit {
+        if huge_pages == HugePages::Explicit && backing == Backing::Private {
             flags |= MapFlags::HUGETLB;
         }
-        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases
-        // nothing.
-        let start = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                map_len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                flags,
-            )
-        }
-        .map_err(|errno| match huge_pages {
+        let map_error = |errno: rustix::io::Errno| match huge_pages {
             HugePages::Explicit => PoolError::HugePagesUnavailable {
                 len,
                 source: errno.into(),
@@ -266,7 +313,22 @@ impl Mapping {
                 len,
                 source: errno.into(),
             },
-        })?;
+        };
+        let memfd = match backing {
+            Backing::Private => None,
+            Backing::SharedFile => Some(memory_file(rounded, huge_pages).map_err(map_error)?),
+        };
+        // A file mapping is placed inside an inaccessible reservation, which keeps the
+        // alignment slack out of reach.
+        let protection = match backing {
+            Backing::Private => ProtFlags::READ | ProtFlags::WRITE,
+            Backing::SharedFile => ProtFlags::empty(),
+        };
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases
+        // nothing.
+        let start =
+            unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), map_len, protection, flags) }
+                .map_err(map_error)?;
         let map_start = NonNull::new(start.cast::<u8>()).ok_or_else(|| PoolError::Map {
             len,
             source: std::io::Error::other("mmap returned a null mapping"),
@@ -278,7 +340,23 @@ impl Mapping {
             base,
             map_start,
             map_len,
+            rounded,
         };
+        if let Some(memfd) = &memfd {
+            // SAFETY: `base .. base + rounded` lies inside the reservation this mapping
+            // owns (unmapped on drop with it), so `FIXED` replaces only pages of ours.
+            unsafe {
+                rustix::mm::mmap(
+                    base.as_ptr().cast(),
+                    rounded,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED,
+                    memfd,
+                    0,
+                )
+            }
+            .map_err(map_error)?;
+        }
         if huge_pages == HugePages::Transparent {
             // SAFETY: advice on memory this mapping owns; it changes no contents.
             // A kernel without transparent huge pages refuses the advice, and base pages
@@ -287,8 +365,24 @@ impl Mapping {
                 rustix::mm::madvise(mapping.base.as_ptr().cast(), rounded, Advice::LinuxHugepage)
             };
         }
-        Ok(mapping)
+        Ok((mapping, memfd))
     }
+}
+
+/// A memory file of `len` bytes, sealed so that its length never changes again.
+fn memory_file(len: usize, huge_pages: HugePages) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    if huge_pages == HugePages::Explicit {
+        flags |= MemfdFlags::HUGETLB;
+    }
+    let memfd = rustix::fs::memfd_create("tierbuf-region", flags)?;
+    rustix::fs::ftruncate(&memfd, len as u64)?;
+    rustix::fs::fcntl_add_seals(
+        &memfd,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )?;
+    Ok(memfd)
 }
 
 impl Drop for Mapping {
@@ -338,6 +432,63 @@ unsafe impl Region for HostRegion {
 
     fn keys(&self) -> RegionKeys {
         self.keys
+    }
+}
+
+// SAFETY: a box owns its region and hands out the region's own base, length and keys,
+// so the region's promise carries over unchanged.
+unsafe impl<R: Region + ?Sized> Region for Box<R> {
+    fn base(&self) -> NonNull<u8> {
+        (**self).base()
+    }
+
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+
+    fn keys(&self) -> RegionKeys {
+        (**self).keys()
+    }
+}
+
+/// A region of shared memory registered by [`HostRegistrar::register_shared`]: a sealed
+/// memory file mapped shared at [`Region::base`]. Another process that maps the file's
+/// first [`SharedHostRegion::file_len`] bytes sees the same bytes; dropping the region
+/// unmaps them here, frees its key and returns its budget, while another process's
+/// mapping keeps the file's pages alive until that process unmaps them.
+#[derive(Debug)]
+pub struct SharedHostRegion {
+    region: HostRegion,
+    memfd: OwnedFd,
+}
+
+impl SharedHostRegion {
+    /// The memory file, for passing to another process.
+    pub fn memory_file(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// The memory file's length: the region's length rounded up to whole pages. Its
+    /// first byte is the region's first byte.
+    pub fn file_len(&self) -> usize {
+        self.region.mapping.rounded
+    }
+}
+
+// SAFETY: the inner host region keeps the promise for `[base, base + len)`. Another
+// process can reach these bytes only through the memory file this value hands out, and
+// whoever passes it on takes on the contract for what that process does with them.
+unsafe impl Region for SharedHostRegion {
+    fn base(&self) -> NonNull<u8> {
+        self.region.base()
+    }
+
+    fn len(&self) -> usize {
+        self.region.len()
+    }
+
+    fn keys(&self) -> RegionKeys {
+        self.region.keys()
     }
 }
 
@@ -430,5 +581,39 @@ mod tests {
             Err(other) => panic!("unexpected error {other}"),
         }
         assert_eq!(explicit.budget().in_use(), 0);
+    }
+
+    #[test]
+    fn shared_region_is_a_sealed_file_mapped_at_its_base() {
+        let registrar = registrar_with_cap(1 << 30);
+        for align in [64, 4096, 1 << 21] {
+            let region = registrar.register_shared(10_000, align).unwrap();
+            assert_eq!(region.base().as_ptr() as usize % align, 0, "align {align}");
+            assert_eq!(region.file_len(), 12_288);
+            let stat = rustix::fs::fstat(region.memory_file()).unwrap();
+            assert_eq!(stat.st_size, 12_288);
+            assert!(rustix::fs::ftruncate(region.memory_file(), 4096).is_err());
+            // A second mapping of the file sees what the region writes.
+            // SAFETY: a fresh shared mapping of the whole file, unmapped below.
+            let other = unsafe {
+                rustix::mm::mmap(
+                    std::ptr::null_mut(),
+                    12_288,
+                    rustix::mm::ProtFlags::READ,
+                    rustix::mm::MapFlags::SHARED,
+                    region.memory_file(),
+                    0,
+                )
+            }
+            .unwrap();
+            // SAFETY: the region owns these bytes; nothing else writes them.
+            unsafe { region.base().as_ptr().add(9_999).write(0x5A) };
+            // SAFETY: `other` maps 12 288 readable bytes.
+            assert_eq!(unsafe { other.cast::<u8>().add(9_999).read() }, 0x5A);
+            // SAFETY: exactly what `mmap` returned above.
+            unsafe { rustix::mm::munmap(other, 12_288) }.unwrap();
+            assert_eq!(registrar.budget().in_use(), 10_000);
+        }
+        assert_eq!(registrar.budget().in_use(), 0);
     }
 }

@@ -54,6 +54,14 @@ pub mod planted {
         /// posted meanwhile, so a post whose claim failed is stranded
         /// (`tierbuf-transport`).
         LoopbackNoRecheckAfterRelease = 6,
+        /// The shared-memory queues publish a posted receive and a delivery with
+        /// `Relaxed` stores instead of `Release`, so the reader may see the count move
+        /// before the entry or the message it covers (`tierbuf-transport`).
+        ShmPublishRelaxed = 7,
+        /// The shared-memory sender checks that the connection is open before raising
+        /// its copying flag instead of after, so a closer can miss a copy in progress and
+        /// return while the peer still writes its buffer (`tierbuf-transport`).
+        ShmCopyFlagAfterStateCheck = 8,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -112,4 +112,32 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    /// Connecting failed: the peer refused, or answered what a peer of this provider
+    /// and version would not.
+    #[error("the {provider} handshake failed: {detail}")]
+    Handshake {
+        /// The provider's name.
+        provider: &'static str,
+        /// What went wrong, and what to do about it where that is known.
+        detail: String,
+    },
+    /// The peer process ended (or closed its socket) without closing the connection;
+    /// every outstanding request is flushed.
+    #[error(
+        "the {provider} peer process died without closing the connection; \
+         outstanding requests are flushed"
+    )]
+    PeerDied {
+        /// The provider's name.
+        provider: &'static str,
+    },
+    /// The peer broke the provider's protocol (a malformed record, a buffer it never
+    /// registered, a delivery longer than the buffer); the connection is broken.
+    #[error("the {provider} peer broke the protocol: {detail}")]
+    ProtocolViolation {
+        /// The provider's name.
+        provider: &'static str,
+        /// What the peer did.
+        detail: String,
+    },
 }

@@ -30,6 +30,8 @@ pub mod connection;
 mod error;
 mod loopback;
 mod provider;
+mod registry;
+mod shm;
 mod sync;
 
 pub use error::{PostError, QueueKind, TransportError};
@@ -38,3 +40,10 @@ pub use provider::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
     Outstanding, Provider,
 };
+pub use shm::RING_CAPACITY;
+/// The shared-memory provider's queue protocol, public for the loom models of
+/// `tierbuf-loom-tests` (which check it with two threads standing in for the processes).
+#[doc(hidden)]
+pub use shm::segment as shm_segment;
+#[cfg(not(loom))]
+pub use shm::{ShmEndpoint, ShmListener, ShmProvider, ShmRegistrar};

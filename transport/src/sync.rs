@@ -2,8 +2,9 @@
 //! loom's primitives and a loom stand-in for the queue under `cfg(loom)`.
 //!
 //! The loopback provider's hand-over protocol (the per-direction matching claim, see
-//! `loopback::channel`) takes its atomics, `Arc` and queues from here, so that
-//! `RUSTFLAGS="--cfg loom"` model-checks the shipped protocol. crossbeam's queue is not
+//! `loopback::channel`) and the shared-memory provider's queues (`shm::segment`) take
+//! their atomics, `Arc` and queues from here, so that `RUSTFLAGS="--cfg loom"`
+//! model-checks the shipped protocols. crossbeam's queue is not
 //! loom-aware; under loom [`BoundedQueue`] is a mutex-guarded `VecDeque` with the same
 //! operations, which models the queue as linearizable (what crossbeam documents) and lets
 //! loom explore the claim protocol around it.
@@ -16,12 +17,12 @@ compile_error!(
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(not(loom))]
 pub(crate) use crossbeam_queue::ArrayQueue as BoundedQueue;

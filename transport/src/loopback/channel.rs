@@ -31,7 +31,8 @@
 use crate::provider::{Completion, CompletionStatus, Opcode};
 use crate::sync::{AtomicBool, AtomicU8, BoundedQueue, Ordering, yield_now};
 
-use super::registry::Resolved;
+use super::HostRegion;
+use crate::registry::Resolved;
 
 /// The most buffers in one loopback send's gather list.
 pub(crate) const MAX_GATHER: usize = 4;
@@ -54,7 +55,7 @@ pub(crate) enum PairState {
 #[derive(Debug)]
 pub(crate) struct SendRequest {
     pub(crate) wr_id: u64,
-    pub(crate) gather: [Option<Resolved>; MAX_GATHER],
+    pub(crate) gather: [Option<Resolved<HostRegion>>; MAX_GATHER],
     /// The sum of the gather buffers' lengths.
     pub(crate) len: u32,
 }
@@ -63,7 +64,7 @@ pub(crate) struct SendRequest {
 #[derive(Debug)]
 pub(crate) struct RecvRequest {
     pub(crate) wr_id: u64,
-    pub(crate) buffer: Resolved,
+    pub(crate) buffer: Resolved<HostRegion>,
 }
 
 /// One direction of a pair.

@@ -20,20 +20,18 @@
 //! buffer of the closed endpoint is touched afterwards.
 
 mod channel;
-mod registry;
 
 use std::sync::Arc as StdArc;
 
-use tierbuf_pool::{HostRegistrar, MemoryBudget, Registrar};
+use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar};
 
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
     BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Opcode, Outstanding, Provider,
 };
+use crate::registry::{RegionCache, RegionTable};
 use crate::sync::Arc;
 use channel::{MAX_GATHER, PairShared, PairState, RecvRequest, SendRequest};
-pub use registry::LoopbackRegistrar;
-use registry::RegionCache;
 
 /// The deepest queue a loopback endpoint takes.
 pub const MAX_QUEUE_DEPTH: u32 = 1 << 16;
@@ -123,7 +121,7 @@ impl LoopbackProvider {
             shared: Arc::clone(&shared),
             side,
             limits,
-            regions: RegionCache::new(StdArc::clone(self.registrar.table())),
+            regions: RegionCache::new(StdArc::clone(&self.registrar.table)),
             outstanding: Outstanding::default(),
             closed: false,
         };
@@ -143,6 +141,47 @@ impl Provider for LoopbackProvider {
     }
 }
 
+/// The regions the loopback provider registers: host memory behind the pool's region
+/// trait.
+pub(crate) type HostRegion = Box<dyn Region>;
+
+/// The loopback provider's registrar: host memory from a [`HostRegistrar`], recorded by
+/// remote key so that endpoints can check every buffer they are given.
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, Registrar};
+/// use tierbuf_transport::LoopbackProvider;
+/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let region = tierbuf_transport::Provider::registrar(&provider).register(8192, 4096)?;
+/// assert_eq!(region.keys().remote_addr, region.base().as_ptr() as u64);
+/// # Ok::<(), tierbuf_pool::PoolError>(())
+/// ```
+#[derive(Debug)]
+pub struct LoopbackRegistrar {
+    host: HostRegistrar,
+    table: StdArc<RegionTable<HostRegion>>,
+}
+
+impl LoopbackRegistrar {
+    fn new(host: HostRegistrar) -> LoopbackRegistrar {
+        LoopbackRegistrar {
+            host,
+            table: StdArc::new(RegionTable::new()),
+        }
+    }
+}
+
+impl Registrar for LoopbackRegistrar {
+    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
+        let region = self.host.register(len, align)?;
+        Ok(Box::new(self.table.add(region)))
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        self.host.budget()
+    }
+}
+
 /// One side of a loopback pair; see [`Endpoint`] for the rules it keeps and
 /// [`LoopbackProvider`] for an example. Dropping it closes it.
 #[derive(Debug)]
@@ -151,7 +190,7 @@ pub struct LoopbackEndpoint {
     /// 0 or 1: this endpoint sends on `shared.channel(side)` and receives on the other.
     side: usize,
     limits: EndpointLimits,
-    regions: RegionCache,
+    regions: RegionCache<HostRegion>,
     outstanding: Outstanding,
     closed: bool,
 }

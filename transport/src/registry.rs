@@ -1,21 +1,23 @@
-//! The loopback provider's memory registration: a [`LoopbackRegistrar`] that wraps a
-//! [`HostRegistrar`] and records every live region by remote key, and the per-endpoint
-//! [`RegionCache`] through which posts resolve and check buffers.
+//! Registration shared by the software providers: a [`RegionTable`] of the live regions
+//! of one provider by remote key, the [`RegisteredRegion`] handle through which the user
+//! owns each, and the per-endpoint [`RegionCache`] through which posts resolve and check
+//! buffers. The loopback provider keeps host regions in it, the shared-memory provider
+//! shared ones.
 //!
 //! # Invariants
 //!
-//! - Every region the registrar hands out is shared as an `Arc<Registered>`: one strong
-//!   reference is the user's [`LoopbackRegion`], one more is held by every queued work
-//!   request that names it. The memory is unmapped (and its budget returned) only when
-//!   the last of these drops, so the provider never copies to or from freed memory.
+//! - Every region registered is shared as an `Arc<Registered<R>>`: one strong reference
+//!   is the user's [`RegisteredRegion`], one more is held by every queued work request that
+//!   names it. The memory is unmapped (and its budget returned) only when the last of these
+//!   drops, so a provider never copies to or from freed memory.
 //! - The table and the caches hold only weak references: a region nobody holds is freed
 //!   even if it stays in a cache.
 //! - `Registered::live` is cleared (and the table entry removed) when the user drops the
 //!   region; from then on resolving its key fails and queued requests naming it complete
 //!   with a protection error, as after `ibv_dereg_mr`.
 //! - Remote keys are unique among regions whose memory is still mapped (the
-//!   [`HostRegistrar`] frees a key only when the memory is unmapped), so the table never
-//!   holds two live regions under one key.
+//!   [`HostRegistrar`](tierbuf_pool::HostRegistrar) frees a key only when the memory is
+//!   unmapped), so the table never holds two live regions under one key.
 //! - Resolving takes the table's mutex only when an endpoint meets a key for the first
 //!   time (or again after the region behind it was replaced); the post path is lock-free
 //!   after that.
@@ -25,20 +27,25 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, RegionKeys, Registrar};
+use tierbuf_pool::{Region, RegionKeys};
 
 use crate::error::PostError;
 use crate::provider::BufferRef;
 
-/// A region registered with the loopback provider, shared by its owner and the work
+/// A region registered with a software provider, shared by its owner and the work
 /// requests that name it.
 #[derive(Debug)]
-pub(crate) struct Registered {
-    region: Box<dyn Region>,
+pub(crate) struct Registered<R> {
+    region: R,
     live: AtomicBool,
 }
 
-impl Registered {
+impl<R: Region> Registered<R> {
+    /// The region itself.
+    pub(crate) fn region(&self) -> &R {
+        &self.region
+    }
+
     /// Whether the owner still holds the region (it has not been deregistered).
     pub(crate) fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
@@ -56,21 +63,42 @@ impl Registered {
     }
 }
 
-/// Live regions of one loopback provider by remote key.
-#[derive(Debug, Default)]
-pub(crate) struct RegionTable {
-    by_key: Mutex<HashMap<u32, Weak<Registered>>>,
+/// Live regions of one provider by remote key.
+#[derive(Debug)]
+pub(crate) struct RegionTable<R> {
+    by_key: Mutex<HashMap<u32, Weak<Registered<R>>>>,
 }
 
-impl RegionTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Weak<Registered>>> {
+impl<R: Region> RegionTable<R> {
+    pub(crate) fn new() -> RegionTable<R> {
+        RegionTable {
+            by_key: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records `region` as live and hands back the handle that owns it.
+    pub(crate) fn add(self: &Arc<Self>, region: R) -> RegisteredRegion<R> {
+        let remote_key = region.keys().remote_key;
+        let registered = Arc::new(Registered {
+            region,
+            live: AtomicBool::new(true),
+        });
+        self.lock().insert(remote_key, Arc::downgrade(&registered));
+        RegisteredRegion {
+            registered,
+            table: Arc::clone(self),
+        }
+    }
+
+    #[allow(clippy::type_complexity)] // the guard of the field's own type
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Weak<Registered<R>>>> {
         // Every critical section leaves the map consistent before anything can panic.
         self.by_key
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    fn find(&self, remote_key: u32) -> Option<Arc<Registered>> {
+    fn find(&self, remote_key: u32) -> Option<Arc<Registered<R>>> {
         self.lock()
             .get(&remote_key)
             .and_then(Weak::upgrade)
@@ -78,66 +106,14 @@ impl RegionTable {
     }
 }
 
-/// The loopback provider's registrar: host memory from a [`HostRegistrar`], recorded by
-/// remote key so that endpoints can check every buffer they are given.
-///
-/// ```
-/// use tierbuf_pool::{MemoryBudget, Registrar};
-/// use tierbuf_transport::LoopbackProvider;
-/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
-/// let region = tierbuf_transport::Provider::registrar(&provider).register(8192, 4096)?;
-/// assert_eq!(region.keys().remote_addr, region.base().as_ptr() as u64);
-/// # Ok::<(), tierbuf_pool::PoolError>(())
-/// ```
+/// A region registered with a software provider; dropping it deregisters it.
 #[derive(Debug)]
-pub struct LoopbackRegistrar {
-    host: HostRegistrar,
-    table: Arc<RegionTable>,
+pub(crate) struct RegisteredRegion<R: Region> {
+    registered: Arc<Registered<R>>,
+    table: Arc<RegionTable<R>>,
 }
 
-impl LoopbackRegistrar {
-    pub(crate) fn new(host: HostRegistrar) -> LoopbackRegistrar {
-        LoopbackRegistrar {
-            host,
-            table: Arc::default(),
-        }
-    }
-
-    pub(crate) fn table(&self) -> &Arc<RegionTable> {
-        &self.table
-    }
-}
-
-impl Registrar for LoopbackRegistrar {
-    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
-        let region = self.host.register(len, align)?;
-        let remote_key = region.keys().remote_key;
-        let registered = Arc::new(Registered {
-            region,
-            live: AtomicBool::new(true),
-        });
-        self.table
-            .lock()
-            .insert(remote_key, Arc::downgrade(&registered));
-        Ok(Box::new(LoopbackRegion {
-            registered,
-            table: Arc::clone(&self.table),
-        }))
-    }
-
-    fn budget(&self) -> &MemoryBudget {
-        self.host.budget()
-    }
-}
-
-/// A region registered with the loopback provider; dropping it deregisters it.
-#[derive(Debug)]
-struct LoopbackRegion {
-    registered: Arc<Registered>,
-    table: Arc<RegionTable>,
-}
-
-impl Drop for LoopbackRegion {
+impl<R: Region> Drop for RegisteredRegion<R> {
     fn drop(&mut self) {
         self.registered.live.store(false, Ordering::Release);
         let remote_key = self.registered.region.keys().remote_key;
@@ -157,7 +133,7 @@ impl Drop for LoopbackRegion {
 // while it lives) and lives at least as long as this value, because this value holds a
 // strong reference to it. The provider's copies reach the bytes only on the owner's
 // behalf, through requests the owner posted.
-unsafe impl Region for LoopbackRegion {
+unsafe impl<R: Region> Region for RegisteredRegion<R> {
     fn base(&self) -> NonNull<u8> {
         self.registered.region.base()
     }
@@ -173,8 +149,8 @@ unsafe impl Region for LoopbackRegion {
 
 /// A checked buffer: a strong reference to its region and the buffer's place in it.
 #[derive(Debug)]
-pub(crate) struct Resolved {
-    pub(crate) region: Arc<Registered>,
+pub(crate) struct Resolved<R> {
+    pub(crate) region: Arc<Registered<R>>,
     /// Offset of the buffer's first byte from the region's first byte; `offset + len`
     /// is at most the region's length.
     pub(crate) offset: usize,
@@ -184,13 +160,13 @@ pub(crate) struct Resolved {
 /// An endpoint's memo of the regions it has met, so that resolving a known key takes no
 /// lock.
 #[derive(Debug)]
-pub(crate) struct RegionCache {
-    table: Arc<RegionTable>,
-    known: HashMap<u32, Weak<Registered>>,
+pub(crate) struct RegionCache<R> {
+    table: Arc<RegionTable<R>>,
+    known: HashMap<u32, Weak<Registered<R>>>,
 }
 
-impl RegionCache {
-    pub(crate) fn new(table: Arc<RegionTable>) -> RegionCache {
+impl<R: Region> RegionCache<R> {
+    pub(crate) fn new(table: Arc<RegionTable<R>>) -> RegionCache<R> {
         RegionCache {
             table,
             known: HashMap::new(),
@@ -198,7 +174,7 @@ impl RegionCache {
     }
 
     /// Finds the live region `buffer` names and checks that the buffer lies inside it.
-    pub(crate) fn resolve(&mut self, buffer: BufferRef) -> Result<Resolved, PostError> {
+    pub(crate) fn resolve(&mut self, buffer: BufferRef) -> Result<Resolved<R>, PostError> {
         let region = match self
             .known
             .get(&buffer.remote_key)
@@ -238,7 +214,7 @@ impl RegionCache {
     /// Looks `remote_key` up in the provider's table and remembers it, forgetting regions
     /// that have been deregistered meanwhile.
     #[cold]
-    fn resolve_slow(&mut self, remote_key: u32) -> Result<Arc<Registered>, PostError> {
+    fn resolve_slow(&mut self, remote_key: u32) -> Result<Arc<Registered<R>>, PostError> {
         self.known
             .retain(|_, weak| weak.upgrade().is_some_and(|r| r.is_live()));
         let region = self

@@ -1,0 +1,677 @@
+//! [`ShmEndpoint`]: one side of a shared-memory connection.
+//!
+//! # Invariants
+//!
+//! - **Sends are copied by their sender, in order.** A posted send waits in `pending`
+//!   until the peer has posted a receive for it (receiver not ready waits); the endpoint's
+//!   own `progress` then copies it straight into the peer's buffer through the peer's
+//!   announced memory file and reports the delivery in the ring (see `segment`). Sends
+//!   are matched with the peer's receives strictly in posting order on both sides.
+//! - **Receives are reaped in order.** `posted` holds this side's receives in posting
+//!   order with the regions they name; the front one is reaped (turned into a completion)
+//!   once the peer reports it delivered, or flushed once the connection is down and the
+//!   peer cannot be copying any more.
+//! - **Every buffer a request names stays mapped until the request completes**: the
+//!   request holds a strong reference to its region (see `registry`). The peer's mapping
+//!   of an announced region is undone only on a `Forget`, which this side sends once the
+//!   region's memory is gone here, so after every request naming it has completed.
+//! - **The peer is untrusted input.** Ring entries and records are checked before use:
+//!   a key that was not announced, a buffer outside its region, a delivery longer than the
+//!   buffer or an unknown result code breaks the connection with a protocol error; the
+//!   peer's memory is written only within a mapping this side made and checked.
+//! - **Outstanding counts** are requests posted and not yet returned by `poll`; they never
+//!   pass the queue depths, and the receive depth never passes the ring's capacity, so the
+//!   receiver never rewrites a ring entry the sender may still read.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Weak};
+
+use tierbuf_pool::{Region, SharedHostRegion};
+
+use super::bootstrap::{
+    FileMapping, Incoming, Received, Record, SocketError, receive_record, send_record,
+};
+use super::segment::{Filled, PostedBuffer, SegmentState, SharedSegment};
+use crate::error::{PostError, QueueKind, TransportError};
+use crate::provider::{
+    BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
+    Outstanding,
+};
+use crate::registry::{RegionCache, Registered, Resolved};
+
+/// The most buffers in one shared-memory send's gather list.
+pub(crate) const MAX_GATHER: usize = 4;
+
+/// Polls that find nothing to do between two looks at the bootstrap socket (for a peer
+/// that has gone, or forgotten regions).
+const IDLE_POLLS_PER_SOCKET_CHECK: u32 = 256;
+
+/// A posted send waiting for the peer's receive.
+#[derive(Debug)]
+struct PendingSend {
+    wr_id: u64,
+    gather: [Option<Resolved<SharedHostRegion>>; MAX_GATHER],
+    len: u32,
+}
+
+/// A posted receive, holding its region.
+#[derive(Debug)]
+struct PostedRecv {
+    wr_id: u64,
+    buffer: Resolved<SharedHostRegion>,
+}
+
+/// A region this side announced to the peer.
+#[derive(Debug)]
+struct Announced {
+    region: Weak<Registered<SharedHostRegion>>,
+    remote_addr: u64,
+}
+
+/// A region of the peer that this side may fill.
+#[derive(Debug)]
+struct PeerRegion {
+    remote_addr: u64,
+    mapping: FileMapping,
+}
+
+/// One side of a shared-memory connection; see [`Endpoint`] for the rules it keeps and
+/// [`ShmProvider`](super::ShmProvider) for how to make one. Dropping it closes it.
+#[derive(Debug)]
+pub struct ShmEndpoint {
+    /// 0 for the connecting side, 1 for the accepting side.
+    side: usize,
+    socket: OwnedFd,
+    segment: FileMapping,
+    limits: EndpointLimits,
+    local: RegionCache<SharedHostRegion>,
+    outstanding: Outstanding,
+    closed: bool,
+    // Sending.
+    pending: VecDeque<PendingSend>,
+    send_completions: VecDeque<Completion>,
+    /// Peer receives filled, ever.
+    sends_matched: u64,
+    peer_regions: HashMap<u32, PeerRegion>,
+    /// Announcements of the peer read from the socket, ever.
+    announcements_read: u64,
+    // Receiving.
+    posted: VecDeque<PostedRecv>,
+    recv_completions: VecDeque<Completion>,
+    /// Receives posted, ever.
+    recvs_posted: u64,
+    /// Receives reaped or flushed, ever.
+    recvs_reaped: u64,
+    /// Regions announced to the peer and not yet forgotten, by remote key.
+    announced: HashMap<u32, Announced>,
+    // Liveness.
+    idle_polls: u32,
+    peer_gone: bool,
+    /// An error to report from the next `poll`, once.
+    failure: Option<TransportError>,
+}
+
+impl ShmEndpoint {
+    /// An endpoint over a finished handshake. `segment` maps a stamped segment.
+    pub(crate) fn new(
+        side: usize,
+        socket: OwnedFd,
+        segment: FileMapping,
+        limits: EndpointLimits,
+        local: RegionCache<SharedHostRegion>,
+    ) -> ShmEndpoint {
+        ShmEndpoint {
+            side,
+            socket,
+            segment,
+            limits,
+            local,
+            outstanding: Outstanding::default(),
+            closed: false,
+            pending: VecDeque::new(),
+            send_completions: VecDeque::new(),
+            sends_matched: 0,
+            peer_regions: HashMap::new(),
+            announcements_read: 0,
+            posted: VecDeque::new(),
+            recv_completions: VecDeque::new(),
+            recvs_posted: 0,
+            recvs_reaped: 0,
+            announced: HashMap::new(),
+            idle_polls: 0,
+            peer_gone: false,
+            failure: None,
+        }
+    }
+
+    fn segment(&self) -> &SharedSegment {
+        // SAFETY: `segment` maps at least `size_of::<SharedSegment>()` bytes, page-aligned
+        // (so aligned for the segment), for as long as `self` lives; the handshake checked
+        // the stamp. Every field of the segment is an atomic integer, for which any bit
+        // pattern the peer writes is a valid value, and atomics may be shared.
+        unsafe { self.segment.base().cast::<SharedSegment>().as_ref() }
+    }
+
+    fn peer(&self) -> usize {
+        1 - self.side
+    }
+
+    fn check_open(&self) -> Result<(), PostError> {
+        match self.state() {
+            EndpointState::Open => Ok(()),
+            EndpointState::Closed => Err(PostError::Closed),
+            EndpointState::PeerClosed => Err(PostError::PeerClosed),
+            _ => Err(PostError::ConnectionBroken),
+        }
+    }
+
+    /// Breaks the connection and records `detail` as the error the next poll reports.
+    fn violation(&mut self, detail: String) {
+        self.segment().break_connection();
+        if self.failure.is_none() {
+            self.failure = Some(TransportError::ProtocolViolation {
+                provider: "shm",
+                detail,
+            });
+        }
+    }
+
+    fn socket_failed(&mut self, error: SocketError) {
+        self.violation(format!("bootstrap socket: {error}"));
+    }
+
+    /// Handles one record of the peer's from the socket.
+    fn handle_record(&mut self, received: Received) {
+        match (received.record, received.descriptor) {
+            (
+                Record::Announce {
+                    remote_key,
+                    remote_addr,
+                    file_len,
+                },
+                Some(file),
+            ) => {
+                self.announcements_read += 1;
+                match FileMapping::map(&file, file_len) {
+                    Ok(mapping) => {
+                        self.peer_regions.insert(
+                            remote_key,
+                            PeerRegion {
+                                remote_addr,
+                                mapping,
+                            },
+                        );
+                    }
+                    Err(reason) => {
+                        self.violation(format!("announced region {remote_key:#x}: {reason}"))
+                    }
+                }
+            }
+            (
+                Record::Forget {
+                    remote_key,
+                    remote_addr,
+                },
+                None,
+            ) => {
+                self.announcements_read += 1;
+                if self
+                    .peer_regions
+                    .get(&remote_key)
+                    .is_some_and(|region| region.remote_addr == remote_addr)
+                {
+                    self.peer_regions.remove(&remote_key);
+                }
+            }
+            (record, _) => self.violation(format!("unexpected {record:?} record")),
+        }
+    }
+
+    /// Reads the socket until every announcement the peer has made is handled; they are
+    /// already on the socket, because the peer sends them before counting them.
+    fn catch_up_with_announcements(&mut self) {
+        let announced = self.segment().direction(self.side).announced();
+        while self.announcements_read < announced && self.failure.is_none() {
+            match receive_record(self.socket.as_fd(), true) {
+                Ok(Incoming::Record(received)) => self.handle_record(received),
+                Ok(Incoming::Nothing) => {}
+                Ok(Incoming::Closed) => {
+                    self.peer_vanished();
+                    return;
+                }
+                Err(error) => {
+                    self.socket_failed(error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Looks at the socket without waiting: handles what the peer sent and notices a peer
+    /// that is gone.
+    fn check_socket(&mut self) {
+        while self.failure.is_none() && !self.peer_gone {
+            match receive_record(self.socket.as_fd(), false) {
+                Ok(Incoming::Record(received)) => self.handle_record(received),
+                Ok(Incoming::Nothing) => return,
+                Ok(Incoming::Closed) => self.peer_vanished(),
+                Err(error) => self.socket_failed(error),
+            }
+        }
+    }
+
+    /// The peer's socket closed. After a close that is the end of the connection; while
+    /// it is open, the peer process died.
+    fn peer_vanished(&mut self) {
+        self.peer_gone = true;
+        if self.segment().state() == SegmentState::Open {
+            self.segment().break_connection();
+            if self.failure.is_none() {
+                self.failure = Some(TransportError::PeerDied { provider: "shm" });
+            }
+        }
+    }
+
+    /// Copies pending sends into the peer's posted receives, in order, while both exist.
+    /// Returns whether any send completed.
+    fn progress_sends(&mut self) -> bool {
+        let mut progressed = false;
+        while !self.pending.is_empty() {
+            if self.segment().state() != SegmentState::Open {
+                break;
+            }
+            let count = self.sends_matched;
+            let Some(buffer) = self.segment().direction(self.side).posted(count) else {
+                break;
+            };
+            if !self.peer_regions.contains_key(&buffer.remote_key)
+                || self.announcements_read < self.segment().direction(self.side).announced()
+            {
+                self.catch_up_with_announcements();
+            }
+            let send = self.pending.front().expect("a send is pending");
+            let status = match self.fill(send, buffer) {
+                Ok(filled) => {
+                    self.segment().direction(self.side).deliver(count, filled);
+                    match filled {
+                        Filled::Delivered(_) => CompletionStatus::Success,
+                        Filled::TooLong => {
+                            self.segment().break_connection();
+                            CompletionStatus::RemoteInvalidRequest
+                        }
+                        Filled::Unreachable => {
+                            self.segment().break_connection();
+                            CompletionStatus::RemoteOperationError
+                        }
+                    }
+                }
+                Err(NotCopied::LocalRegionGone) => {
+                    self.segment().break_connection();
+                    CompletionStatus::LocalProtectionError
+                }
+                Err(NotCopied::ConnectionDown) => break,
+            };
+            self.sends_matched += 1;
+            let send = self
+                .pending
+                .pop_front()
+                .expect("the front send was just seen");
+            self.send_completions.push_back(Completion {
+                wr_id: send.wr_id,
+                byte_len: 0,
+                status,
+                opcode: Opcode::Send,
+            });
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// Copies `send` into the peer's `buffer` if it fits and can be reached.
+    fn fill(&self, send: &PendingSend, buffer: PostedBuffer) -> Result<Filled, NotCopied> {
+        let Some(destination) = self.peer_buffer(buffer) else {
+            return Ok(Filled::Unreachable);
+        };
+        if send.len > buffer.len {
+            return Ok(Filled::TooLong);
+        }
+        if !send.gather.iter().flatten().all(|s| s.region.is_live()) {
+            return Err(NotCopied::LocalRegionGone);
+        }
+        if !self.segment().begin_copy(self.side) {
+            return Err(NotCopied::ConnectionDown);
+        }
+        let mut written = 0usize;
+        for segment in send.gather.iter().flatten() {
+            // SAFETY: the source lies inside its live local region (checked when posted,
+            // and the request holds the region); the poster promised not to write it until
+            // the completion. The destination range `written .. written + len` lies inside
+            // the peer's buffer, which `peer_buffer` found inside a mapping of ours,
+            // because the segments add up to `send.len <= buffer.len`. The peer promised
+            // the buffer to this send (it is the oldest posted receive) and, closing,
+            // waits for the copying flag raised above.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    segment.region.byte_at(segment.offset).as_ptr(),
+                    destination.as_ptr().add(written),
+                    segment.len as usize,
+                );
+            }
+            written += segment.len as usize;
+        }
+        Ok(Filled::Delivered(send.len))
+    }
+
+    /// The first byte of the peer's `buffer` in this process, if it lies inside a region
+    /// the peer announced.
+    fn peer_buffer(&self, buffer: PostedBuffer) -> Option<std::ptr::NonNull<u8>> {
+        let region = self.peer_regions.get(&buffer.remote_key)?;
+        let offset = usize::try_from(buffer.addr.checked_sub(region.remote_addr)?).ok()?;
+        let end = offset.checked_add(buffer.len as usize)?;
+        if end > region.mapping.len() {
+            return None;
+        }
+        // SAFETY: `offset + len <= mapping length`, so the pointer stays in the mapping.
+        Some(unsafe { region.mapping.base().add(offset) })
+    }
+
+    /// Turns the peer's reports on this side's receives into completions, in order.
+    /// Returns whether any receive completed.
+    fn reap_receives(&mut self) -> bool {
+        let mut progressed = false;
+        while let Some(front) = self.posted.front() {
+            let Some(report) = self
+                .segment()
+                .direction(self.peer())
+                .delivered(self.recvs_reaped)
+            else {
+                break;
+            };
+            let (status, byte_len) = match report {
+                Ok(Filled::Delivered(len)) if len <= front.buffer.len => {
+                    if front.buffer.region.is_live() {
+                        (CompletionStatus::Success, len)
+                    } else {
+                        self.segment().break_connection();
+                        (CompletionStatus::LocalProtectionError, 0)
+                    }
+                }
+                Ok(Filled::Delivered(len)) => {
+                    let posted = front.buffer.len;
+                    self.violation(format!(
+                        "the peer delivered {len} bytes into a receive of {posted}"
+                    ));
+                    (CompletionStatus::LocalProtectionError, 0)
+                }
+                Ok(Filled::TooLong) => {
+                    self.segment().break_connection();
+                    (CompletionStatus::LocalLengthError, 0)
+                }
+                Ok(Filled::Unreachable) => {
+                    self.segment().break_connection();
+                    (CompletionStatus::LocalProtectionError, 0)
+                }
+                Err(code) => {
+                    self.violation(format!("the peer reported unknown result code {code}"));
+                    (CompletionStatus::LocalProtectionError, 0)
+                }
+            };
+            let receive = self
+                .posted
+                .pop_front()
+                .expect("the front receive was just seen");
+            self.recvs_reaped += 1;
+            self.recv_completions.push_back(Completion {
+                wr_id: receive.wr_id,
+                byte_len,
+                status,
+                opcode: Opcode::Recv,
+            });
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// Once the connection is down: completes every request left with `Flushed`, after
+    /// the peer can no longer be copying into this side's buffers.
+    fn flush(&mut self) {
+        if self.pending.is_empty() && self.posted.is_empty() {
+            return;
+        }
+        self.reap_receives();
+        let side = self.side;
+        let socket = &self.socket;
+        let mut peer_gone = self.peer_gone;
+        // Records that arrive now are dropped (closing their descriptors): the connection
+        // is down, so nothing will be sent into an announced region again.
+        self.segment().wait_for_copy(side, || {
+            if !peer_gone {
+                peer_gone = matches!(
+                    receive_record(socket.as_fd(), false),
+                    Ok(Incoming::Closed) | Err(_)
+                );
+            }
+            !peer_gone
+        });
+        self.peer_gone = peer_gone;
+        // A copy that was in progress has been delivered meanwhile.
+        self.reap_receives();
+        let flushed = |wr_id, opcode| Completion {
+            wr_id,
+            byte_len: 0,
+            status: CompletionStatus::Flushed,
+            opcode,
+        };
+        for send in self.pending.drain(..) {
+            self.send_completions
+                .push_back(flushed(send.wr_id, Opcode::Send));
+        }
+        for receive in self.posted.drain(..) {
+            self.recvs_reaped += 1;
+            self.recv_completions
+                .push_back(flushed(receive.wr_id, Opcode::Recv));
+        }
+    }
+
+    /// Tells the peer to unmap the regions announced to it whose memory is gone here.
+    fn forget_dead_regions(&mut self) -> Result<(), SocketError> {
+        let dead: Vec<(u32, u64)> = self
+            .announced
+            .iter()
+            .filter(|(_, announced)| announced.region.strong_count() == 0)
+            .map(|(&key, announced)| (key, announced.remote_addr))
+            .collect();
+        for (remote_key, remote_addr) in dead {
+            self.announced.remove(&remote_key);
+            send_record(
+                self.socket.as_fd(),
+                Record::Forget {
+                    remote_key,
+                    remote_addr,
+                },
+                None,
+            )?;
+            self.segment().direction(self.peer()).announce();
+        }
+        Ok(())
+    }
+
+    /// Announces the region `buffer` lies in to the peer, unless it already knows it.
+    fn announce(&mut self, buffer: &Resolved<SharedHostRegion>) -> Result<(), SocketError> {
+        let keys = buffer.region.region().keys();
+        if self
+            .announced
+            .get(&keys.remote_key)
+            .is_some_and(|announced| announced.region.as_ptr() == Arc::as_ptr(&buffer.region))
+        {
+            return Ok(());
+        }
+        // A region under a reused key must be forgotten before its successor is announced.
+        self.forget_dead_regions()?;
+        let region = buffer.region.region();
+        send_record(
+            self.socket.as_fd(),
+            Record::Announce {
+                remote_key: keys.remote_key,
+                remote_addr: keys.remote_addr,
+                file_len: region.file_len() as u64,
+            },
+            Some(region.memory_file()),
+        )?;
+        self.segment().direction(self.peer()).announce();
+        self.announced.insert(
+            keys.remote_key,
+            Announced {
+                region: Arc::downgrade(&buffer.region),
+                remote_addr: keys.remote_addr,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// Why a send was not copied.
+enum NotCopied {
+    /// A region of the send's gather list was deregistered.
+    LocalRegionGone,
+    /// The connection went down before the copy.
+    ConnectionDown,
+}
+
+impl Endpoint for ShmEndpoint {
+    fn limits(&self) -> EndpointLimits {
+        self.limits
+    }
+
+    fn state(&self) -> EndpointState {
+        if self.closed {
+            return EndpointState::Closed;
+        }
+        match self.segment().state() {
+            SegmentState::Open => EndpointState::Open,
+            SegmentState::ClosedBy(side) if side == self.side => EndpointState::Closed,
+            SegmentState::ClosedBy(_) => EndpointState::PeerClosed,
+            SegmentState::Broken => EndpointState::Broken,
+        }
+    }
+
+    fn outstanding(&self) -> Outstanding {
+        self.outstanding
+    }
+
+    unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
+        self.check_open()?;
+        if self.outstanding.recvs == self.limits.recv_depth {
+            return Err(PostError::QueueFull {
+                queue: QueueKind::Recv,
+                depth: self.limits.recv_depth,
+            });
+        }
+        let buffer = self.local.resolve(buffer)?;
+        if let Err(error) = self.announce(&buffer) {
+            self.socket_failed(error);
+            return Err(PostError::ConnectionBroken);
+        }
+        let keys = buffer.region.region().keys();
+        let posted = PostedBuffer {
+            remote_key: keys.remote_key,
+            addr: keys.remote_addr + buffer.offset as u64,
+            len: buffer.len,
+        };
+        self.segment()
+            .direction(self.peer())
+            .post(self.recvs_posted, posted);
+        self.recvs_posted += 1;
+        self.outstanding.recvs += 1;
+        self.posted.push_back(PostedRecv { wr_id, buffer });
+        Ok(())
+    }
+
+    unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
+        self.check_open()?;
+        if self.outstanding.sends == self.limits.send_depth {
+            return Err(PostError::QueueFull {
+                queue: QueueKind::Send,
+                depth: self.limits.send_depth,
+            });
+        }
+        if gather.len() > MAX_GATHER {
+            return Err(PostError::TooManyBuffers {
+                given: gather.len(),
+                max: MAX_GATHER,
+            });
+        }
+        let total: u64 = gather.iter().map(|buffer| u64::from(buffer.len)).sum();
+        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong {
+            len: total,
+            max: self.limits.max_message,
+        })?;
+        let mut resolved: [Option<_>; MAX_GATHER] = Default::default();
+        for (slot, buffer) in resolved.iter_mut().zip(gather) {
+            *slot = Some(self.local.resolve(*buffer)?);
+        }
+        self.outstanding.sends += 1;
+        self.pending.push_back(PendingSend {
+            wr_id,
+            gather: resolved,
+            len,
+        });
+        self.progress_sends();
+        Ok(())
+    }
+
+    fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
+        let progressed = self.progress_sends() | self.reap_receives();
+        if progressed {
+            self.idle_polls = 0;
+        } else {
+            self.idle_polls += 1;
+            if self.idle_polls >= IDLE_POLLS_PER_SOCKET_CHECK {
+                self.idle_polls = 0;
+                self.check_socket();
+                if let Err(error) = self.forget_dead_regions() {
+                    self.socket_failed(error);
+                }
+            }
+        }
+        if self.segment().state() != SegmentState::Open {
+            self.flush();
+        }
+        if let Some(error) = self.failure.take() {
+            return Err(error);
+        }
+        let mut filled = 0;
+        for entry in completions.iter_mut() {
+            let Some(completion) = self
+                .send_completions
+                .pop_front()
+                .or_else(|| self.recv_completions.pop_front())
+            else {
+                break;
+            };
+            match completion.opcode {
+                Opcode::Send => self.outstanding.sends -= 1,
+                Opcode::Recv => self.outstanding.recvs -= 1,
+            }
+            *entry = completion;
+            filled += 1;
+        }
+        Ok(filled)
+    }
+
+    fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.segment().close(self.side);
+        self.flush();
+    }
+}
+
+impl Drop for ShmEndpoint {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,419 @@
+//! [`ShmProvider`], its registrar and listener, and the connection handshake.
+//!
+//! # Invariants
+//!
+//! - The connecting side creates the segment and sends it in its hello; the accepting
+//!   side maps it only after checking its length and seals, and uses it only after
+//!   checking its stamp. Either side fails the handshake with a
+//!   [`TransportError::Handshake`] that says what the peer did wrong; the accepting side
+//!   tells the connecting side why with a refusal first.
+//! - Side 0 is the connecting side, side 1 the accepting side (the segment's directions
+//!   are indexed by the side that sends).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar, SharedHostRegion};
+
+use super::bootstrap::{
+    FileMapping, Incoming, Record, Refusal, SOCKET_TIMEOUT, SocketError, receive_record,
+    send_record,
+};
+use super::endpoint::{MAX_GATHER, ShmEndpoint};
+use super::segment::{RING_CAPACITY, SharedSegment};
+use crate::error::{QueueKind, TransportError};
+use crate::provider::{EndpointLimits, Provider};
+use crate::registry::{RegionCache, RegionTable};
+
+/// The deepest send queue of a shared-memory endpoint (receive queues are bounded by
+/// [`RING_CAPACITY`]).
+const MAX_SEND_DEPTH: u32 = 1 << 16;
+
+/// The shared-memory provider: registered shared memory and connections to another
+/// process through a Unix-domain socket.
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, SlotPool};
+/// use tierbuf_transport::{BufferRef, Completion, Endpoint, Provider, ShmProvider};
+/// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let pool = SlotPool::new(&*provider.registrar(), 256, 2)?;
+/// // Two endpoints in one process; across processes use `listen` and `connect`.
+/// let (mut client, mut server) = provider.pair(4, 4)?;
+/// let mut request = pool.try_acquire_owned().unwrap();
+/// let inbox = pool.try_acquire_owned().unwrap();
+/// request[..4].copy_from_slice(b"ping");
+/// // SAFETY: neither slot is touched again until its completion is polled.
+/// unsafe {
+///     server.post_recv(BufferRef::from(&inbox), 1)?;
+///     client.post_send(&[BufferRef::from(&request).prefix(4).unwrap()], 2)?;
+/// }
+/// let mut completions = [Completion::default(); 4];
+/// assert_eq!(server.poll(&mut completions)?, 1);
+/// assert_eq!((completions[0].wr_id, completions[0].byte_len), (1, 4));
+/// assert_eq!(&inbox[..4], b"ping");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct ShmProvider {
+    registrar: Arc<ShmRegistrar>,
+}
+
+/// The shared-memory provider's registrar: sealed memory files from a
+/// [`HostRegistrar`], recorded by remote key so that endpoints can check every buffer
+/// and hand the memory file to the peer.
+///
+/// ```
+/// use tierbuf_pool::{MemoryBudget, Registrar};
+/// use tierbuf_transport::{Provider, ShmProvider};
+/// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+/// let region = provider.registrar().register(8192, 4096)?;
+/// assert_eq!(region.keys().remote_addr, region.base().as_ptr() as u64);
+/// assert_eq!(provider.registrar().budget().in_use(), 8192);
+/// # Ok::<(), tierbuf_pool::PoolError>(())
+/// ```
+#[derive(Debug)]
+pub struct ShmRegistrar {
+    host: HostRegistrar,
+    table: Arc<RegionTable<SharedHostRegion>>,
+}
+
+impl Registrar for ShmRegistrar {
+    fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
+        let region = self.host.register_shared(len, align)?;
+        Ok(Box::new(self.table.add(region)))
+    }
+
+    fn budget(&self) -> &MemoryBudget {
+        self.host.budget()
+    }
+}
+
+impl ShmProvider {
+    /// A provider registering unpinned shared memory charged to `budget`.
+    pub fn new(budget: MemoryBudget) -> ShmProvider {
+        ShmProvider::with_host_registrar(HostRegistrar::new(budget))
+    }
+
+    /// A provider registering shared memory through `host` (to pin it, or to ask for
+    /// huge pages).
+    ///
+    /// ```
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+    /// use tierbuf_transport::{Provider, ShmProvider};
+    /// let host = HostRegistrar::new(MemoryBudget::with_cap(1 << 20)).lock_memory(false);
+    /// let provider = ShmProvider::with_host_registrar(host);
+    /// assert_eq!(provider.registrar().budget().cap(), 1 << 20);
+    /// ```
+    pub fn with_host_registrar(host: HostRegistrar) -> ShmProvider {
+        ShmProvider {
+            registrar: Arc::new(ShmRegistrar {
+                host,
+                table: Arc::new(RegionTable::new()),
+            }),
+        }
+    }
+
+    /// Listens for connections on a Unix-domain socket at `path`, which must not exist
+    /// yet; the listener removes it when dropped.
+    ///
+    /// ```
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::ShmProvider;
+    /// let path = std::env::temp_dir().join(format!("tierbuf-doc-{}.sock", std::process::id()));
+    /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// let listener = provider.listen(&path)?;
+    /// assert_eq!(listener.path(), path);
+    /// drop(listener);
+    /// assert!(!path.exists());
+    /// # Ok::<(), tierbuf_transport::TransportError>(())
+    /// ```
+    pub fn listen(&self, path: impl AsRef<Path>) -> Result<ShmListener, TransportError> {
+        let path = path.as_ref().to_path_buf();
+        let socket = seqpacket_socket()?;
+        let address = SocketAddrUnix::new(&path).map_err(os_error("naming the socket"))?;
+        rustix::net::bind(&socket, &address).map_err(os_error("binding the socket"))?;
+        rustix::net::listen(&socket, 128).map_err(os_error("listening"))?;
+        Ok(ShmListener {
+            socket,
+            path,
+            registrar: Arc::clone(&self.registrar),
+        })
+    }
+
+    /// Connects to the listener at `path`: an endpoint with `send_depth` sends (at most
+    /// 65 536) and `recv_depth` receives (at most [`RING_CAPACITY`]) outstanding.
+    pub fn connect(
+        &self,
+        path: impl AsRef<Path>,
+        send_depth: u32,
+        recv_depth: u32,
+    ) -> Result<ShmEndpoint, TransportError> {
+        let limits = limits(send_depth, recv_depth)?;
+        let socket = seqpacket_socket()?;
+        let address = SocketAddrUnix::new(path.as_ref()).map_err(os_error("naming the socket"))?;
+        rustix::net::connect(&socket, &address).map_err(os_error("connecting"))?;
+        set_timeouts(&socket)?;
+        let segment = offer(socket.as_fd(), recv_depth)?;
+        conclude(socket.as_fd())?;
+        Ok(self.endpoint(0, socket, segment, limits))
+    }
+
+    /// Two connected endpoints in this process (over a socket pair), each with
+    /// `send_depth` sends and `recv_depth` receives outstanding at most.
+    ///
+    /// ```
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::{Endpoint, ShmProvider, TransportError};
+    /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// let (a, _b) = provider.pair(8, 32)?;
+    /// assert_eq!((a.limits().send_depth, a.limits().recv_depth), (8, 32));
+    /// assert!(matches!(provider.pair(8, 5000), Err(TransportError::InvalidDepth { .. })));
+    /// # Ok::<(), TransportError>(())
+    /// ```
+    pub fn pair(
+        &self,
+        send_depth: u32,
+        recv_depth: u32,
+    ) -> Result<(ShmEndpoint, ShmEndpoint), TransportError> {
+        let limits = limits(send_depth, recv_depth)?;
+        let (connecting, accepting) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(os_error("creating a socket pair"))?;
+        set_timeouts(&connecting)?;
+        set_timeouts(&accepting)?;
+        let offered = offer(connecting.as_fd(), recv_depth)?;
+        let accepted = answer(accepting.as_fd(), recv_depth)?;
+        conclude(connecting.as_fd())?;
+        Ok((
+            self.endpoint(0, connecting, offered, limits),
+            self.endpoint(1, accepting, accepted, limits),
+        ))
+    }
+
+    fn endpoint(
+        &self,
+        side: usize,
+        socket: OwnedFd,
+        segment: FileMapping,
+        limits: EndpointLimits,
+    ) -> ShmEndpoint {
+        let local = RegionCache::new(Arc::clone(&self.registrar.table));
+        ShmEndpoint::new(side, socket, segment, limits, local)
+    }
+}
+
+impl Provider for ShmProvider {
+    type Endpoint = ShmEndpoint;
+
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn registrar(&self) -> Arc<dyn Registrar> {
+        Arc::clone(&self.registrar) as Arc<dyn Registrar>
+    }
+}
+
+/// A listening Unix-domain socket accepting shared-memory connections; see
+/// [`ShmProvider::listen`].
+#[derive(Debug)]
+pub struct ShmListener {
+    socket: OwnedFd,
+    path: PathBuf,
+    registrar: Arc<ShmRegistrar>,
+}
+
+impl ShmListener {
+    /// Where the listener listens.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for the next connection and completes its handshake: an endpoint with
+    /// `send_depth` sends and `recv_depth` receives outstanding at most. A peer that
+    /// fails the handshake is refused and its error returned; the listener stays usable.
+    pub fn accept(&self, send_depth: u32, recv_depth: u32) -> Result<ShmEndpoint, TransportError> {
+        let limits = limits(send_depth, recv_depth)?;
+        let socket = rustix::net::accept_with(&self.socket, SocketFlags::CLOEXEC)
+            .map_err(os_error("accepting"))?;
+        set_timeouts(&socket)?;
+        let segment = answer(socket.as_fd(), recv_depth)?;
+        let local = RegionCache::new(Arc::clone(&self.registrar.table));
+        Ok(ShmEndpoint::new(1, socket, segment, limits, local))
+    }
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        // The socket file is ours; a failure to remove it leaves only a stale name.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn os_error(operation: &'static str) -> impl FnOnce(rustix::io::Errno) -> TransportError {
+    move |errno| TransportError::Provider {
+        provider: "shm",
+        operation,
+        source: errno.into(),
+    }
+}
+
+fn handshake_error(detail: impl Into<String>) -> TransportError {
+    TransportError::Handshake {
+        provider: "shm",
+        detail: detail.into(),
+    }
+}
+
+fn socket_error(error: SocketError) -> TransportError {
+    match error {
+        SocketError::Io { operation, source } => TransportError::Provider {
+            provider: "shm",
+            operation,
+            source,
+        },
+        record => handshake_error(record.to_string()),
+    }
+}
+
+fn limits(send_depth: u32, recv_depth: u32) -> Result<EndpointLimits, TransportError> {
+    let recv_max = RING_CAPACITY as u32;
+    for (queue, depth, max) in [
+        (QueueKind::Send, send_depth, MAX_SEND_DEPTH),
+        (QueueKind::Recv, recv_depth, recv_max),
+    ] {
+        if !(1..=max).contains(&depth) {
+            return Err(TransportError::InvalidDepth { queue, depth, max });
+        }
+    }
+    Ok(EndpointLimits {
+        send_depth,
+        recv_depth,
+        max_gather: MAX_GATHER,
+        max_message: u32::MAX,
+    })
+}
+
+fn seqpacket_socket() -> Result<OwnedFd, TransportError> {
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(os_error("creating a socket"))
+}
+
+/// Bounds how long a handshake or a blocked record send waits for the peer.
+fn set_timeouts(socket: &OwnedFd) -> Result<(), TransportError> {
+    use rustix::net::sockopt::{Timeout, set_socket_timeout};
+    for kind in [Timeout::Recv, Timeout::Send] {
+        set_socket_timeout(socket, kind, Some(SOCKET_TIMEOUT))
+            .map_err(os_error("setting the socket timeouts"))?;
+    }
+    Ok(())
+}
+
+/// The length of a segment's memory file: the segment rounded up to whole pages.
+fn segment_file_len() -> usize {
+    std::mem::size_of::<SharedSegment>().next_multiple_of(rustix::param::page_size())
+}
+
+/// The connecting side's opening: creates, maps and stamps the segment, and sends it.
+fn offer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, TransportError> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let len = segment_file_len();
+    let file = rustix::fs::memfd_create(
+        "tierbuf-connection",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(os_error("creating the connection segment"))?;
+    rustix::fs::ftruncate(&file, len as u64).map_err(os_error("sizing the connection segment"))?;
+    rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(os_error("sealing the connection segment"))?;
+    let mapping = FileMapping::map(&file, len as u64)
+        .map_err(|reason| handshake_error(format!("mapping the new segment: {reason}")))?;
+    segment_of(&mapping).stamp();
+    let hello = Record::Hello {
+        recv_depth,
+        pid: std::process::id(),
+    };
+    send_record(socket, hello, Some(file.as_fd())).map_err(socket_error)?;
+    Ok(mapping)
+}
+
+/// The accepting side's part: checks the hello and its segment, and welcomes or refuses.
+fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, TransportError> {
+    let received = match receive_record(socket, true).map_err(socket_error)? {
+        Incoming::Record(received) => received,
+        Incoming::Nothing | Incoming::Closed => {
+            return Err(handshake_error(
+                "the peer closed the socket before its hello",
+            ));
+        }
+    };
+    let (
+        Record::Hello {
+            recv_depth: peer_depth,
+            ..
+        },
+        Some(file),
+    ) = (received.record, received.descriptor)
+    else {
+        return Err(handshake_error(format!(
+            "expected a hello, received {:?}",
+            received.record
+        )));
+    };
+    let refuse = |refusal: Refusal| {
+        // The refusal is a courtesy to the peer; the error below is what counts here.
+        let _ = send_record(socket, Record::Refuse(refusal), None);
+        handshake_error(format!("refused the peer: {}", refusal.describe()))
+    };
+    if !(1..=RING_CAPACITY as u32).contains(&peer_depth) {
+        return Err(refuse(Refusal::BadDepth));
+    }
+    let mapping = match FileMapping::map(&file, segment_file_len() as u64) {
+        Ok(mapping) if segment_of(&mapping).is_stamped() => mapping,
+        _ => return Err(refuse(Refusal::BadSegment)),
+    };
+    let welcome = Record::Welcome {
+        recv_depth,
+        pid: std::process::id(),
+    };
+    send_record(socket, welcome, None).map_err(socket_error)?;
+    Ok(mapping)
+}
+
+/// The connecting side's last step: waits for the welcome.
+fn conclude(socket: BorrowedFd<'_>) -> Result<(), TransportError> {
+    match receive_record(socket, true).map_err(socket_error)? {
+        Incoming::Record(received) => match received.record {
+            Record::Welcome { .. } => Ok(()),
+            Record::Refuse(refusal) => Err(handshake_error(format!(
+                "the listener refused: {}",
+                refusal.describe()
+            ))),
+            other => Err(handshake_error(format!(
+                "expected a welcome, received {other:?}"
+            ))),
+        },
+        Incoming::Nothing | Incoming::Closed => Err(handshake_error(
+            "the listener closed the socket before its welcome",
+        )),
+    }
+}
+
+/// The segment a mapping of [`segment_file_len`] bytes holds.
+fn segment_of(mapping: &FileMapping) -> &SharedSegment {
+    // SAFETY: the mapping is page-aligned and at least `size_of::<SharedSegment>()`
+    // long, and lives as long as the borrow; every field is an atomic integer, valid for
+    // any bit pattern (a fresh file is all zeroes, an empty segment).
+    unsafe { mapping.base().cast::<SharedSegment>().as_ref() }
+}

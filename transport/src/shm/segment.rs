@@ -1,0 +1,404 @@
+//! The connection segment: the memory two processes share for one shared-memory
+//! connection, and the lock-free protocol on it.
+//!
+//! One [`Direction`] carries messages from one side (the sender) to the other (the
+//! receiver). Its ring holds the receiver's posted receive buffers; the sender fills them
+//! in order, copying each message straight into the receiver's buffer (which it has
+//! mapped), and reports the result in the same ring entry.
+//!
+//! # Invariants
+//!
+//! - **Single writer per word.** `posted` and `announced` and the buffer fields of an
+//!   entry are written only by the receiver; `delivered`, `copying` and the result fields
+//!   of an entry only by the sender; `state` by compare-and-swap from `OPEN` only, by
+//!   either side. Every word is an atomic, so a peer that breaks the protocol can feed us
+//!   wrong values but never a data race.
+//! - **Posting publishes the entry.** The receiver writes entry `n % N`, then stores
+//!   `posted = n + 1` with `Release`; the sender reads `posted` with `Acquire` before it
+//!   reads the entry. The receiver has at most `N` receives posted and not yet reaped, so
+//!   it never rewrites an entry the sender may still read.
+//! - **Delivering publishes the message.** The sender copies the message into the
+//!   receiver's buffer, writes the entry's result, then stores `delivered = n + 1` with
+//!   `Release`; the receiver reads `delivered` with `Acquire` before it reads the result
+//!   or the message. So a receiver never sees a delivery (the tail of the message) without
+//!   the whole message.
+//! - **Announcements come before the posts that need them.** The receiver sends a region's
+//!   memory file on the bootstrap socket, then bumps `announced` (`Release`), then posts
+//!   the receive naming it; a sender that reads the entry has therefore seen the bump
+//!   and drains the socket up to it before it looks the key up.
+//! - **No copy after close.** The sender raises `copying` and then reads `state`, both
+//!   sequentially consistent, and copies only if the state is still `OPEN`; the closer
+//!   moves `state` off `OPEN` and then waits until `copying` is down. In the single order
+//!   of these four operations either the sender sees the close (and does not copy) or the
+//!   closer sees the flag (and waits for the copy). So once `close` returns, the peer
+//!   writes none of the closer's buffers again.
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// Entries in each direction's ring, so the deepest receive queue of a shared-memory
+/// endpoint.
+pub const RING_CAPACITY: usize = 1024;
+
+/// The segment as the provider lays it out in shared memory.
+pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
+
+/// Marks a segment of this layout: `"tierbuf"` and the layout version.
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x01");
+
+/// Connection states; a closed state records which side closed.
+const OPEN: u32 = 0;
+const CLOSED_BY_SIDE_0: u32 = 1;
+const CLOSED_BY_SIDE_1: u32 = 2;
+const BROKEN: u32 = 3;
+
+/// The connection state as one endpoint sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentState {
+    /// Both sides open.
+    Open,
+    /// Closed by side 0 or side 1.
+    ClosedBy(usize),
+    /// An error broke the connection.
+    Broken,
+}
+
+/// How the sender filled a posted receive, as written into its ring entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filled {
+    /// The message was copied; this many bytes.
+    Delivered(u32),
+    /// The message was longer than the buffer; nothing was written.
+    TooLong,
+    /// The sender could not reach the buffer (an unknown key or a buffer outside its
+    /// region); nothing was written.
+    Unreachable,
+}
+
+const FILLED_DELIVERED: u32 = 1;
+const FILLED_TOO_LONG: u32 = 2;
+const FILLED_UNREACHABLE: u32 = 3;
+
+/// A receive buffer as the receiver posts it: the region's remote key, the address of
+/// the first byte and the length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostedBuffer {
+    /// The remote key of the receiver's region.
+    pub remote_key: u32,
+    /// The buffer's first byte in the receiver's address space.
+    pub addr: u64,
+    /// The buffer's length.
+    pub len: u32,
+}
+
+/// The whole segment: magic, connection state, and one direction per side.
+///
+/// All zeroes is a valid empty segment, which is how a fresh memory file starts.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Segment<const N: usize> {
+    magic: AtomicU64,
+    state: AtomicU32,
+    /// `directions[side]` carries messages from `side` to the other side.
+    directions: [Direction<N>; 2],
+}
+
+/// One direction of a connection.
+#[repr(C, align(128))]
+#[derive(Debug)]
+pub struct Direction<const N: usize> {
+    /// Receives posted, ever (the receiver's ring tail).
+    posted: AtomicU64,
+    /// Region announcements sent on the bootstrap socket, ever.
+    announced: AtomicU64,
+    /// Receives filled, ever (the sender's ring head); on its own cache line.
+    delivered: Padded<AtomicU64>,
+    /// Raised by the sender while it may write into the receiver's memory.
+    copying: AtomicU32,
+    entries: [Entry; N],
+}
+
+/// A value on a cache line of its own.
+#[repr(C, align(128))]
+#[derive(Debug)]
+struct Padded<T>(T);
+
+/// One ring entry.
+#[repr(C)]
+#[derive(Debug)]
+struct Entry {
+    remote_key: AtomicU32,
+    len: AtomicU32,
+    addr: AtomicU64,
+    filled: AtomicU32,
+    byte_len: AtomicU32,
+}
+
+impl<const N: usize> Segment<N> {
+    /// An empty segment on the heap (the loom models' segment, and tests').
+    pub fn new_boxed() -> Box<Segment<N>> {
+        Box::new(Segment {
+            magic: AtomicU64::new(SEGMENT_MAGIC),
+            state: AtomicU32::new(OPEN),
+            directions: [Direction::new(), Direction::new()],
+        })
+    }
+
+    /// Stamps a zeroed segment as this layout's.
+    pub(crate) fn stamp(&self) {
+        self.magic.store(SEGMENT_MAGIC, Ordering::Release);
+    }
+
+    /// Whether the segment carries this layout's stamp.
+    pub(crate) fn is_stamped(&self) -> bool {
+        self.magic.load(Ordering::Acquire) == SEGMENT_MAGIC
+    }
+
+    /// The direction carrying messages from `side`.
+    pub fn direction(&self, side: usize) -> &Direction<N> {
+        &self.directions[side]
+    }
+
+    /// The connection state.
+    pub fn state(&self) -> SegmentState {
+        match self.state.load(Ordering::SeqCst) {
+            OPEN => SegmentState::Open,
+            CLOSED_BY_SIDE_0 => SegmentState::ClosedBy(0),
+            CLOSED_BY_SIDE_1 => SegmentState::ClosedBy(1),
+            _ => SegmentState::Broken,
+        }
+    }
+
+    /// Moves an open connection to closed by `side`; a connection already closed or
+    /// broken keeps its first reason.
+    pub fn close(&self, side: usize) {
+        let closed_by = [CLOSED_BY_SIDE_0, CLOSED_BY_SIDE_1][side];
+        let _ = self
+            .state
+            .compare_exchange(OPEN, closed_by, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Moves an open connection to broken.
+    pub fn break_connection(&self) {
+        let _ = self
+            .state
+            .compare_exchange(OPEN, BROKEN, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// The sender's step before it writes into the receiver's memory on the direction
+    /// from `side`: raises the copying flag, then checks that the connection is open.
+    /// `true` means copy, then call [`Direction::deliver`]; `false` means the connection
+    /// is down and the flag is lowered again.
+    pub fn begin_copy(&self, side: usize) -> bool {
+        let direction = &self.directions[side];
+        #[cfg(loom)]
+        if tierbuf_pool::sync::planted::is_planted(
+            tierbuf_pool::sync::planted::Bug::ShmCopyFlagAfterStateCheck,
+        ) {
+            let open = self.state() == SegmentState::Open;
+            if open {
+                direction.copying.store(1, Ordering::SeqCst);
+            }
+            return open;
+        }
+        direction.copying.store(1, Ordering::SeqCst);
+        if self.state() == SegmentState::Open {
+            return true;
+        }
+        direction.copying.store(0, Ordering::SeqCst);
+        false
+    }
+
+    /// The closer's wait, after the state has left `OPEN`, until the sender on the
+    /// direction towards `side` is not copying. `keep_waiting` is asked between looks
+    /// (it says whether the peer may still be alive); a `false` ends the wait.
+    pub fn wait_for_copy(&self, side: usize, mut keep_waiting: impl FnMut() -> bool) {
+        let direction = &self.directions[1 - side];
+        while direction.copying.load(Ordering::SeqCst) != 0 {
+            if !keep_waiting() {
+                return;
+            }
+            crate::sync::yield_now();
+        }
+    }
+}
+
+impl<const N: usize> Direction<N> {
+    fn new() -> Direction<N> {
+        Direction {
+            posted: AtomicU64::new(0),
+            announced: AtomicU64::new(0),
+            delivered: Padded(AtomicU64::new(0)),
+            copying: AtomicU32::new(0),
+            entries: std::array::from_fn(|_| Entry {
+                remote_key: AtomicU32::new(0),
+                len: AtomicU32::new(0),
+                addr: AtomicU64::new(0),
+                filled: AtomicU32::new(0),
+                byte_len: AtomicU32::new(0),
+            }),
+        }
+    }
+
+    fn entry(&self, count: u64) -> &Entry {
+        &self.entries[(count % N as u64) as usize]
+    }
+
+    /// The receiver's post of its `count`-th receive (counting from 0): writes the
+    /// entry, then publishes it. The caller has fewer than `N` receives posted and not
+    /// reaped.
+    pub fn post(&self, count: u64, buffer: PostedBuffer) {
+        let entry = self.entry(count);
+        entry.remote_key.store(buffer.remote_key, Ordering::Relaxed);
+        entry.addr.store(buffer.addr, Ordering::Relaxed);
+        entry.len.store(buffer.len, Ordering::Relaxed);
+        entry.filled.store(0, Ordering::Relaxed);
+        self.posted.store(count + 1, publication());
+    }
+
+    /// The sender's look at the `count`-th posted receive, if the receiver has posted it.
+    pub fn posted(&self, count: u64) -> Option<PostedBuffer> {
+        if self.posted.load(Ordering::Acquire) <= count {
+            return None;
+        }
+        let entry = self.entry(count);
+        Some(PostedBuffer {
+            remote_key: entry.remote_key.load(Ordering::Relaxed),
+            addr: entry.addr.load(Ordering::Relaxed),
+            len: entry.len.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The sender's report on the `count`-th posted receive: writes the result, lowers
+    /// the copying flag, then publishes the delivery (and so the message copied before).
+    pub fn deliver(&self, count: u64, filled: Filled) {
+        let entry = self.entry(count);
+        let (code, byte_len) = match filled {
+            Filled::Delivered(byte_len) => (FILLED_DELIVERED, byte_len),
+            Filled::TooLong => (FILLED_TOO_LONG, 0),
+            Filled::Unreachable => (FILLED_UNREACHABLE, 0),
+        };
+        entry.byte_len.store(byte_len, Ordering::Relaxed);
+        entry.filled.store(code, Ordering::Relaxed);
+        self.copying.store(0, Ordering::SeqCst);
+        self.delivered.0.store(count + 1, publication());
+    }
+
+    /// The receiver's look at the result of its `count`-th receive, once delivered.
+    /// `Err` carries a result code this layout does not know: the peer broke the
+    /// protocol.
+    pub fn delivered(&self, count: u64) -> Option<Result<Filled, u32>> {
+        if self.delivered.0.load(Ordering::Acquire) <= count {
+            return None;
+        }
+        let entry = self.entry(count);
+        Some(match entry.filled.load(Ordering::Relaxed) {
+            FILLED_DELIVERED => Ok(Filled::Delivered(entry.byte_len.load(Ordering::Relaxed))),
+            FILLED_TOO_LONG => Ok(Filled::TooLong),
+            FILLED_UNREACHABLE => Ok(Filled::Unreachable),
+            unknown => Err(unknown),
+        })
+    }
+
+    /// The receiver's record that it sent one more region announcement.
+    pub(crate) fn announce(&self) {
+        self.announced.fetch_add(1, Ordering::Release);
+    }
+
+    /// Region announcements the receiver has sent, ever.
+    pub(crate) fn announced(&self) -> u64 {
+        self.announced.load(Ordering::Acquire)
+    }
+}
+
+/// The ordering of the stores that publish an entry or a delivery.
+fn publication() -> Ordering {
+    #[cfg(loom)]
+    if tierbuf_pool::sync::planted::is_planted(tierbuf_pool::sync::planted::Bug::ShmPublishRelaxed)
+    {
+        return Ordering::Relaxed;
+    }
+    Ordering::Release
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const BUFFER: PostedBuffer = PostedBuffer {
+        remote_key: 7,
+        addr: 0x1000,
+        len: 64,
+    };
+
+    #[test]
+    fn zeroed_memory_is_an_open_empty_segment() {
+        let layout = std::alloc::Layout::new::<SharedSegment>();
+        // SAFETY: a zeroed allocation of the segment's layout, freed below; every field is
+        // an atomic integer, for which all zeroes is a valid value.
+        unsafe {
+            let raw = std::alloc::alloc_zeroed(layout).cast::<SharedSegment>();
+            assert!(!raw.is_null());
+            let segment = &*raw;
+            assert!(!segment.is_stamped());
+            segment.stamp();
+            assert!(segment.is_stamped());
+            assert_eq!(segment.state(), SegmentState::Open);
+            assert_eq!(segment.direction(0).posted(0), None);
+            assert_eq!(segment.direction(1).delivered(0), None);
+            std::alloc::dealloc(raw.cast(), layout);
+        }
+    }
+
+    #[test]
+    fn a_post_is_seen_once_published_and_its_result_once_delivered() {
+        let segment = Segment::<4>::new_boxed();
+        let direction = segment.direction(0);
+        for count in 0..10 {
+            assert_eq!(direction.posted(count), None);
+            direction.post(
+                count,
+                PostedBuffer {
+                    len: count as u32,
+                    ..BUFFER
+                },
+            );
+            assert_eq!(direction.posted(count).map(|b| b.len), Some(count as u32));
+            assert_eq!(direction.delivered(count), None);
+            assert!(segment.begin_copy(0));
+            direction.deliver(count, Filled::Delivered(count as u32));
+            assert_eq!(
+                direction.delivered(count),
+                Some(Ok(Filled::Delivered(count as u32)))
+            );
+        }
+        direction.post(10, BUFFER);
+        direction.deliver(10, Filled::TooLong);
+        assert_eq!(direction.delivered(10), Some(Ok(Filled::TooLong)));
+    }
+
+    #[test]
+    fn closing_stops_copies_and_keeps_the_first_reason() {
+        let segment = Segment::<4>::new_boxed();
+        segment.close(1);
+        segment.break_connection();
+        segment.close(0);
+        assert_eq!(segment.state(), SegmentState::ClosedBy(1));
+        assert!(!segment.begin_copy(0));
+        let mut asked = 0;
+        segment.wait_for_copy(1, || {
+            asked += 1;
+            true
+        });
+        assert_eq!(asked, 0, "nobody is copying, so the closer does not wait");
+    }
+
+    #[test]
+    fn an_unknown_result_code_is_reported_as_such() {
+        let segment = Segment::<4>::new_boxed();
+        let direction = segment.direction(1);
+        direction.post(0, BUFFER);
+        direction.entry(0).filled.store(99, Ordering::Relaxed);
+        direction.delivered.0.store(1, Ordering::Release);
+        assert_eq!(direction.delivered(0), Some(Err(99)));
+    }
+}

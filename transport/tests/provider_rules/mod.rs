@@ -1,0 +1,724 @@
+//! The verbs rules every provider keeps (see `Endpoint`), written once and checked on
+//! each provider: a test file instantiates them with [`provider_rules!`].
+//!
+//! Every test leaves a posted buffer alone (no reads, no writes) until its completion has
+//! been polled or its endpoint closed; the helpers below rely on that for their `unsafe`.
+//! A waiting send moves when its sender calls in (posts or polls), as a provider without
+//! a progress engine of its own allows, so the tests poll the sender before the receiver.
+
+use std::collections::HashMap;
+
+use tierbuf_pool::{HostRegistrar, MemoryBudget, OwnedSlot, SlotPool};
+use tierbuf_transport::{
+    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Outstanding,
+    PostError, Provider, QueueKind,
+};
+
+const SUCCESS: CompletionStatus = CompletionStatus::Success;
+
+/// A provider whose endpoints come in connected pairs, for these rules.
+pub(crate) trait TestProvider: Provider<Endpoint: 'static> {
+    /// A provider charging `budget`.
+    fn with_budget(budget: MemoryBudget) -> Self;
+    /// Two connected endpoints of the given depths.
+    fn connect_pair(&self, send_depth: u32, recv_depth: u32) -> (Self::Endpoint, Self::Endpoint);
+}
+
+fn provider<P: TestProvider>() -> P {
+    P::with_budget(MemoryBudget::with_cap(64 << 20))
+}
+
+fn pool<P: TestProvider>(provider: &P, slot_size: usize, slots: usize) -> SlotPool {
+    SlotPool::new(&*provider.registrar(), slot_size, slots).unwrap()
+}
+
+/// A pool of `slots` slots of `slot_size` bytes and a pair of endpoints of the given
+/// depths, all from one provider.
+fn fixture<P: TestProvider>(
+    slot_size: usize,
+    slots: usize,
+    send_depth: u32,
+    recv_depth: u32,
+) -> (SlotPool, P::Endpoint, P::Endpoint) {
+    let provider = provider::<P>();
+    let pool = pool(&provider, slot_size, slots);
+    let (a, b) = provider.connect_pair(send_depth, recv_depth);
+    (pool, a, b)
+}
+
+fn send<E: Endpoint>(endpoint: &mut E, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
+    // SAFETY: the tests in this file leave posted buffers alone until their completions
+    // are polled or the endpoint is closed (see the file's header).
+    unsafe { endpoint.post_send(gather, wr_id) }
+}
+
+fn recv<E: Endpoint>(endpoint: &mut E, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
+    // SAFETY: as for `send`.
+    unsafe { endpoint.post_recv(buffer, wr_id) }
+}
+
+/// Every completion available now.
+fn poll_all<E: Endpoint>(endpoint: &mut E) -> Vec<Completion> {
+    let mut all = Vec::new();
+    let mut batch = [Completion::default(); 3];
+    loop {
+        let n = endpoint.poll(&mut batch).unwrap();
+        all.extend_from_slice(&batch[..n]);
+        if n == 0 {
+            return all;
+        }
+    }
+}
+
+fn completion(wr_id: u64, byte_len: u32, status: CompletionStatus, opcode: Opcode) -> Completion {
+    Completion {
+        wr_id,
+        byte_len,
+        status,
+        opcode,
+    }
+}
+
+/// The byte at `offset` of message `index`: differs between neighbouring messages and
+/// neighbouring offsets.
+fn pattern(index: u64, offset: usize) -> u8 {
+    (index as usize).wrapping_mul(31).wrapping_add(offset * 7) as u8
+}
+
+fn fill_message(slot: &mut OwnedSlot, index: u64, len: usize) {
+    for (offset, byte) in slot[..len].iter_mut().enumerate() {
+        *byte = pattern(index, offset);
+    }
+}
+
+fn is_message(bytes: &[u8], index: u64) -> bool {
+    bytes
+        .iter()
+        .enumerate()
+        .all(|(offset, &byte)| byte == pattern(index, offset))
+}
+
+pub(crate) fn messages_arrive_byte_for_byte_in_order<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 16, 4, 4);
+    for round in 0..50u64 {
+        let mut inboxes = Vec::new();
+        let mut messages = Vec::new();
+        for i in 0..4 {
+            let inbox = pool.try_acquire_owned().unwrap();
+            recv(&mut b, BufferRef::from(&inbox), round * 4 + i).unwrap();
+            inboxes.push(inbox);
+        }
+        for i in 0..4 {
+            let index = round * 4 + i;
+            let len = (index as usize * 37) % 256 + 1;
+            let mut message = pool.try_acquire_owned().unwrap();
+            fill_message(&mut message, index, len);
+            let buffer = BufferRef::from(&message).prefix(len as u32).unwrap();
+            send(&mut a, &[buffer], index).unwrap();
+            messages.push((message, len));
+        }
+        let sent = poll_all(&mut a);
+        let expected: Vec<_> = (0..4)
+            .map(|i| completion(round * 4 + i, 0, SUCCESS, Opcode::Send))
+            .collect();
+        assert_eq!(sent, expected);
+        let received = poll_all(&mut b);
+        assert_eq!(received.len(), 4);
+        for (i, done) in received.iter().enumerate() {
+            let index = round * 4 + i as u64;
+            let len = messages[i].1;
+            assert_eq!(*done, completion(index, len as u32, SUCCESS, Opcode::Recv));
+            assert!(is_message(&inboxes[i][..len], index), "message {index}");
+        }
+    }
+    assert_eq!(a.outstanding(), Outstanding::default());
+    assert_eq!(b.outstanding(), Outstanding::default());
+}
+
+pub(crate) fn gather_lists_are_concatenated_and_limited<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(64, 8, 4, 4);
+    let mut parts: Vec<OwnedSlot> = (0..3).map(|_| pool.try_acquire_owned().unwrap()).collect();
+    for (i, part) in parts.iter_mut().enumerate() {
+        part.fill(b'a' + i as u8);
+    }
+    let inbox = pool.try_acquire_owned().unwrap();
+    recv(&mut b, BufferRef::from(&inbox), 1).unwrap();
+    let gather = [
+        BufferRef::from(&parts[0]).prefix(3).unwrap(),
+        BufferRef::from(&parts[1]).prefix(0).unwrap(),
+        BufferRef::from(&parts[2]).prefix(5).unwrap(),
+    ];
+    send(&mut a, &gather, 2).unwrap();
+    assert_eq!(poll_all(&mut b), [completion(1, 8, SUCCESS, Opcode::Recv)]);
+    assert_eq!(&inbox[..8], b"aaaccccc");
+
+    let too_many = [BufferRef::from(&parts[0]); 5];
+    assert_eq!(
+        send(&mut a, &too_many, 3),
+        Err(PostError::TooManyBuffers { given: 5, max: 4 })
+    );
+    let huge = BufferRef {
+        len: u32::MAX,
+        ..BufferRef::from(&parts[0])
+    };
+    assert_eq!(
+        send(&mut a, &[huge, huge], 3),
+        Err(PostError::MessageTooLong {
+            len: 2 * u64::from(u32::MAX),
+            max: u32::MAX
+        })
+    );
+    // An empty gather list sends an empty message.
+    recv(&mut b, BufferRef::from(&inbox), 4).unwrap();
+    send(&mut a, &[], 5).unwrap();
+    assert_eq!(poll_all(&mut b), [completion(4, 0, SUCCESS, Opcode::Recv)]);
+    assert_eq!(
+        poll_all(&mut a),
+        [
+            completion(2, 0, SUCCESS, Opcode::Send),
+            completion(5, 0, SUCCESS, Opcode::Send)
+        ]
+    );
+}
+
+pub(crate) fn a_message_of_exactly_the_receive_length_is_delivered<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 4, 2, 2);
+    let mut inbox = pool.try_acquire_owned().unwrap();
+    inbox.fill(0xEE);
+    let mut message = pool.try_acquire_owned().unwrap();
+    fill_message(&mut message, 9, 100);
+    recv(&mut b, BufferRef::from(&inbox).prefix(100).unwrap(), 1).unwrap();
+    send(&mut a, &[BufferRef::from(&message).prefix(100).unwrap()], 2).unwrap();
+    assert_eq!(
+        poll_all(&mut b),
+        [completion(1, 100, SUCCESS, Opcode::Recv)]
+    );
+    assert_eq!(poll_all(&mut a), [completion(2, 0, SUCCESS, Opcode::Send)]);
+    assert!(is_message(&inbox[..100], 9));
+    assert!(
+        inbox[100..].iter().all(|&guard| guard == 0xEE),
+        "guard bytes"
+    );
+    assert_eq!(a.state(), EndpointState::Open);
+}
+
+pub(crate) fn a_message_one_byte_longer_than_the_receive_is_a_length_error<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 4, 2, 2);
+    let mut inbox = pool.try_acquire_owned().unwrap();
+    inbox.fill(0xEE);
+    let spare = pool.try_acquire_owned().unwrap();
+    let mut message = pool.try_acquire_owned().unwrap();
+    fill_message(&mut message, 3, 101);
+    recv(&mut b, BufferRef::from(&inbox).prefix(100).unwrap(), 1).unwrap();
+    recv(&mut b, BufferRef::from(&spare), 2).unwrap();
+    send(&mut a, &[BufferRef::from(&message).prefix(101).unwrap()], 3).unwrap();
+    // The too-short receive fails, the error breaks the connection, the next receive is
+    // flushed; not a byte of the receive buffer (nor the guard after it) was written.
+    assert_eq!(
+        poll_all(&mut b),
+        [
+            completion(1, 0, CompletionStatus::LocalLengthError, Opcode::Recv),
+            completion(2, 0, CompletionStatus::Flushed, Opcode::Recv),
+        ]
+    );
+    assert_eq!(
+        poll_all(&mut a),
+        [completion(
+            3,
+            0,
+            CompletionStatus::RemoteInvalidRequest,
+            Opcode::Send
+        )]
+    );
+    assert!(inbox.iter().all(|&byte| byte == 0xEE));
+    assert_eq!(
+        (a.state(), b.state()),
+        (EndpointState::Broken, EndpointState::Broken)
+    );
+    assert_eq!(
+        send(&mut a, &[BufferRef::from(&message)], 4),
+        Err(PostError::ConnectionBroken)
+    );
+}
+
+pub(crate) fn a_send_without_a_posted_receive_waits_for_one<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(128, 4, 2, 2);
+    let mut message = pool.try_acquire_owned().unwrap();
+    fill_message(&mut message, 5, 128);
+    send(&mut a, &[BufferRef::from(&message)], 7).unwrap();
+    for _ in 0..100 {
+        assert!(poll_all(&mut a).is_empty());
+        assert!(poll_all(&mut b).is_empty());
+    }
+    assert_eq!(a.outstanding(), Outstanding { sends: 1, recvs: 0 });
+    let inbox = pool.try_acquire_owned().unwrap();
+    recv(&mut b, BufferRef::from(&inbox), 8).unwrap();
+    // The sender sees its completion without the receiver polling first.
+    assert_eq!(poll_all(&mut a), [completion(7, 0, SUCCESS, Opcode::Send)]);
+    assert_eq!(
+        poll_all(&mut b),
+        [completion(8, 128, SUCCESS, Opcode::Recv)]
+    );
+    assert!(is_message(&inbox, 5));
+}
+
+pub(crate) fn unknown_keys_and_out_of_bounds_buffers_are_refused<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 4, 2, 2);
+    let slot = pool.try_acquire_owned().unwrap();
+    let whole_region = BufferRef {
+        remote_key: pool.keys().remote_key,
+        addr: pool.keys().remote_addr,
+        len: 1024,
+    };
+    let unknown = BufferRef {
+        remote_key: 0xDEAD_BEEF,
+        ..whole_region
+    };
+    assert_eq!(
+        recv(&mut b, unknown, 1),
+        Err(PostError::UnknownKey {
+            remote_key: 0xDEAD_BEEF
+        })
+    );
+    assert_eq!(
+        send(&mut a, &[unknown], 1),
+        Err(PostError::UnknownKey {
+            remote_key: 0xDEAD_BEEF
+        })
+    );
+
+    // Memory registered with another registrar is refused: its key is unknown here, or
+    // (keys are per registrar, as per protection domain) names another region, whose
+    // bounds the foreign address is not within.
+    let foreign = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
+    let foreign_pool = SlotPool::new(&foreign, 256, 1).unwrap();
+    let foreign_slot = foreign_pool.try_acquire_owned().unwrap();
+    assert!(matches!(
+        send(&mut a, &[BufferRef::from(&foreign_slot)], 2),
+        Err(PostError::UnknownKey { .. } | PostError::OutOfBounds { .. })
+    ));
+
+    let out_of_bounds = [
+        BufferRef {
+            len: 1025,
+            ..whole_region
+        },
+        BufferRef {
+            addr: whole_region.addr - 1,
+            len: 1,
+            ..whole_region
+        },
+        BufferRef {
+            addr: whole_region.addr + 1024,
+            len: 1,
+            ..whole_region
+        },
+        BufferRef {
+            addr: u64::MAX,
+            len: u32::MAX,
+            ..whole_region
+        },
+    ];
+    for buffer in out_of_bounds {
+        assert!(
+            matches!(recv(&mut b, buffer, 3), Err(PostError::OutOfBounds { remote_key, region_len: 1024, .. }) if remote_key == buffer.remote_key),
+            "{buffer:?}"
+        );
+        assert!(
+            matches!(
+                send(
+                    &mut a,
+                    &[BufferRef::from(&slot).prefix(0).unwrap(), buffer],
+                    3
+                ),
+                Err(PostError::OutOfBounds { .. })
+            ),
+            "{buffer:?}"
+        );
+    }
+    // Nothing refused was queued; the whole region and the empty end are fine.
+    assert_eq!(a.outstanding(), Outstanding::default());
+    assert_eq!(b.outstanding(), Outstanding::default());
+    let end = BufferRef {
+        addr: whole_region.addr + 1024,
+        len: 0,
+        ..whole_region
+    };
+    send(&mut a, &[end], 4).unwrap();
+    drop(slot);
+    recv(&mut b, whole_region, 5).unwrap();
+    assert_eq!(poll_all(&mut a), [completion(4, 0, SUCCESS, Opcode::Send)]);
+    assert_eq!(poll_all(&mut b), [completion(5, 0, SUCCESS, Opcode::Recv)]);
+
+    // A deregistered region's key is unknown.
+    let key = pool.keys().remote_key;
+    drop(pool);
+    assert_eq!(
+        recv(&mut b, whole_region, 6),
+        Err(PostError::UnknownKey { remote_key: key })
+    );
+}
+
+pub(crate) fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early<
+    P: TestProvider,
+>() {
+    let provider = provider::<P>();
+    let registrar = provider.registrar();
+    let pool = pool(&provider, 4096, 1);
+    let (mut a, mut b) = provider.connect_pair(2, 2);
+    let region = registrar.register(4096, 4096).unwrap();
+    let keys = region.keys();
+    let message = BufferRef {
+        remote_key: keys.remote_key,
+        addr: keys.remote_addr,
+        len: 64,
+    };
+    send(&mut a, &[message], 1).unwrap();
+    drop(region);
+    // The queued send keeps the memory (and its budget) until it completes.
+    assert_eq!(registrar.budget().in_use(), 2 * 4096);
+    let inbox = pool.try_acquire_owned().unwrap();
+    recv(&mut b, BufferRef::from(&inbox), 2).unwrap();
+    assert_eq!(
+        poll_all(&mut a),
+        [completion(
+            1,
+            0,
+            CompletionStatus::LocalProtectionError,
+            Opcode::Send
+        )]
+    );
+    assert_eq!(
+        poll_all(&mut b),
+        [completion(2, 0, CompletionStatus::Flushed, Opcode::Recv)]
+    );
+    assert_eq!(registrar.budget().in_use(), 4096);
+    assert_eq!(a.state(), EndpointState::Broken);
+}
+
+pub(crate) fn receives_are_consumed_in_posting_order<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 16, 8, 8);
+    // Only in-order pairing fits every message into its receive: any other order puts a
+    // message into a shorter buffer (a length error) or shows in the contents.
+    let sizes = [32u32, 200, 8, 100, 1, 256];
+    let mut inboxes = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let inbox = pool.try_acquire_owned().unwrap();
+        recv(
+            &mut b,
+            BufferRef::from(&inbox).prefix(size).unwrap(),
+            i as u64,
+        )
+        .unwrap();
+        inboxes.push(inbox);
+    }
+    let mut messages = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let mut message = pool.try_acquire_owned().unwrap();
+        fill_message(&mut message, 100 + i as u64, size as usize);
+        send(
+            &mut a,
+            &[BufferRef::from(&message).prefix(size).unwrap()],
+            50 + i as u64,
+        )
+        .unwrap();
+        messages.push(message);
+    }
+    let received = poll_all(&mut b);
+    let expected: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| completion(i as u64, size, SUCCESS, Opcode::Recv))
+        .collect();
+    assert_eq!(received, expected);
+    for (i, &size) in sizes.iter().enumerate() {
+        assert!(is_message(&inboxes[i][..size as usize], 100 + i as u64));
+    }
+}
+
+pub(crate) fn posting_past_a_queue_depth_is_refused_until_completions_are_polled<
+    P: TestProvider,
+>() {
+    let (pool, mut a, mut b) = fixture::<P>(64, 16, 2, 3);
+    let slots: Vec<OwnedSlot> = (0..8).map(|_| pool.try_acquire_owned().unwrap()).collect();
+    let buffer = |i: usize| BufferRef::from(&slots[i]);
+    send(&mut a, &[buffer(0)], 0).unwrap();
+    send(&mut a, &[buffer(1)], 1).unwrap();
+    let full = |queue, depth| Err(PostError::QueueFull { queue, depth });
+    assert_eq!(send(&mut a, &[buffer(2)], 2), full(QueueKind::Send, 2));
+
+    recv(&mut b, buffer(3), 3).unwrap();
+    recv(&mut b, buffer(4), 4).unwrap();
+    recv(&mut b, buffer(5), 5).unwrap();
+    // Two receives completed, but stay outstanding until polled.
+    assert_eq!(recv(&mut b, buffer(6), 6), full(QueueKind::Recv, 3));
+    assert_eq!(send(&mut a, &[buffer(2)], 2), full(QueueKind::Send, 2));
+
+    assert_eq!(poll_all(&mut a).len(), 2);
+    assert_eq!(poll_all(&mut b).len(), 2);
+    recv(&mut b, buffer(6), 6).unwrap();
+    send(&mut a, &[buffer(2)], 2).unwrap();
+    assert_eq!(poll_all(&mut a), [completion(2, 0, SUCCESS, Opcode::Send)]);
+    assert_eq!(poll_all(&mut b), [completion(5, 64, SUCCESS, Opcode::Recv)]);
+    assert_eq!(b.outstanding(), Outstanding { sends: 0, recvs: 1 });
+}
+
+pub(crate) fn closing_flushes_the_outstanding_requests_of_both_sides<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(64, 8, 4, 4);
+    let slots: Vec<OwnedSlot> = (0..4).map(|_| pool.try_acquire_owned().unwrap()).collect();
+    recv(&mut a, BufferRef::from(&slots[0]), 1).unwrap();
+    recv(&mut a, BufferRef::from(&slots[1]), 2).unwrap();
+    recv(&mut b, BufferRef::from(&slots[2]), 3).unwrap();
+    a.close();
+    a.close();
+    let flushed = |wr_id| completion(wr_id, 0, CompletionStatus::Flushed, Opcode::Recv);
+    assert_eq!(poll_all(&mut a), [flushed(1), flushed(2)]);
+    assert_eq!(poll_all(&mut b), [flushed(3)]);
+    assert_eq!(
+        (a.state(), b.state()),
+        (EndpointState::Closed, EndpointState::PeerClosed)
+    );
+    assert_eq!(
+        recv(&mut a, BufferRef::from(&slots[0]), 4),
+        Err(PostError::Closed)
+    );
+    assert_eq!(
+        send(&mut b, &[BufferRef::from(&slots[3])], 5),
+        Err(PostError::PeerClosed)
+    );
+    assert_eq!(a.outstanding(), Outstanding::default());
+    assert_eq!(b.outstanding(), Outstanding::default());
+}
+
+pub(crate) fn dropping_an_endpoint_flushes_the_waiting_sends_of_its_peer<P: TestProvider>() {
+    let provider = provider::<P>();
+    let budget = provider.registrar().budget().clone();
+    let pool = pool(&provider, 64, 4);
+    let (mut a, b) = provider.connect_pair(4, 4);
+    let message = pool.try_acquire_owned().unwrap();
+    send(&mut a, &[BufferRef::from(&message)], 1).unwrap();
+    send(&mut a, &[BufferRef::from(&message)], 2).unwrap();
+    drop(b);
+    let flushed = |wr_id| completion(wr_id, 0, CompletionStatus::Flushed, Opcode::Send);
+    assert_eq!(poll_all(&mut a), [flushed(1), flushed(2)]);
+    assert_eq!(a.state(), EndpointState::PeerClosed);
+    drop((a, message, pool));
+    assert_eq!(budget.in_use(), 0, "every registered byte returned");
+}
+
+pub(crate) fn a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages<
+    P: TestProvider,
+>() {
+    const MESSAGES: u64 = 20_000;
+    const DEPTH: u32 = 16;
+    let provider = provider::<P>();
+    let send_pool = pool(&provider, 256, DEPTH as usize);
+    let recv_pool = pool(&provider, 256, DEPTH as usize);
+    let (mut a, mut b) = provider.connect_pair(DEPTH, DEPTH);
+    let length = |index: u64| (index * 13 % 256 + 1) as usize;
+
+    let sender = std::thread::spawn(move || {
+        let mut in_flight: HashMap<u64, OwnedSlot> = HashMap::new();
+        let mut next = 0;
+        let mut completed = 0;
+        let mut batch = [Completion::default(); 8];
+        while completed < MESSAGES {
+            while next < MESSAGES && a.outstanding().sends < DEPTH {
+                let mut slot = send_pool.try_acquire_owned().unwrap();
+                fill_message(&mut slot, next, length(next));
+                let buffer = BufferRef::from(&slot).prefix(length(next) as u32).unwrap();
+                send(&mut a, &[buffer], next).unwrap();
+                in_flight.insert(next, slot);
+                next += 1;
+            }
+            let n = a.poll(&mut batch).unwrap();
+            for done in &batch[..n] {
+                assert_eq!(*done, completion(completed, 0, SUCCESS, Opcode::Send));
+                in_flight.remove(&done.wr_id).unwrap();
+                completed += 1;
+            }
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        a
+    });
+
+    let mut posted: HashMap<u64, OwnedSlot> = HashMap::new();
+    let mut next_recv = 0;
+    let mut received = 0;
+    let mut batch = [Completion::default(); 8];
+    while received < MESSAGES {
+        while next_recv < MESSAGES && b.outstanding().recvs < DEPTH {
+            let slot = recv_pool.try_acquire_owned().unwrap();
+            recv(&mut b, BufferRef::from(&slot), next_recv).unwrap();
+            posted.insert(next_recv, slot);
+            next_recv += 1;
+        }
+        let n = b.poll(&mut batch).unwrap();
+        for done in &batch[..n] {
+            let len = length(received);
+            assert_eq!(
+                *done,
+                completion(received, len as u32, SUCCESS, Opcode::Recv)
+            );
+            let slot = posted.remove(&done.wr_id).unwrap();
+            assert!(is_message(&slot[..len], received), "message {received}");
+            received += 1;
+        }
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+    let a = sender.join().unwrap();
+    assert_eq!(a.outstanding(), Outstanding::default());
+    assert_eq!(b.outstanding(), Outstanding::default());
+}
+
+/// Polls until nothing is outstanding, failing rather than hanging if a request is lost.
+fn poll_until_idle<E: Endpoint>(endpoint: &mut E) -> Vec<Completion> {
+    let mut all = Vec::new();
+    for _ in 0..1_000_000 {
+        if endpoint.outstanding() == Outstanding::default() {
+            return all;
+        }
+        all.extend(poll_all(endpoint));
+        std::thread::yield_now();
+    }
+    panic!(
+        "requests never completed: {:?} outstanding",
+        endpoint.outstanding()
+    );
+}
+
+pub(crate) fn closing_during_traffic_completes_every_request_exactly_once<P: TestProvider>() {
+    for round in 0..8u64 {
+        let provider = provider::<P>();
+        let send_pool = pool(&provider, 64, 8);
+        let recv_pool = pool(&provider, 64, 8);
+        let (mut a, mut b) = provider.connect_pair(8, 8);
+        let sender = std::thread::spawn(move || {
+            let mut held: HashMap<u64, OwnedSlot> = HashMap::new();
+            let mut completions = Vec::new();
+            let mut next = 0;
+            loop {
+                if a.outstanding().sends < 8 {
+                    let slot = send_pool.try_acquire_owned().unwrap();
+                    match send(&mut a, &[BufferRef::from(&slot)], next) {
+                        Ok(()) => {
+                            held.insert(next, slot);
+                            next += 1;
+                        }
+                        Err(PostError::PeerClosed) => break,
+                        Err(other) => panic!("unexpected {other}"),
+                    }
+                }
+                for done in poll_all(&mut a) {
+                    held.remove(&done.wr_id).unwrap();
+                    completions.push(done);
+                }
+            }
+            for done in poll_until_idle(&mut a) {
+                held.remove(&done.wr_id).unwrap();
+                completions.push(done);
+            }
+            assert!(held.is_empty());
+            (next, completions)
+        });
+        let mut held: HashMap<u64, OwnedSlot> = HashMap::new();
+        let mut received = 0;
+        let mut next = 0;
+        while received < 200 + round * 50 {
+            if b.outstanding().recvs < 8 {
+                let slot = recv_pool.try_acquire_owned().unwrap();
+                recv(&mut b, BufferRef::from(&slot), next).unwrap();
+                held.insert(next, slot);
+                next += 1;
+            }
+            for done in poll_all(&mut b) {
+                assert_eq!(done.status, SUCCESS);
+                held.remove(&done.wr_id).unwrap();
+                received += 1;
+            }
+        }
+        b.close();
+        for done in poll_until_idle(&mut b) {
+            assert!(matches!(done.status, SUCCESS | CompletionStatus::Flushed));
+            held.remove(&done.wr_id).unwrap();
+        }
+        assert!(held.is_empty());
+        let (posted, completions) = sender.join().unwrap();
+        // Every posted send completed once, in posting order, successes before flushes.
+        let ids: Vec<u64> = completions.iter().map(|done| done.wr_id).collect();
+        assert_eq!(ids, (0..posted).collect::<Vec<_>>());
+        let successes = completions
+            .iter()
+            .take_while(|d| d.status == SUCCESS)
+            .count();
+        assert!(
+            completions[successes..]
+                .iter()
+                .all(|done| done.status == CompletionStatus::Flushed)
+        );
+        assert!(successes as u64 >= received);
+    }
+}
+
+/// Instantiates every rule above as a `#[test]` for the provider type given.
+#[macro_export]
+macro_rules! provider_rules {
+    ($provider:ty) => {
+        #[test]
+        fn messages_arrive_byte_for_byte_in_order() {
+            provider_rules::messages_arrive_byte_for_byte_in_order::<$provider>();
+        }
+        #[test]
+        fn gather_lists_are_concatenated_and_limited() {
+            provider_rules::gather_lists_are_concatenated_and_limited::<$provider>();
+        }
+        #[test]
+        fn a_message_of_exactly_the_receive_length_is_delivered() {
+            provider_rules::a_message_of_exactly_the_receive_length_is_delivered::<$provider>();
+        }
+        #[test]
+        fn a_message_one_byte_longer_than_the_receive_is_a_length_error() {
+            provider_rules::a_message_one_byte_longer_than_the_receive_is_a_length_error::<$provider>();
+        }
+        #[test]
+        fn a_send_without_a_posted_receive_waits_for_one() {
+            provider_rules::a_send_without_a_posted_receive_waits_for_one::<$provider>();
+        }
+        #[test]
+        fn unknown_keys_and_out_of_bounds_buffers_are_refused() {
+            provider_rules::unknown_keys_and_out_of_bounds_buffers_are_refused::<$provider>();
+        }
+        #[test]
+        fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early() {
+            provider_rules::a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early::<$provider>();
+        }
+        #[test]
+        fn receives_are_consumed_in_posting_order() {
+            provider_rules::receives_are_consumed_in_posting_order::<$provider>();
+        }
+        #[test]
+        fn posting_past_a_queue_depth_is_refused_until_completions_are_polled() {
+            provider_rules::posting_past_a_queue_depth_is_refused_until_completions_are_polled::<$provider>();
+        }
+        #[test]
+        fn closing_flushes_the_outstanding_requests_of_both_sides() {
+            provider_rules::closing_flushes_the_outstanding_requests_of_both_sides::<$provider>();
+        }
+        #[test]
+        fn dropping_an_endpoint_flushes_the_waiting_sends_of_its_peer() {
+            provider_rules::dropping_an_endpoint_flushes_the_waiting_sends_of_its_peer::<$provider>();
+        }
+        #[test]
+        fn a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages() {
+            provider_rules::a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages::<$provider>();
+        }
+        #[test]
+        fn closing_during_traffic_completes_every_request_exactly_once() {
+            provider_rules::closing_during_traffic_completes_every_request_exactly_once::<$provider>();
+        }
+    };
+}
