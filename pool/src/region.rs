@@ -175,7 +175,7 @@ impl HostRegistrar {
     /// [`Registrar::register`] is.
     ///
     /// ```
-    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, Region};
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, Region, Registrar};
     /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
     /// let region = registrar.register_shared(5000, 4096)?;
     /// assert_eq!((region.len(), region.file_len()), (5000, 8192));
