@@ -1,0 +1,337 @@
+//! The shared-memory provider across two real processes: this test binary starts itself
+//! again as the peer (chosen by `TIERBUF_SHM_ROLE`), so each test is one parent process
+//! and one child process connected through a Unix-domain socket and shared memory.
+//!
+//! - random sizes from empty to four times the top tier, across promotions, demotions
+//!   and segmentation, echoed back: every message arrives once, in order, byte for byte;
+//! - a peer whose budget refuses promotion (a nack): messages still arrive, segmented;
+//! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
+//! - a message longer than the posted receive: an error on both sides, nothing written.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use tierbuf_pool::{MemoryBudget, SlotPool};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::{
+    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Provider,
+    ShmEndpoint, ShmProvider,
+};
+
+const ROLE: &str = "TIERBUF_SHM_ROLE";
+const SOCKET: &str = "TIERBUF_SHM_SOCKET";
+const MESSAGES: usize = 300;
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        let socket = PathBuf::from(std::env::var(SOCKET).expect("the socket path"));
+        run_peer(&role, &socket);
+        return;
+    }
+    let trials = vec![
+        Trial::test(
+            "random_sizes_across_promotions_and_demotions_arrive_once_in_order",
+            random_sizes_arrive_once_in_order,
+        ),
+        Trial::test(
+            "a_peer_that_refuses_promotion_still_gets_every_message",
+            a_peer_that_refuses_promotion_still_gets_every_message,
+        ),
+        Trial::test(
+            "a_peer_that_dies_mid_promotion_is_reported",
+            a_peer_that_dies_mid_promotion_is_reported,
+        ),
+        Trial::test(
+            "a_message_longer_than_the_posted_receive_is_a_length_error",
+            a_message_longer_than_the_posted_receive_is_a_length_error,
+        ),
+    ];
+    libtest_mimic::run(&Arguments::from_args(), trials).exit();
+}
+
+/// The peer's side of each test.
+fn run_peer(role: &str, socket: &Path) {
+    match role {
+        "echo" => echo(socket, 64 << 20),
+        "echo-small-budget" => echo(socket, SMALL_BUDGET),
+        "die-mid-promotion" => die_mid_promotion(socket),
+        "short-receive" => short_receive(socket),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// Room for tier 0 (receive and send slots) and nothing larger.
+const SMALL_BUDGET: u64 = 2 * 256 * 8;
+
+fn ladder() -> Arc<TierLadder> {
+    Arc::new(
+        TierLadder::builder()
+            .tier(256, 8, 240)
+            .tier(4096, 8, 4080)
+            .tier(65536, 4, 65520)
+            .reservoir_regions(1)
+            .demote_after(Duration::from_millis(5))
+            .hysteresis(Duration::from_millis(1))
+            .build()
+            .expect("a valid ladder"),
+    )
+}
+
+fn connection(provider: &ShmProvider, endpoint: ShmEndpoint) -> Connection<ShmEndpoint> {
+    let config = Arc::new(ConnectionConfig::new(ladder()).expect("a config"));
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let core = ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now())
+        .expect("a core");
+    Connection::new(core, endpoint).expect("a connection")
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// Sizes from empty to four times the top tier, biased to small ones, from a fixed seed.
+fn sizes(count: usize) -> Vec<usize> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            match state % 10 {
+                0 => (state >> 8) as usize % (4 * 65536),
+                1..=3 => (state >> 8) as usize % 4096,
+                _ => (state >> 8) as usize % 240,
+            }
+        })
+        .collect()
+}
+
+/// A listener at a fresh path and the peer process started against it.
+struct Session {
+    provider: ShmProvider,
+    listener: tierbuf_transport::ShmListener,
+    child: Child,
+}
+
+impl Session {
+    fn start(role: &str, budget: u64) -> Session {
+        let path =
+            std::env::temp_dir().join(format!("tierbuf-test-{}-{role}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let provider = ShmProvider::new(MemoryBudget::with_cap(budget));
+        let listener = provider.listen(&path).expect("listen");
+        let child = Command::new(std::env::current_exe().expect("this test binary"))
+            .env(ROLE, role)
+            .env(SOCKET, &path)
+            .spawn()
+            .expect("start the peer process");
+        Session {
+            provider,
+            listener,
+            child,
+        }
+    }
+
+    fn accept(&self) -> ShmEndpoint {
+        self.listener.accept(32, 32).expect("accept the peer")
+    }
+
+    /// Waits for the peer and fails unless it exited as `expected` says.
+    fn finish(mut self, succeeded: bool) -> Result<(), Failed> {
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        if status.success() != succeeded {
+            return Err(format!("the peer process exited with {status}").into());
+        }
+        Ok(())
+    }
+}
+
+fn echo(socket: &Path, budget: u64) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(budget));
+    let endpoint = provider.connect(socket, 32, 32).expect("connect");
+    let mut connection = connection(&provider, endpoint);
+    for (index, &len) in sizes(MESSAGES).iter().enumerate() {
+        let message = connection.recv().expect("a message");
+        assert_eq!(message.len(), len, "message {index}");
+        assert!(
+            message[..] == pattern(len, index as u64)[..],
+            "message {index} differs"
+        );
+        let copy = message.to_vec();
+        drop(message);
+        connection.send(&copy).expect("echo");
+    }
+    connection.flush().expect("flush");
+    // The parent says goodbye with an empty message and closes first, so that no echo
+    // is cut off by this side's close.
+    assert_eq!(connection.recv().expect("goodbye").len(), 0);
+    while connection.progress().is_ok() {}
+    assert_eq!(connection.endpoint().state(), EndpointState::PeerClosed);
+}
+
+fn exchange(session: &Session) -> Result<Connection<ShmEndpoint>, Failed> {
+    let mut connection = connection(&session.provider, session.accept());
+    for (index, &len) in sizes(MESSAGES).iter().enumerate() {
+        let message = pattern(len, index as u64);
+        connection.send(&message).map_err(|e| e.to_string())?;
+        let echoed = connection.recv().map_err(|e| e.to_string())?;
+        if echoed[..] != message[..] {
+            return Err(format!("echo {index} of {len} bytes differs").into());
+        }
+        if index % 50 == 49 {
+            // Quiet for longer than `demote_after`, so the connection steps down.
+            let quiet = Instant::now() + Duration::from_millis(20);
+            while Instant::now() < quiet {
+                connection.progress().map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    connection.send(&[]).map_err(|e| e.to_string())?;
+    connection.flush().map_err(|e| e.to_string())?;
+    Ok(connection)
+}
+
+fn random_sizes_arrive_once_in_order() -> Result<(), Failed> {
+    let session = Session::start("echo", 64 << 20);
+    let connection = exchange(&session)?;
+    let stats = connection.stats();
+    if stats.promotions == 0 || stats.demotions == 0 {
+        return Err(format!("expected promotions and demotions: {stats:?}").into());
+    }
+    drop(connection);
+    let budget = session.provider.registrar().budget().clone();
+    session.finish(true)?;
+    if budget.in_use() != 0 {
+        return Err(format!("{} registered bytes left", budget.in_use()).into());
+    }
+    Ok(())
+}
+
+fn a_peer_that_refuses_promotion_still_gets_every_message() -> Result<(), Failed> {
+    let session = Session::start("echo-small-budget", 64 << 20);
+    let connection = exchange(&session)?;
+    let stats = connection.stats();
+    if stats.nacks == 0 {
+        return Err(format!("expected the peer to refuse promotion: {stats:?}").into());
+    }
+    drop(connection);
+    session.finish(true)
+}
+
+fn die_mid_promotion(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+    let endpoint = provider.connect(socket, 32, 32).expect("connect");
+    let mut connection = connection(&provider, endpoint);
+    assert_eq!(&connection.recv().expect("hello")[..], b"hello");
+    // The parent's large message asks this side to provision a larger tier; die as
+    // soon as it has, before the message arrives.
+    loop {
+        connection.progress().expect("progress");
+        if connection.stats().recv_tier > 0 {
+            std::process::abort();
+        }
+    }
+}
+
+fn a_peer_that_dies_mid_promotion_is_reported() -> Result<(), Failed> {
+    let session = Session::start("die-mid-promotion", 64 << 20);
+    let mut connection = connection(&session.provider, session.accept());
+    connection.send(b"hello").map_err(|e| e.to_string())?;
+    let large = pattern(10_000, 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        let step = connection
+            .send(&large)
+            .map_err(|e| chain(&e))
+            .and_then(|()| connection.recv().map(drop).map_err(|e| chain(&*e)));
+        if let Err(error) = step {
+            break error;
+        }
+        if Instant::now() > deadline {
+            return Err("the dead peer was never reported".into());
+        }
+    };
+    if !error.contains("peer process died") {
+        return Err(format!("unclear error: {error}").into());
+    }
+    drop(connection);
+    session.finish(false)
+}
+
+/// An error with every source under it.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text += &format!(": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+fn short_receive(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    let pool = SlotPool::new(&*provider.registrar(), 256, 1).expect("a pool");
+    let mut inbox = pool.try_acquire_owned().expect("a slot");
+    inbox.fill(0xEE);
+    let mut endpoint = provider.connect(socket, 4, 4).expect("connect");
+    let buffer = BufferRef::from(&inbox).prefix(100).expect("100 bytes");
+    // SAFETY: `inbox` is read only after its completion has been polled.
+    unsafe { endpoint.post_recv(buffer, 1) }.expect("post the receive");
+    let completion = poll_one(&mut endpoint);
+    assert_eq!(completion.status, CompletionStatus::LocalLengthError);
+    assert_eq!(endpoint.state(), EndpointState::Broken);
+    assert!(
+        inbox.iter().all(|&byte| byte == 0xEE),
+        "the buffer was written"
+    );
+}
+
+fn poll_one(endpoint: &mut ShmEndpoint) -> Completion {
+    let mut completions = [Completion::default(); 1];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if endpoint.poll(&mut completions).expect("poll") == 1 {
+            return completions[0];
+        }
+        std::thread::yield_now();
+    }
+    panic!("no completion");
+}
+
+fn a_message_longer_than_the_posted_receive_is_a_length_error() -> Result<(), Failed> {
+    let session = Session::start("short-receive", 1 << 20);
+    let pool = SlotPool::new(&*session.provider.registrar(), 256, 1).map_err(|e| e.to_string())?;
+    let message = pool.try_acquire_owned().ok_or("a slot")?;
+    let mut endpoint = session.accept();
+    let buffer = BufferRef::from(&message).prefix(101).ok_or("101 bytes")?;
+    // SAFETY: `message` is left alone until its completion has been polled.
+    unsafe { endpoint.post_send(&[buffer], 7) }.map_err(|e| e.to_string())?;
+    let completion = poll_one(&mut endpoint);
+    let expected = Completion {
+        wr_id: 7,
+        byte_len: 0,
+        status: CompletionStatus::RemoteInvalidRequest,
+        opcode: Opcode::Send,
+    };
+    if completion != expected {
+        return Err(format!("{completion:?}").into());
+    }
+    session.finish(true)
+}
