@@ -54,6 +54,10 @@ pub mod planted {
         /// posted meanwhile, so a post whose claim failed is stranded
         /// (`tierbuf-transport`).
         LoopbackNoRecheckAfterRelease = 6,
+        /// A delivered message's drop lowers its connection's count of lent receive slots
+        /// with a load and a separate store, so a delivery counted meanwhile on the
+        /// connection's thread is lost (`tierbuf-transport`).
+        LentCountLoadThenStore = 7,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

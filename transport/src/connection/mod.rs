@@ -5,6 +5,7 @@ mod credits;
 mod driver;
 mod header;
 mod reassembly;
+mod returns;
 mod sansio;
 
 pub use driver::Connection;
