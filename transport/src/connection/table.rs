@@ -415,7 +415,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
 
     /// Removes connection `id` and closes it: its endpoint is closed and its buffers go
     /// back to their budget (receive slots held by messages when those are dropped).
-    /// Waits for a user that holds the connection locked. Returns whether it was there.
+    /// Waits for a user that holds the connection locked, so a thread must not call it
+    /// while it holds that connection's guard. Returns whether it was there.
     ///
     /// See [`ConnectionTable`] for an example.
     pub fn remove(&self, id: ConnectionId) -> bool {
@@ -430,7 +431,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         }
     }
 
-    /// Removes and closes every connection, as [`ConnectionTable::remove`] does.
+    /// Removes and closes every connection, as [`ConnectionTable::remove`] does (and
+    /// dropping the table does).
     ///
     /// ```
     /// use tierbuf_transport::LoopbackEndpoint;
@@ -528,16 +530,15 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         };
         self.shared.signal.stop.store(true, Ordering::SeqCst);
         handle.thread().unpark();
-        let joined = handle.join();
-        // A thread started later by this table must not see the old stop.
-        self.shared.signal.stop.store(false, Ordering::SeqCst);
-        joined.map_err(|payload| TableError::ProgressThreadPanicked {
-            message: payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a non-string panic".to_string()),
-        })
+        handle
+            .join()
+            .map_err(|payload| TableError::ProgressThreadPanicked {
+                message: payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a non-string panic".to_string()),
+            })
     }
 }
 
