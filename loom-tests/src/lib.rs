@@ -18,6 +18,8 @@
 #![warn(missing_docs)]
 
 #[cfg(loom)]
+pub mod connection_models;
+#[cfg(loom)]
 pub mod harness;
 #[cfg(loom)]
 pub mod pool_models;

@@ -3,6 +3,7 @@
 //! because a planted bug is a process-wide switch.
 #![cfg(loom)]
 
+use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
 use tierbuf_loom_tests::harness::expect_caught;
 use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
 use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
@@ -54,4 +55,10 @@ fn reclaim_without_retire_is_caught() {
 fn loopback_no_recheck_after_release_is_caught() {
     let message = expect_caught(Bug::LoopbackNoRecheckAfterRelease, post_is_never_stranded);
     assert!(message.contains("stranded"), "{message}");
+}
+
+#[test]
+fn lent_count_load_then_store_is_caught() {
+    let message = expect_caught(Bug::LentCountLoadThenStore, returned_slots_across_threads);
+    assert!(message.contains("lost an update"), "{message}");
 }

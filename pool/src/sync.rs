@@ -54,14 +54,18 @@ pub mod planted {
         /// posted meanwhile, so a post whose claim failed is stranded
         /// (`tierbuf-transport`).
         LoopbackNoRecheckAfterRelease = 6,
+        /// A delivered message's drop lowers its connection's count of lent receive slots
+        /// with a load and a separate store, so a delivery counted meanwhile on the
+        /// connection's thread is lost (`tierbuf-transport`).
+        LentCountLoadThenStore = 7,
         /// The shared-memory queues publish a posted receive and a delivery with
         /// `Relaxed` stores instead of `Release`, so the reader may see the count move
         /// before the entry or the message it covers (`tierbuf-transport`).
-        ShmPublishRelaxed = 7,
+        ShmPublishRelaxed = 8,
         /// The shared-memory sender checks that the connection is open before raising
         /// its copying flag instead of after, so a closer can miss a copy in progress and
         /// return while the peer still writes its buffer (`tierbuf-transport`).
-        ShmCopyFlagAfterStateCheck = 8,
+        ShmCopyFlagAfterStateCheck = 9,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

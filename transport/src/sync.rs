@@ -1,5 +1,6 @@
-//! The synchronisation facade: `std` primitives and crossbeam's `ArrayQueue` normally,
-//! loom's primitives and a loom stand-in for the queue under `cfg(loom)`.
+//! The synchronisation facade: `std` primitives and crossbeam's `ArrayQueue` and
+//! `SegQueue` normally, loom's primitives and loom stand-ins for the queues under
+//! `cfg(loom)`.
 //!
 //! The loopback provider's hand-over protocol (the per-direction matching claim, see
 //! `loopback::channel`) and the shared-memory provider's queues (`shm::segment`) take
@@ -8,6 +9,11 @@
 //! loom-aware; under loom [`BoundedQueue`] is a mutex-guarded `VecDeque` with the same
 //! operations, which models the queue as linearizable (what crossbeam documents) and lets
 //! loom explore the claim protocol around it.
+//!
+//! A connection's returned receive slots cross threads the same way: a delivered message
+//! dropped on any thread pushes its slot onto an [`UnboundedQueue`] (crossbeam's
+//! `SegQueue`) and the connection's thread drains it (`connection::returns`). Under loom
+//! that queue is the same kind of mutex-guarded stand-in.
 
 #[cfg(all(loom, not(feature = "loom")))]
 compile_error!(
@@ -17,15 +23,21 @@ compile_error!(
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
 #[cfg(not(loom))]
 pub(crate) use crossbeam_queue::ArrayQueue as BoundedQueue;
+#[cfg(not(loom))]
+pub(crate) use crossbeam_queue::SegQueue as UnboundedQueue;
 
 /// Lets another thread run while this one waits for a claim held by it.
 #[cfg(not(loom))]
@@ -40,7 +52,7 @@ pub(crate) fn yield_now() {
 }
 
 #[cfg(loom)]
-pub(crate) use loom_queue::BoundedQueue;
+pub(crate) use loom_queue::{BoundedQueue, UnboundedQueue};
 
 #[cfg(loom)]
 mod loom_queue {
@@ -84,6 +96,34 @@ mod loom_queue {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_empty()
+        }
+    }
+
+    /// An unbounded FIFO queue with `SegQueue`'s operations, for loom models.
+    #[derive(Debug)]
+    pub(crate) struct UnboundedQueue<T> {
+        items: Mutex<VecDeque<T>>,
+    }
+
+    impl<T> UnboundedQueue<T> {
+        pub(crate) fn new() -> UnboundedQueue<T> {
+            UnboundedQueue {
+                items: Mutex::new(VecDeque::new()),
+            }
+        }
+
+        pub(crate) fn push(&self, item: T) {
+            self.items
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(item);
+        }
+
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.items
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front()
         }
     }
 }

@@ -31,7 +31,9 @@ const POLL_BATCH: usize = 32;
 ///
 /// It makes progress whenever its owner calls [`Connection::progress`] or one of the
 /// blocking calls ([`Connection::send`], [`Connection::recv`], [`Connection::flush`]),
-/// which poll with a bounded backoff (spin, then yield) while they wait.
+/// which poll with a bounded backoff (spin, then yield) while they wait; or, kept in a
+/// [`ConnectionTable`](super::ConnectionTable) with a progress thread, whenever that
+/// thread sweeps it.
 pub struct Connection<E: Endpoint> {
     core: ConnectionCore,
     endpoint: E,
@@ -54,9 +56,15 @@ impl<E: Endpoint> Connection<E> {
 
     /// Posts pending work, takes every completion ready, and runs the core's own work.
     pub fn progress(&mut self) -> Result<(), Arc<ConnectionError>> {
+        self.progress_counted().map(drop)
+    }
+
+    /// [`Connection::progress`], telling how much it did: completions taken plus work
+    /// requests posted. Zero means the connection had nothing to do.
+    pub(crate) fn progress_counted(&mut self) -> Result<usize, Arc<ConnectionError>> {
         let now = Instant::now();
         self.core.progress(now);
-        self.post_work();
+        let mut done = self.post_work();
         loop {
             let ready = match self.endpoint.poll(&mut self.completions) {
                 Ok(ready) => ready,
@@ -65,6 +73,7 @@ impl<E: Endpoint> Connection<E> {
                     break;
                 }
             };
+            done += ready;
             for completion in &self.completions[..ready] {
                 let kind = match completion.opcode {
                     Opcode::Send => WorkKind::Send,
@@ -90,14 +99,16 @@ impl<E: Endpoint> Connection<E> {
             }
         }
         self.core.progress(now);
-        self.post_work();
+        done += self.post_work();
         match self.core.failure() {
             Some(error) => Err(Arc::clone(error)),
-            None => Ok(()),
+            None => Ok(done),
         }
     }
 
-    fn post_work(&mut self) {
+    /// Posts the work the endpoint takes; returns how many requests were posted.
+    fn post_work(&mut self) -> usize {
+        let mut posted_count = 0;
         while let Some(work) = self.unposted.pop_front().or_else(|| self.core.poll_work()) {
             // SAFETY: the buffer is a slot the core holds until the completion naming
             // `wr_id` comes back through `progress`, and the core touches it only as the
@@ -114,17 +125,18 @@ impl<E: Endpoint> Connection<E> {
                 }
             };
             match posted {
-                Ok(()) => {}
+                Ok(()) => posted_count += 1,
                 Err(PostError::QueueFull { .. }) => {
                     self.unposted.push_front(work);
-                    return;
+                    break;
                 }
                 Err(error) => {
                     self.core.fail(ConnectionError::Provider(error.to_string()));
-                    return;
+                    break;
                 }
             }
         }
+        posted_count
     }
 
     /// Offers a message without blocking; see [`ConnectionCore::try_send`].
@@ -163,6 +175,14 @@ impl<E: Endpoint> Connection<E> {
         }
         self.progress()?;
         Ok(self.core.try_recv())
+    }
+
+    /// The next delivered message, if one has arrived, without making progress: for a
+    /// connection that a [`ConnectionTable`](super::ConnectionTable)'s progress thread
+    /// drives, where taking a message should not also do the thread's work. See
+    /// [`ConnectionTable`](super::ConnectionTable) for an example.
+    pub fn next_delivered(&mut self) -> Option<Message> {
+        self.core.try_recv()
     }
 
     /// Waits for the next message.

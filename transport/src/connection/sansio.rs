@@ -24,7 +24,6 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::SegQueue;
 use slab::Slab;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::negotiation::{FailureCause, RequestStatus};
@@ -38,7 +37,9 @@ use tierbuf_tiers::{
 use super::credits::{Credits, PendingGrants};
 use super::header::{FrameHeader, FrameKind, Grant, HEADER_LEN, HeaderError};
 use super::reassembly::{Reassembly, ReassemblyError};
+use super::returns::{LentSlot, ReturnedSlots};
 use crate::provider::BufferRef;
+use crate::sync;
 
 /// How a connection is set up; both sides must use the same ladder.
 #[derive(Debug, Clone)]
@@ -287,6 +288,13 @@ pub struct ConnectionStats {
     pub frames_sent: u64,
     /// Bytes registered for this side's send and receive regions now.
     pub registered_bytes: u64,
+    /// Receives this side has posted whose completions have not come back.
+    pub posted_receives: u64,
+    /// Receive slots held by delivered zero-copy messages not yet dropped: they are
+    /// reposted (and granted to the peer) only once their messages are dropped.
+    pub receives_lent: u64,
+    /// Receives the peer has granted this side and it has not yet sent into.
+    pub send_credits: u64,
 }
 
 /// A message in flight as segments.
@@ -308,7 +316,7 @@ pub struct ConnectionCore {
     sending: Slab<OwnedTierSlot>,
     work: VecDeque<WorkRequest>,
     delivered: VecDeque<Message>,
-    returned: Arc<SegQueue<OwnedTierSlot>>,
+    returned: sync::Arc<ReturnedSlots>,
     control: VecDeque<ControlMessage>,
     outbox: Option<Outbox>,
     drains_owed: u32,
@@ -351,7 +359,7 @@ impl ConnectionCore {
             sending: Slab::new(),
             work: VecDeque::new(),
             delivered: VecDeque::new(),
-            returned: Arc::new(SegQueue::new()),
+            returned: ReturnedSlots::new(),
             control: VecDeque::new(),
             outbox: None,
             drains_owed: 0,
@@ -394,6 +402,9 @@ impl ConnectionCore {
             recv_tier: self.recv_region.tier().get(),
             registered_bytes: self.send_region.registered_bytes()
                 + self.recv_region.registered_bytes(),
+            posted_receives: self.posted.len() as u64,
+            receives_lent: self.returned.lent() as u64,
+            send_credits: u64::from(self.credits.total()),
             ..self.stats
         }
     }
@@ -632,7 +643,7 @@ impl ConnectionCore {
         if self.failed.is_some() {
             return;
         }
-        while let Some(slot) = self.returned.pop() {
+        while let Some(slot) = self.returned.take_returned() {
             self.recycle(slot);
         }
         self.post_receives();
@@ -865,10 +876,9 @@ impl ConnectionCore {
                 self.stats.bytes_received += payload_len as u64;
                 self.delivered.push_back(Message {
                     body: Body::Slot {
-                        slot: Some(slot),
+                        slot: ReturnedSlots::lend(&self.returned, slot),
                         len: payload_len,
                     },
-                    returns: Arc::clone(&self.returned),
                 });
                 return Ok(());
             }
@@ -882,7 +892,6 @@ impl ConnectionCore {
                     self.stats.bytes_received += message.len() as u64;
                     self.delivered.push_back(Message {
                         body: Body::Copied(message),
-                        returns: Arc::clone(&self.returned),
                     });
                 }
             }
@@ -916,8 +925,9 @@ fn nack_for(error: &TierError) -> NackReason {
 }
 
 enum Body {
+    /// The payload's `len` bytes after the header, in the receive slot it landed in.
     Slot {
-        slot: Option<OwnedTierSlot>,
+        slot: LentSlot,
         len: usize,
     },
     Copied(Vec<u8>),
@@ -928,7 +938,6 @@ enum Body {
 /// segmented one was reassembled into its own buffer.
 pub struct Message {
     body: Body,
-    returns: Arc<SegQueue<OwnedTierSlot>>,
 }
 
 impl Message {
@@ -943,22 +952,8 @@ impl Deref for Message {
 
     fn deref(&self) -> &[u8] {
         match &self.body {
-            Body::Slot {
-                slot: Some(slot),
-                len,
-            } => &slot[HEADER_LEN..HEADER_LEN + len],
-            Body::Slot { slot: None, .. } => &[],
+            Body::Slot { slot, len } => &slot[HEADER_LEN..HEADER_LEN + len],
             Body::Copied(bytes) => bytes,
-        }
-    }
-}
-
-impl Drop for Message {
-    fn drop(&mut self) {
-        if let Body::Slot { slot, .. } = &mut self.body
-            && let Some(slot) = slot.take()
-        {
-            self.returns.push(slot);
         }
     }
 }

@@ -1,0 +1,93 @@
+//! Models of the `transport` crate's connections, shared by the clean and the planted-bug
+//! test binaries: the receive slots that delivered messages give back across threads.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use loom::thread;
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+
+/// Receives each side posts: the model's one tier has this many slots.
+const RECEIVES: u64 = 3;
+
+fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
+    let ladder = TierLadder::builder()
+        .tier(64, RECEIVES as usize, 48)
+        .build()
+        .expect("a valid ladder");
+    let provider = LoopbackProvider::new(budget.clone());
+    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).expect("a valid config"));
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (a, b) = provider.pair(4, 4).expect("a pair");
+    let core = || {
+        ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .expect("a core")
+    };
+    (
+        Connection::new(core(), a).expect("a connection"),
+        Connection::new(core(), b).expect("a connection"),
+    )
+}
+
+/// A delivered zero-copy message is dropped on another thread while the receiving
+/// connection makes progress on its own: it reposts what came back and takes the next
+/// message, which lends out another slot at the same time. Whatever the interleaving, the
+/// receiver never counts more receives than it has slots, every slot comes back exactly
+/// once and is posted again, the count of lent slots ends at zero, and the sender ends
+/// holding a credit for every receive: none was lost.
+pub fn returned_slots_across_threads() {
+    let budget = MemoryBudget::with_cap(1 << 20);
+    let (mut sender, mut receiver) = pair(&budget);
+    sender.send(b"first").expect("send the first message");
+    let first = receiver.recv().expect("the first message");
+    assert!(first.is_zero_copy());
+    // Lands in a posted receive; its completion waits for the receiver's next progress.
+    sender.send(b"second").expect("send the second message");
+    let dropper = thread::spawn(move || {
+        assert_eq!(&first[..], b"first");
+        drop(first);
+    });
+    receiver.progress().expect("progress");
+    let during = receiver.stats();
+    assert!(
+        during.posted_receives + during.receives_lent <= RECEIVES,
+        "more receives posted or lent than slots: {during:?}"
+    );
+    dropper.join().unwrap();
+    let second = receiver
+        .try_recv()
+        .expect("progress")
+        .expect("the second message");
+    assert_eq!(&second[..], b"second");
+    drop(second);
+    receiver.progress().expect("progress");
+    let after = receiver.stats();
+    assert_eq!(
+        after.receives_lent, 0,
+        "the lent-slot count lost an update: {after:?}"
+    );
+    assert_eq!(
+        after.posted_receives, RECEIVES,
+        "a returned slot was not posted again: {after:?}"
+    );
+    sender.progress().expect("progress");
+    assert_eq!(
+        sender.stats().send_credits,
+        RECEIVES,
+        "the sender did not get a credit back for every receive"
+    );
+    drop((sender, receiver));
+    assert_eq!(budget.in_use(), 0, "every registered byte back");
+}

@@ -1,0 +1,118 @@
+//! Receive slots lent to delivered zero-copy messages, and their way back to the
+//! connection's thread to be reposted. This is the only connection state that crosses
+//! threads: credits, the slot tables and the negotiation stay with the thread that drives
+//! the connection.
+//!
+//! # Invariants
+//!
+//! - A receive slot delivered as a zero-copy message is owned by its [`LentSlot`] until the
+//!   message is dropped, on any thread. The drop pushes the slot onto the connection's
+//!   queue exactly once ([`LentSlot`]'s `Drop`), and only the connection's thread takes it
+//!   off ([`ReturnedSlots::take_returned`]) to repost it. So a slot is always in exactly
+//!   one place — a message, the queue, or the connection's posted receives — and is never
+//!   reposted while a message can still read it.
+//! - The queue (crossbeam's `SegQueue`, a loom stand-in under `cfg(loom)`, both behind
+//!   `crate::sync`) hands a slot over with happens-before, so its repost, and the peer's
+//!   next write into it, are ordered after the message's last read.
+//! - [`ReturnedSlots::lent`] counts the slots held by messages not yet dropped. It is
+//!   raised on the connection's thread when a message is made and lowered by the drop on
+//!   any thread, each as one atomic read-modify-write, so no update is lost and the count
+//!   never goes below zero. A drop lowers it *before* queuing the slot, and the queue
+//!   orders the two for the thread that takes the slot off, so that thread never counts
+//!   a slot both as posted and as lent: posted receives plus lent slots never pass the
+//!   slots of the tier. Nothing else is ordered by the count: `Relaxed` suffices.
+//!
+//! The loom model `connection_models::returned_slots_across_threads` checks these on the
+//! shipped code, with the planted bug `Bug::LentCountLoadThenStore` as its broken variant.
+
+use std::fmt;
+use std::ops::Deref;
+
+use tierbuf_tiers::OwnedTierSlot;
+
+use crate::sync::{Arc, AtomicUsize, Ordering, UnboundedQueue};
+
+/// The queue of receive slots that messages gave back, and the count of slots lent out.
+#[derive(Debug)]
+pub(super) struct ReturnedSlots {
+    queue: UnboundedQueue<OwnedTierSlot>,
+    lent: AtomicUsize,
+}
+
+impl ReturnedSlots {
+    pub(super) fn new() -> Arc<ReturnedSlots> {
+        Arc::new(ReturnedSlots {
+            queue: UnboundedQueue::new(),
+            lent: AtomicUsize::new(0),
+        })
+    }
+
+    /// Lends `slot` to a message being delivered; called on the connection's thread.
+    pub(super) fn lend(returns: &Arc<ReturnedSlots>, slot: OwnedTierSlot) -> LentSlot {
+        returns.lent.fetch_add(1, Ordering::Relaxed);
+        LentSlot {
+            slot: Some(slot),
+            returns: Arc::clone(returns),
+        }
+    }
+
+    /// The next slot a message gave back, to be reposted; called on the connection's
+    /// thread.
+    pub(super) fn take_returned(&self) -> Option<OwnedTierSlot> {
+        self.queue.pop()
+    }
+
+    /// Slots held by messages not yet dropped.
+    pub(super) fn lent(&self) -> usize {
+        self.lent.load(Ordering::Relaxed)
+    }
+
+    /// Takes a slot back from a dropped message; called on the thread that drops it.
+    fn give_back(&self, slot: OwnedTierSlot) {
+        // Counted down before it is queued: the connection's thread, once it has taken
+        // the slot off the queue, never counts it both as posted and as lent.
+        #[cfg(loom)]
+        if tierbuf_pool::sync::planted::is_planted(
+            tierbuf_pool::sync::planted::Bug::LentCountLoadThenStore,
+        ) {
+            let lent = self.lent.load(Ordering::Relaxed);
+            self.lent.store(lent.wrapping_sub(1), Ordering::Relaxed);
+            self.queue.push(slot);
+            return;
+        }
+        self.lent.fetch_sub(1, Ordering::Relaxed);
+        self.queue.push(slot);
+    }
+}
+
+/// A receive slot lent to a delivered message; dropping it gives the slot back to its
+/// connection.
+pub(super) struct LentSlot {
+    /// `Some` until the drop gives it back.
+    slot: Option<OwnedTierSlot>,
+    returns: Arc<ReturnedSlots>,
+}
+
+impl Deref for LentSlot {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.slot.as_deref().unwrap_or_default()
+    }
+}
+
+impl Drop for LentSlot {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.returns.give_back(slot);
+        }
+    }
+}
+
+impl fmt::Debug for LentSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LentSlot")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}

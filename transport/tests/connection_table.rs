@@ -1,0 +1,303 @@
+//! `ConnectionTable` over the loopback provider: removing, clearing or dropping a table of
+//! many connections returns every registered byte, promoted tiers included; connections
+//! progress through the table's thread when their users never call `progress`; the
+//! thread stops when asked and never waits on a user that holds a connection.
+
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, ConnectionTable, Message, ProgressConfig,
+    SendError, SharedConnection, TableError,
+};
+use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+
+type Shared = SharedConnection<LoopbackEndpoint>;
+
+/// Tier 0 carries 240 bytes whole, tier 1 4080, tier 2 65520; longer messages are
+/// segmented.
+fn config() -> Arc<ConnectionConfig> {
+    let ladder = TierLadder::builder()
+        .tier(256, 8, 240)
+        .tier(4096, 8, 4080)
+        .tier(65536, 4, 65520)
+        .reservoir_regions(1)
+        .build()
+        .unwrap();
+    Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap())
+}
+
+/// A connected pair with its own reservoir, which only the two cores keep.
+fn pair(
+    provider: &LoopbackProvider,
+    config: &Arc<ConnectionConfig>,
+) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let core = || {
+        ConnectionCore::new(
+            Arc::clone(config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap()
+    };
+    let (a, b) = provider.pair(32, 32).unwrap();
+    (
+        Connection::new(core(), a).unwrap(),
+        Connection::new(core(), b).unwrap(),
+    )
+}
+
+/// Inserts `count` connected pairs into `table`.
+fn insert_pairs(
+    table: &ConnectionTable<LoopbackEndpoint>,
+    provider: &LoopbackProvider,
+    count: usize,
+) -> Vec<(Shared, Shared)> {
+    let config = config();
+    (0..count)
+        .map(|_| {
+            let (a, b) = pair(provider, &config);
+            (table.insert(a), table.insert(b))
+        })
+        .collect()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// Waits for `condition`, yielding; fails the test if it does not hold within a minute
+/// (a guard against hanging, not a measurement).
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < give_up, "gave up waiting: {what}");
+        thread::yield_now();
+    }
+}
+
+/// Offers `message` through `try_send` until it is accepted, never calling `progress`;
+/// backs off between tries so that the progress thread finds the connection unlocked.
+fn try_send_until_accepted(connection: &Shared, message: &[u8]) {
+    let backoff = Backoff::new();
+    loop {
+        match connection
+            .lock()
+            .unwrap()
+            .try_send(&[IoSlice::new(message)])
+        {
+            Ok(accepted) => {
+                assert_eq!(accepted, message.len(), "a one-element message goes whole");
+                return;
+            }
+            Err(SendError::WouldBlock(_)) => backoff.snooze(),
+            Err(other) => panic!("try_send failed: {other}"),
+        }
+    }
+}
+
+/// Takes the next delivered message, never calling `progress`.
+fn next_message(connection: &Shared) -> Message {
+    let backoff = Backoff::new();
+    loop {
+        if let Some(message) = connection.lock().unwrap().next_delivered() {
+            return message;
+        }
+        backoff.snooze();
+    }
+}
+
+/// Sends `message` on `from` and takes it on `to`, both driven by the table's thread.
+fn exchange(from: &Shared, to: &Shared, message: &[u8]) {
+    try_send_until_accepted(from, message);
+    let received = next_message(to);
+    assert!(received[..] == message[..], "the message differs");
+}
+
+#[test]
+fn dropping_a_table_of_many_connections_returns_every_byte_promoted_tiers_included() {
+    let budget = MemoryBudget::with_cap(256 << 20);
+    let provider = LoopbackProvider::new(budget.clone());
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let pairs = insert_pairs(&table, &provider, 32);
+    assert_eq!(table.len(), 64);
+    let on_tier_zero = budget.in_use();
+    // Every fourth pair is promoted to tier 1 and every eighth to tier 2, both ways.
+    for (index, (a, b)) in pairs.iter().enumerate().step_by(4) {
+        let len = if index % 8 == 0 { 30_000 } else { 3_000 };
+        exchange(a, b, &pattern(len, index as u64));
+        exchange(b, a, &pattern(len, index as u64 + 1));
+        assert!(a.lock().unwrap().stats().send_tier >= 1);
+        assert!(b.lock().unwrap().stats().send_tier >= 1);
+    }
+    assert!(
+        budget.in_use() > on_tier_zero,
+        "the promoted tiers are registered"
+    );
+    drop(table);
+    assert_eq!(budget.in_use(), 0, "every registered byte back");
+    for (a, _) in &pairs {
+        assert!(matches!(a.lock(), Err(TableError::Closed { id }) if id == a.id()));
+    }
+}
+
+#[test]
+fn removing_and_clearing_return_every_byte_and_a_held_message_keeps_only_its_slot() {
+    let budget = MemoryBudget::with_cap(256 << 20);
+    let provider = LoopbackProvider::new(budget.clone());
+    let table = ConnectionTable::new();
+    let pairs = insert_pairs(&table, &provider, 16);
+    // Without a progress thread, sweeps by hand drive both sides.
+    let (a, b) = &pairs[0];
+    let promoted = pattern(3_000, 7);
+    loop {
+        table.sweep();
+        match a.lock().unwrap().try_send(&[IoSlice::new(&promoted)]) {
+            Ok(_) => break,
+            Err(SendError::WouldBlock(_)) => {}
+            Err(other) => panic!("try_send failed: {other}"),
+        }
+    }
+    let held = loop {
+        table.sweep();
+        if let Some(message) = b.lock().unwrap().next_delivered() {
+            break message;
+        }
+    };
+    assert!(held.is_zero_copy() && held[..] == promoted[..]);
+
+    let (c, d) = &pairs[1];
+    let one_pair =
+        c.lock().unwrap().stats().registered_bytes + d.lock().unwrap().stats().registered_bytes;
+    let before = budget.in_use();
+    assert!(table.remove(c.id()) && table.remove(d.id()));
+    assert!(!table.remove(c.id()), "already removed");
+    assert!(table.get(d.id()).is_none());
+    assert!(matches!(d.lock(), Err(TableError::Closed { .. })));
+    // Their reservoir goes too, with any spare regions it kept.
+    assert!(budget.in_use() <= before - one_pair);
+
+    table.clear();
+    assert!(table.is_empty());
+    assert!(
+        budget.in_use() > 0,
+        "the held message's receive tier stays registered"
+    );
+    drop(held);
+    assert_eq!(budget.in_use(), 0, "every registered byte back");
+}
+
+#[test]
+fn a_sender_that_never_calls_progress_gets_everything_delivered_in_order() {
+    let budget = MemoryBudget::with_cap(256 << 20);
+    let provider = LoopbackProvider::new(budget.clone());
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let (sender, receiver) = insert_pairs(&table, &provider, 1).remove(0);
+    // Small, tier-1, tier-2 and segmented (past the top tier) sizes, in a fixed order.
+    let sizes: Vec<usize> = (0..300)
+        .map(|index| match index % 10 {
+            3 => 1_000 + index * 7,
+            6 => 20_000 + index * 31,
+            9 => 70_000 + index * 101,
+            _ => index % 240,
+        })
+        .collect();
+    let expected = sizes.clone();
+    let reader = thread::spawn(move || {
+        for (index, &len) in expected.iter().enumerate() {
+            let message = next_message(&receiver);
+            assert_eq!(message.len(), len, "message {index}");
+            assert!(
+                message[..] == pattern(len, index as u64)[..],
+                "message {index} differs"
+            );
+        }
+        receiver
+    });
+    for (index, &len) in sizes.iter().enumerate() {
+        try_send_until_accepted(&sender, &pattern(len, index as u64));
+    }
+    let receiver = reader.join().unwrap();
+    let sent = sender.lock().unwrap().stats();
+    assert!(sent.promotions >= 2, "{sent:?}");
+    assert_eq!(sent.messages_sent, 300);
+    assert_eq!(receiver.lock().unwrap().stats().messages_received, 300);
+    assert!(table.progress_stats().progressed > 0);
+    drop(table);
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn shutdown_joins_the_progress_thread_and_leaves_the_connections_to_their_users() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let provider = LoopbackProvider::new(budget.clone());
+    let mut table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let (a, b) = insert_pairs(&table, &provider, 1).remove(0);
+    exchange(&a, &b, b"through the progress thread");
+    table.shutdown().unwrap();
+    assert!(!table.has_progress_thread());
+    let stopped = table.progress_stats();
+    assert!(stopped.sweeps > 0);
+    // The users drive the connections now; the joined thread sweeps no more.
+    a.lock().unwrap().send(b"by the users").unwrap();
+    let message = b.lock().unwrap().recv().unwrap();
+    assert_eq!(&message[..], b"by the users");
+    assert_eq!(table.progress_stats(), stopped);
+    table.shutdown().unwrap();
+    drop((message, table));
+    assert_eq!(budget.in_use(), 0);
+}
+
+#[test]
+fn the_progress_thread_skips_a_connection_its_user_holds_and_keeps_sweeping_the_others() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let provider = LoopbackProvider::new(budget.clone());
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let mut pairs = insert_pairs(&table, &provider, 2);
+    let (c, d) = pairs.pop().unwrap();
+    let (a, _b) = pairs.pop().unwrap();
+    let held = a.lock().unwrap();
+    let before = table.progress_stats();
+    // While `a` is held, the other pair still gets its messages through the thread.
+    for round in 0..20u64 {
+        exchange(&c, &d, &pattern(100, round));
+    }
+    wait_until("the thread to skip the held connection ten times", || {
+        table.progress_stats().skipped_busy >= before.skipped_busy + 10
+    });
+    let during = table.progress_stats();
+    assert!(during.sweeps >= before.sweeps + 10, "{during:?}");
+    assert_eq!(held.stats().messages_sent, 0);
+    drop(held);
+    // Once released, no sweep skips it: a sweep adds at most 4 to `progressed`, so after
+    // 8 more the sweep that was under way at the release has finished, and after 8 more
+    // again every sweep since has progressed `a` too.
+    let released = table.progress_stats();
+    wait_until("two sweeps after the release", || {
+        table.progress_stats().progressed >= released.progressed + 8
+    });
+    let settled = table.progress_stats();
+    wait_until("two more sweeps", || {
+        table.progress_stats().progressed >= settled.progressed + 8
+    });
+    assert_eq!(table.progress_stats().skipped_busy, settled.skipped_busy);
+}
