@@ -259,11 +259,19 @@ fn a_peer_closing_mid_header_is_reported_with_the_bytes_received() {
     assert!(
         matches!(
             error,
-            HandshakeError::PeerClosed { part: "header", received: 3, expected: HEADER_LEN }
+            HandshakeError::PeerClosed {
+                part: "header",
+                received: 3,
+                expected: HEADER_LEN
+            }
         ),
         "{error:?}"
     );
-    assert!(error.to_string().contains("closed the connection during the handshake"));
+    assert!(
+        error
+            .to_string()
+            .contains("closed the connection during the handshake")
+    );
 }
 
 #[test]
@@ -275,7 +283,10 @@ fn a_peer_closing_mid_payload_is_reported() {
     let mut accepted = listener.accept().unwrap();
     assert!(matches!(
         accepted.exchange_hello(hello(1)),
-        Err(HandshakeError::PeerClosed { part: "payload", .. })
+        Err(HandshakeError::PeerClosed {
+            part: "payload",
+            ..
+        })
     ));
 }
 
@@ -293,8 +304,11 @@ fn a_peer_closing_between_hello_and_ready_is_reported() {
     drop(client);
     assert!(matches!(
         accepted.exchange_ready(),
-        Err(HandshakeError::PeerClosed { part: "header", received: 0, .. })
-            | Err(HandshakeError::Io { .. })
+        Err(HandshakeError::PeerClosed {
+            part: "header",
+            received: 0,
+            ..
+        }) | Err(HandshakeError::Io { .. })
     ));
 }
 
@@ -332,7 +346,10 @@ fn a_ready_where_a_hello_is_due_is_refused() {
     let error = accepted.exchange_hello(hello(1)).unwrap_err();
     assert!(matches!(
         error,
-        HandshakeError::UnexpectedMessage { expected: "hello", found: "ready" }
+        HandshakeError::UnexpectedMessage {
+            expected: "hello",
+            found: "ready"
+        }
     ));
 }
 
@@ -382,7 +399,10 @@ fn connecting_where_nobody_listens_fails_clearly() {
     let error = Rendezvous::connect(addr, TIMEOUT).unwrap_err();
     assert!(matches!(
         error,
-        HandshakeError::Io { operation: "connecting to the peer", .. }
+        HandshakeError::Io {
+            operation: "connecting to the peer",
+            ..
+        }
     ));
 }
 

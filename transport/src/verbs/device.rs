@@ -16,7 +16,7 @@
 use std::io;
 use std::sync::{Mutex, MutexGuard};
 
-use ibverbs::{Context, MemoryRegion, ProtectionDomain};
+use ibverbs::{Context, MemoryRegion, ProtectionDomain, ibv_gid_type};
 
 use super::error::{VerbsError, open_error, select_device};
 
@@ -40,9 +40,13 @@ pub(crate) struct OpenDevice {
 }
 
 impl OpenDevice {
-    /// Opens the device named `name` and allocates its protection domain; checks
-    /// `gid_index` against the device's GID table.
-    pub(crate) fn open(name: &str, gid_index: Option<u32>) -> Result<OpenDevice, VerbsError> {
+    /// Opens the device named `name`, picks the GID index to route by
+    /// ([`routing_gid_index`], `requested_gid_index` if given) and allocates the
+    /// protection domain.
+    pub(crate) fn open(
+        name: &str,
+        requested_gid_index: Option<u32>,
+    ) -> Result<OpenDevice, VerbsError> {
         let list =
             ibverbs::devices().map_err(|source| VerbsError::DevicesUnavailable { source })?;
         let names: Vec<String> = list
@@ -60,16 +64,22 @@ impl OpenDevice {
             found: names.clone(),
         })?;
         let context = device.open().map_err(|source| open_error(name, source))?;
-        if let Some(gid_index) = gid_index {
-            let entries = context.gid_table().len();
-            if gid_index as usize >= entries {
-                return Err(VerbsError::GidIndexOutOfRange {
+        let gid_entries: Vec<GidTableEntry> = context
+            .gid_table()
+            .iter()
+            .map(|entry| GidTableEntry {
+                gid_index: entry.gid_index,
+                gid_type: entry.gid_type,
+            })
+            .collect();
+        let gid_index =
+            routing_gid_index(&gid_entries, requested_gid_index).map_err(|entries| {
+                VerbsError::GidIndexOutOfRange {
                     device: name.to_owned(),
-                    gid_index,
+                    gid_index: requested_gid_index.unwrap_or_default(),
                     entries,
-                });
-            }
-        }
+                }
+            })?;
         let domain =
             ContextAndDomain::try_new(context, |context| context.alloc_pd()).map_err(|source| {
                 device_error(
@@ -136,6 +146,48 @@ impl std::fmt::Debug for OpenDevice {
     }
 }
 
+/// `IBV_GID_TYPE_ROCE_V1` of `verbs.h` (`ibverbs` 0.9 re-exports the type, not its values).
+const GID_TYPE_ROCE_V1: ibv_gid_type = 1;
+/// `IBV_GID_TYPE_ROCE_V2` of `verbs.h`.
+const GID_TYPE_ROCE_V2: ibv_gid_type = 2;
+
+/// What routing needs to know of one valid entry of a port's GID table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GidTableEntry {
+    pub(crate) gid_index: u32,
+    pub(crate) gid_type: ibv_gid_type,
+}
+
+/// The GID index queue pairs route by, given the port's valid GID entries (as `ibverbs`
+/// lists them) and the index asked for, if any.
+///
+/// `ibverbs` 0.9 looks an index up by its position in the list of valid entries and
+/// panics if the entry there has another index, so an index is usable only where the two
+/// agree; an unusable one is refused with the number of valid entries. With no index
+/// asked for, the first usable RoCE v2 entry is taken, else the first RoCE v1 entry
+/// (RoCE needs a GID), else none: InfiniBand routes by LID.
+pub(crate) fn routing_gid_index(
+    entries: &[GidTableEntry],
+    requested: Option<u32>,
+) -> Result<Option<u32>, usize> {
+    let usable = |position: usize, entry: &GidTableEntry| entry.gid_index as usize == position;
+    match requested {
+        Some(gid_index) => match entries.get(gid_index as usize) {
+            Some(entry) if usable(gid_index as usize, entry) => Ok(Some(gid_index)),
+            _ => Err(entries.len()),
+        },
+        None => Ok([GID_TYPE_ROCE_V2, GID_TYPE_ROCE_V1]
+            .iter()
+            .find_map(|&wanted| {
+                entries
+                    .iter()
+                    .enumerate()
+                    .find(|(position, entry)| usable(*position, entry) && entry.gid_type == wanted)
+                    .map(|(_, entry)| entry.gid_index)
+            })),
+    }
+}
+
 fn device_error(device: &str, operation: &'static str, source: io::Error) -> VerbsError {
     VerbsError::Device {
         device: device.to_owned(),
@@ -148,4 +200,52 @@ fn device_error(device: &str, operation: &'static str, source: io::Error) -> Ver
 /// region as it found it even if it panics.
 pub(crate) fn lock(region: &Mutex<MemoryRegion<u8>>) -> MutexGuard<'_, MemoryRegion<u8>> {
     region.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GID_TYPE_IB: ibv_gid_type = 0;
+
+    fn entry(gid_index: u32, gid_type: ibv_gid_type) -> GidTableEntry {
+        GidTableEntry {
+            gid_index,
+            gid_type,
+        }
+    }
+
+    #[test]
+    fn infiniband_routes_by_lid_unless_an_index_is_asked_for() {
+        let table = [entry(0, GID_TYPE_IB), entry(1, GID_TYPE_IB)];
+        assert_eq!(routing_gid_index(&table, None), Ok(None));
+        assert_eq!(routing_gid_index(&table, Some(1)), Ok(Some(1)));
+    }
+
+    #[test]
+    fn roce_prefers_the_first_v2_entry_then_v1() {
+        // A soft-RoCE port: v1 and v2 link-local, then v1 and v2 IPv4-mapped.
+        let rxe = [
+            entry(0, GID_TYPE_ROCE_V1),
+            entry(1, GID_TYPE_ROCE_V2),
+            entry(2, GID_TYPE_ROCE_V1),
+            entry(3, GID_TYPE_ROCE_V2),
+        ];
+        assert_eq!(routing_gid_index(&rxe, None), Ok(Some(1)));
+        assert_eq!(routing_gid_index(&rxe, Some(3)), Ok(Some(3)));
+        let v1_only = [entry(0, GID_TYPE_ROCE_V1)];
+        assert_eq!(routing_gid_index(&v1_only, None), Ok(Some(0)));
+    }
+
+    #[test]
+    fn an_index_past_the_table_or_off_its_position_is_refused() {
+        // Index 1 is not valid, so the entry at position 1 has index 2.
+        let gapped = [entry(0, GID_TYPE_ROCE_V1), entry(2, GID_TYPE_ROCE_V2)];
+        assert_eq!(routing_gid_index(&gapped, Some(1)), Err(2));
+        assert_eq!(routing_gid_index(&gapped, Some(2)), Err(2));
+        assert_eq!(routing_gid_index(&gapped, Some(7)), Err(2));
+        assert_eq!(routing_gid_index(&[], Some(0)), Err(0));
+        // Automatic choice skips the misplaced v2 entry and takes the v1 one.
+        assert_eq!(routing_gid_index(&gapped, None), Ok(Some(0)));
+    }
 }

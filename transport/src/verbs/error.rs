@@ -49,11 +49,12 @@ pub enum VerbsError {
         #[source]
         source: io::Error,
     },
-    /// The GID index asked for (RoCE) is not in the device's GID table.
+    /// The GID index asked for (RoCE) is not a usable entry of the device's GID table.
     #[error(
-        "GID index {gid_index} is outside the {entries} valid GID entries of {device:?}; \
-         list them with `ibv_devinfo -v -d {device}` (RoCE v2 entries usually sit at odd \
-         indices)"
+        "GID index {gid_index} is not a usable entry of the GID table of {device:?} \
+         ({entries} valid entries); list them with `ibv_devinfo -v -d {device}` (RoCE v2 \
+         entries usually sit at odd indices), or leave the index unset to take the first \
+         RoCE v2 entry"
     )]
     GidIndexOutOfRange {
         /// The device.

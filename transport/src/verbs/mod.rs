@@ -75,8 +75,9 @@ pub struct VerbsConfig {
 }
 
 impl VerbsConfig {
-    /// The device named `device` (as `ibv_devices` lists it), routing by LID
-    /// (InfiniBand).
+    /// The device named `device` (as `ibv_devices` lists it). Queue pairs route by the
+    /// first RoCE v2 entry of its GID table (else RoCE v1) where it has one, as RoCE
+    /// needs, and by LID on InfiniBand.
     pub fn new(device: impl Into<String>) -> VerbsConfig {
         VerbsConfig {
             device: device.into(),
@@ -84,9 +85,10 @@ impl VerbsConfig {
         }
     }
 
-    /// Routes by the GID at `gid_index` of the device's GID table, as RoCE and iWARP
-    /// need (`ibv_devinfo -v` lists the table; `show_gids` names each entry's RoCE
-    /// version). Both sides of a connection must route the same way.
+    /// Routes by the GID at `gid_index` of the device's GID table (`ibv_devinfo -v`
+    /// lists the table; `show_gids` names each entry's RoCE version), for example an
+    /// IPv4-mapped RoCE v2 entry where peers are on other subnets. Both sides of a
+    /// connection must route the same way.
     pub fn with_gid_index(mut self, gid_index: u32) -> VerbsConfig {
         self.gid_index = Some(gid_index);
         self
@@ -97,7 +99,7 @@ impl VerbsConfig {
         &self.device
     }
 
-    /// The GID index, if routing by GID.
+    /// The GID index asked for, if any.
     pub fn gid_index(&self) -> Option<u32> {
         self.gid_index
     }
