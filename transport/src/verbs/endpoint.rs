@@ -45,9 +45,18 @@ use crate::provider::{
 
 /// The deepest queue a verbs endpoint asks the device for. Devices differ (`ibv_devinfo
 /// -v` shows `max_qp_wr`); one that takes fewer refuses when the endpoint is connected.
+///
+/// ```
+/// use tierbuf_transport::verbs::{EndpointOptions, MAX_QUEUE_DEPTH};
+/// assert!(EndpointOptions::default().recv_depth <= MAX_QUEUE_DEPTH);
+/// ```
 pub const MAX_QUEUE_DEPTH: u32 = 1 << 15;
 
 /// The longest message a reliable connection carries (InfiniBand's `max_msg_sz` of 2 GiB).
+///
+/// ```
+/// assert_eq!(tierbuf_transport::verbs::MAX_MESSAGE_LEN, 2 << 30);
+/// ```
 pub const MAX_MESSAGE_LEN: u32 = 1 << 31;
 
 /// RNR retry count 7 means "retry forever": a send meeting no posted receive waits, as
@@ -98,7 +107,8 @@ impl Default for EndpointOptions {
 }
 
 impl EndpointOptions {
-    fn check(&self) -> Result<(), VerbsError> {
+    /// Checks the depths.
+    pub(crate) fn check(&self) -> Result<(), VerbsError> {
         for (queue, depth) in [
             (QueueKind::Send, self.send_depth),
             (QueueKind::Recv, self.recv_depth),
@@ -155,9 +165,27 @@ impl InDevice {
     }
 }
 
-/// One side of a verbs connection; see [`Endpoint`] for the rules it keeps and
-/// [`VerbsProvider::pair`](super::VerbsProvider::pair) for an example. Dropping it closes
-/// it.
+/// One side of a verbs connection; see [`Endpoint`] for the rules it keeps. Dropping it
+/// closes it, and the peer learns of it through the connection socket.
+///
+/// ```no_run
+/// use tierbuf_pool::{MemoryBudget, SlotPool};
+/// use tierbuf_transport::{BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Provider};
+/// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+/// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+/// let pool = SlotPool::new(&*provider.registrar(), 4096, 2)?;
+/// let (mut a, mut b) = provider.pair(&EndpointOptions::default())?;
+/// println!("{} connected to queue pair {}", a.device_name(), a.peer_queue_pair().num);
+/// let inbox = pool.try_acquire_owned().unwrap();
+/// // SAFETY: the slot is left alone until its completion is polled or `a` is closed.
+/// unsafe { a.post_recv(BufferRef::from(&inbox), 1)? };
+/// drop(b);
+/// let mut completions = [Completion::default(); 1];
+/// while a.poll(&mut completions)? == 0 {}
+/// assert_eq!(completions[0].status, CompletionStatus::Flushed);
+/// assert_eq!(a.state(), EndpointState::PeerClosed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct VerbsEndpoint {
     /// `None` once closed or once the peer is gone.
     queue_pair: Option<ConnectedQueuePair>,
@@ -186,8 +214,8 @@ impl VerbsEndpoint {
         mut rendezvous: Rendezvous,
         options: &EndpointOptions,
     ) -> Result<VerbsEndpoint, VerbsError> {
-        options.check()?;
-        // Depths are at most MAX_QUEUE_DEPTH, so they fit an i32.
+        // Depths were checked by `connect` or `listen`, so they are at most
+        // MAX_QUEUE_DEPTH and fit an i32.
         let (send_entries, recv_entries) = (options.send_depth as i32, options.recv_depth as i32);
         let queues = DeviceQueues::try_new(Arc::clone(device), |device| {
             let context = device.context();

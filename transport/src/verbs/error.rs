@@ -8,6 +8,16 @@ use super::handshake::HandshakeError;
 
 /// What went wrong opening a device, planning memory, or connecting an endpoint. Each
 /// message says what to check or change.
+///
+/// ```
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::verbs::{VerbsConfig, VerbsError, VerbsProvider};
+/// match VerbsProvider::open(&VerbsConfig::new("no-such-device"), MemoryBudget::with_cap(1 << 20)) {
+///     Err(VerbsError::DevicesUnavailable { .. } | VerbsError::NoDevices) => {} // no RDMA here
+///     Err(VerbsError::DeviceNotFound { found, .. }) => println!("devices here: {found:?}"),
+///     other => panic!("{other:?}"),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {

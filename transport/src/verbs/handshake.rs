@@ -25,15 +25,41 @@ use serde::{Deserialize, Serialize};
 use tierbuf_tiers::TierIndex;
 
 /// The first four bytes of every handshake frame.
+///
+/// ```
+/// use tierbuf_transport::verbs::handshake::{HandshakeMessage, MAGIC, encode_frame};
+/// assert!(encode_frame(&HandshakeMessage::Ready).starts_with(&MAGIC));
+/// ```
 pub const MAGIC: [u8; 4] = *b"TBVB";
 
 /// The handshake version this build speaks; a peer speaking another is refused.
+///
+/// ```
+/// use tierbuf_transport::verbs::handshake::{HandshakeMessage, VERSION, encode_frame};
+/// assert_eq!(encode_frame(&HandshakeMessage::Ready)[4..6], VERSION.to_be_bytes());
+/// ```
 pub const VERSION: u16 = 1;
 
 /// The longest payload a frame may carry. A hello takes under 40 bytes.
+///
+/// ```
+/// use ibverbs::QueuePairEndpoint;
+/// use tierbuf_tiers::TierIndex;
+/// use tierbuf_transport::verbs::handshake::{HEADER_LEN, HandshakeMessage, Hello, MAX_PAYLOAD_LEN, encode_frame};
+/// let largest = Hello {
+///     queue_pair: QueuePairEndpoint { num: u32::MAX, lid: u16::MAX, gid: None },
+///     initial_tier: TierIndex::new(u8::MAX),
+/// };
+/// assert!(encode_frame(&HandshakeMessage::Hello(largest)).len() - HEADER_LEN < usize::from(MAX_PAYLOAD_LEN));
+/// ```
 pub const MAX_PAYLOAD_LEN: u16 = 256;
 
-/// The length of a frame header.
+/// The length of a frame header: magic, version and payload length.
+///
+/// ```
+/// use tierbuf_transport::verbs::handshake::HEADER_LEN;
+/// assert_eq!(HEADER_LEN, 4 + 2 + 2);
+/// ```
 pub const HEADER_LEN: usize = 8;
 
 /// What one side tells the other about itself.
@@ -121,6 +147,13 @@ impl From<WireMessage> for HandshakeMessage {
 }
 
 /// Why a handshake failed. The connection it was on is of no further use.
+///
+/// ```
+/// use tierbuf_transport::verbs::handshake::{HandshakeError, decode_frame};
+/// let error = decode_frame(b"TBVB\0\x09\0\0").unwrap_err();
+/// assert!(matches!(error, HandshakeError::UnsupportedVersion { found: 9, .. }));
+/// println!("{error}"); // says to run the same release on both sides
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandshakeError {
@@ -271,6 +304,14 @@ pub fn check_header(header: [u8; HEADER_LEN]) -> Result<u16, HandshakeError> {
 }
 
 /// Decodes a payload into a message; it must be used whole.
+///
+/// ```
+/// use tierbuf_transport::verbs::handshake::{HEADER_LEN, HandshakeError, HandshakeMessage, decode_payload, encode_frame};
+/// let frame = encode_frame(&HandshakeMessage::Ready);
+/// assert_eq!(decode_payload(&frame[HEADER_LEN..])?, HandshakeMessage::Ready);
+/// assert!(matches!(decode_payload(&[9]), Err(HandshakeError::Malformed { .. })));
+/// # Ok::<(), HandshakeError>(())
+/// ```
 pub fn decode_payload(payload: &[u8]) -> Result<HandshakeMessage, HandshakeError> {
     let (message, rest) = postcard::take_from_bytes::<WireMessage>(payload)
         .map_err(|source| HandshakeError::Malformed { source })?;
@@ -298,6 +339,15 @@ pub fn decode_frame(frame: &[u8]) -> Result<HandshakeMessage, HandshakeError> {
 }
 
 /// Writes `message` as one frame.
+///
+/// ```
+/// use std::time::Duration;
+/// use tierbuf_transport::verbs::handshake::{HandshakeMessage, read_message, write_message};
+/// let mut wire = Vec::new();
+/// write_message(&mut wire, &HandshakeMessage::Ready)?;
+/// assert_eq!(read_message(&mut &wire[..], Duration::from_secs(1))?, HandshakeMessage::Ready);
+/// # Ok::<(), tierbuf_transport::verbs::handshake::HandshakeError>(())
+/// ```
 pub fn write_message<W: Write>(
     writer: &mut W,
     message: &HandshakeMessage,
@@ -313,6 +363,17 @@ pub fn write_message<W: Write>(
 
 /// Reads one frame and decodes its message. `timeout` is the reader's own read timeout,
 /// named in the error when a read times out.
+///
+/// ```
+/// use std::time::Duration;
+/// use tierbuf_transport::verbs::handshake::{HandshakeError, HandshakeMessage, encode_frame, read_message};
+/// let frame = encode_frame(&HandshakeMessage::Ready);
+/// let mut cut = &frame[..frame.len() - 1];
+/// assert!(matches!(
+///     read_message(&mut cut, Duration::from_secs(1)),
+///     Err(HandshakeError::PeerClosed { part: "payload", .. })
+/// ));
+/// ```
 pub fn read_message<R: Read>(
     reader: &mut R,
     timeout: Duration,
@@ -377,7 +438,27 @@ fn read_part<R: Read>(
 }
 
 /// Sends `local` and returns the peer's hello, refusing a peer that starts on another
-/// tier.
+/// tier. `timeout` is the stream's read timeout, named in the error when it passes.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use std::time::Duration;
+/// use ibverbs::QueuePairEndpoint;
+/// use tierbuf_tiers::TierIndex;
+/// use tierbuf_transport::verbs::handshake::{HandshakeError, Hello, exchange_hello};
+/// let hello = |num, tier| Hello {
+///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     initial_tier: TierIndex::new(tier),
+/// };
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let mut client = TcpStream::connect(listener.local_addr()?)?;
+/// let (mut server, _) = listener.accept()?;
+/// let peer = std::thread::spawn(move || exchange_hello(&mut server, hello(2, 1), Duration::from_secs(5)));
+/// let refused = exchange_hello(&mut client, hello(1, 0), Duration::from_secs(5));
+/// assert!(matches!(refused, Err(HandshakeError::InitialTierMismatch { .. })));
+/// assert!(peer.join().unwrap().is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn exchange_hello<S: Read + Write>(
     stream: &mut S,
     local: Hello,
@@ -403,6 +484,19 @@ pub fn exchange_hello<S: Read + Write>(
 }
 
 /// Says this side is ready and waits for the peer to say so too.
+///
+/// ```
+/// use std::net::{TcpListener, TcpStream};
+/// use std::time::Duration;
+/// use tierbuf_transport::verbs::handshake::exchange_ready;
+/// let listener = TcpListener::bind("127.0.0.1:0")?;
+/// let mut client = TcpStream::connect(listener.local_addr()?)?;
+/// let (mut server, _) = listener.accept()?;
+/// let peer = std::thread::spawn(move || exchange_ready(&mut server, Duration::from_secs(5)));
+/// exchange_ready(&mut client, Duration::from_secs(5)).unwrap();
+/// peer.join().unwrap().unwrap();
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub fn exchange_ready<S: Read + Write>(
     stream: &mut S,
     timeout: Duration,

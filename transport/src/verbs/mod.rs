@@ -161,6 +161,7 @@ impl VerbsProvider {
         addr: SocketAddr,
         options: &EndpointOptions,
     ) -> Result<VerbsEndpoint, VerbsError> {
+        options.check()?;
         let rendezvous = Rendezvous::connect(addr, options.handshake_timeout)?;
         VerbsEndpoint::establish(&self.device, self.registrar.table(), rendezvous, options)
     }
@@ -186,6 +187,7 @@ impl VerbsProvider {
         addr: impl ToSocketAddrs,
         options: EndpointOptions,
     ) -> Result<VerbsListener, VerbsError> {
+        options.check()?;
         Ok(VerbsListener {
             provider: self.clone(),
             rendezvous: RendezvousListener::bind(addr, options.handshake_timeout)?,
@@ -245,6 +247,17 @@ impl fmt::Debug for VerbsProvider {
 }
 
 /// Accepts peers for a [`VerbsProvider`]; see [`VerbsProvider::listen`].
+///
+/// ```no_run
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+/// let provider = VerbsProvider::open(&VerbsConfig::new("mlx5_0"), MemoryBudget::with_cap(64 << 20))?;
+/// let listener = provider.listen("0.0.0.0:0", EndpointOptions::default())?;
+/// println!("listening on {}", listener.local_addr()?);
+/// let endpoint = listener.accept()?;
+/// println!("peer queue pair {}", endpoint.peer_queue_pair().num);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct VerbsListener {
     provider: VerbsProvider,
