@@ -34,7 +34,7 @@ use tierbuf_tiers::TierIndex;
 use super::device::OpenDevice;
 use super::error::VerbsError;
 use super::handshake::Hello;
-use super::registrar::{RegionCache, RegionTable, Resolved};
+use super::registrar::DeviceMemory;
 use super::rendezvous::{PeerWatch, Rendezvous};
 use super::status::completion_status;
 use crate::error::{PostError, QueueKind, TransportError};
@@ -42,6 +42,7 @@ use crate::provider::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
     Outstanding,
 };
+use crate::registry::{RegionCache, RegionTable, Resolved};
 
 /// The deepest queue a verbs endpoint asks the device for. Devices differ (`ibv_devinfo
 /// -v` shows `max_qp_wr`); one that takes fewer refuses when the endpoint is connected.
@@ -190,7 +191,7 @@ pub struct VerbsEndpoint {
     /// `None` once closed or once the peer is gone.
     queue_pair: Option<ConnectedQueuePair>,
     device: Arc<OpenDevice>,
-    regions: RegionCache,
+    regions: RegionCache<DeviceMemory>,
     limits: EndpointLimits,
     in_device: InDevice,
     outstanding: Outstanding,
@@ -210,7 +211,7 @@ impl VerbsEndpoint {
     /// the queue pair to the peer's.
     pub(crate) fn establish(
         device: &Arc<OpenDevice>,
-        table: &Arc<RegionTable>,
+        table: &Arc<RegionTable<DeviceMemory>>,
         mut rendezvous: Rendezvous,
         options: &EndpointOptions,
     ) -> Result<VerbsEndpoint, VerbsError> {
@@ -349,7 +350,7 @@ impl VerbsEndpoint {
     unsafe fn post(
         &mut self,
         opcode: Opcode,
-        resolved: Option<Resolved>,
+        resolved: Option<Resolved<DeviceMemory>>,
         wr_id: u64,
     ) -> Result<(), PostError> {
         let Some(queue_pair) = self.queue_pair.as_mut() else {
@@ -357,7 +358,10 @@ impl VerbsEndpoint {
         };
         let posted = queue_pair.with_dependent_mut(|_, queue_pair| {
             let (mut memory, range) = match &resolved {
-                Some(resolved) => (resolved.region.memory(), resolved.range.clone()),
+                Some(resolved) => (
+                    resolved.region.region().memory(),
+                    DeviceMemory::range_of(resolved),
+                ),
                 None => (self.device.empty_message(), 0..0),
             };
             // SAFETY: `ibverbs` asks that the posted bytes be left to the device until the
