@@ -141,12 +141,19 @@ self_cell::self_cell!(
     }
 );
 
+/// A queue pair connected to its peer's, and the hellos that connected them.
+struct Connected<'queues> {
+    queue_pair: QueuePair<'queues>,
+    local: Hello,
+    remote: Hello,
+}
+
 self_cell::self_cell!(
     /// A connected queue pair with the completion queues and device it borrows.
     struct ConnectedQueuePair {
         owner: DeviceQueues,
         #[covariant]
-        dependent: QueuePair,
+        dependent: Connected,
     }
 );
 
@@ -231,7 +238,6 @@ impl VerbsEndpoint {
             })?;
             Ok::<_, VerbsError>(CompletionQueues { send, recv })
         })?;
-        let mut hellos = None;
         let queue_pair = ConnectedQueuePair::try_new(queues, |queues| {
             let device = queues.borrow_owner();
             let completion_queues = queues.borrow_dependent();
@@ -273,16 +279,20 @@ impl VerbsEndpoint {
                     peer_has_gid,
                 });
             }
-            hellos = Some((local, remote));
-            prepared.handshake(remote.queue_pair).map_err(|source| {
+            let queue_pair = prepared.handshake(remote.queue_pair).map_err(|source| {
                 device.error(
                     "connecting the queue pair to the peer's (ibv_modify_qp to RTR and RTS)",
                     source,
                 )
+            })?;
+            Ok(Connected {
+                queue_pair,
+                local,
+                remote,
             })
         })?;
         rendezvous.exchange_ready()?;
-        let (local, remote) = hellos.expect("the queue pair connected after the hellos crossed");
+        let Connected { local, remote, .. } = *queue_pair.borrow_dependent();
         Ok(VerbsEndpoint {
             queue_pair: Some(queue_pair),
             device: Arc::clone(device),
@@ -356,7 +366,8 @@ impl VerbsEndpoint {
         let Some(queue_pair) = self.queue_pair.as_mut() else {
             return Err(PostError::Closed);
         };
-        let posted = queue_pair.with_dependent_mut(|_, queue_pair| {
+        let posted = queue_pair.with_dependent_mut(|_, connected| {
+            let queue_pair = &mut connected.queue_pair;
             let (mut memory, range) = match &resolved {
                 Some(resolved) => (
                     resolved.region.region().memory(),
