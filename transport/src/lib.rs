@@ -33,6 +33,8 @@ mod provider;
 mod registry;
 mod shm;
 mod sync;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use error::{PostError, QueueKind, TransportError};
 pub use loopback::{LoopbackEndpoint, LoopbackProvider, LoopbackRegistrar, MAX_QUEUE_DEPTH};

@@ -1,0 +1,234 @@
+//! The verbs provider's errors: opening a device, checking limits, connecting.
+
+use std::io;
+
+use crate::error::QueueKind;
+
+use super::handshake::HandshakeError;
+
+/// What went wrong opening a device, planning memory, or connecting an endpoint. Each
+/// message says what to check or change.
+///
+/// ```
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::verbs::{VerbsConfig, VerbsError, VerbsProvider};
+/// match VerbsProvider::open(&VerbsConfig::new("no-such-device"), MemoryBudget::with_cap(1 << 20)) {
+///     Err(VerbsError::DevicesUnavailable { .. } | VerbsError::NoDevices) => {} // no RDMA here
+///     Err(VerbsError::DeviceNotFound { found, .. }) => println!("devices here: {found:?}"),
+///     other => panic!("{other:?}"),
+/// }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerbsError {
+    /// The RDMA devices could not even be listed: the kernel has no RDMA support loaded.
+    #[error(
+        "no RDMA devices can be listed ({source}): this kernel has no InfiniBand/RDMA \
+         support loaded or /dev/infiniband is missing; load the NIC's RDMA driver, or for \
+         soft-RoCE run `modprobe rdma_rxe` and `rdma link add rxe0 type rxe netdev eth0`"
+    )]
+    DevicesUnavailable {
+        /// The error `ibv_get_device_list` reported.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel supports RDMA but no device is present.
+    #[error(
+        "no RDMA devices found: check `ibv_devices` or `rdma link`; for soft-RoCE run \
+         `rdma link add rxe0 type rxe netdev eth0`"
+    )]
+    NoDevices,
+    /// No device has the name asked for.
+    #[error("no RDMA device is named {name:?}; devices found: {}", found.join(", "))]
+    DeviceNotFound {
+        /// The name asked for.
+        name: String,
+        /// The names of the devices present.
+        found: Vec<String>,
+    },
+    /// The device's port 1 (the only port `ibverbs` 0.9 uses) is not up.
+    #[error(
+        "port 1 of RDMA device {device:?} is not ACTIVE or ARMED: check the link with \
+         `ibv_devinfo -d {device}` (state PORT_ACTIVE), the cable or the netdev under a \
+         soft-RoCE device, and the subnet manager on InfiniBand"
+    )]
+    PortDown {
+        /// The device.
+        device: String,
+        /// The error opening the device reported.
+        #[source]
+        source: io::Error,
+    },
+    /// The GID index asked for (RoCE) is not a usable entry of the device's GID table.
+    #[error(
+        "GID index {gid_index} is not a usable entry of the GID table of {device:?} \
+         ({entries} valid entries); list them with `ibv_devinfo -v -d {device}` (RoCE v2 \
+         entries usually sit at odd indices), or leave the index unset to take the first \
+         RoCE v2 entry"
+    )]
+    GidIndexOutOfRange {
+        /// The device.
+        device: String,
+        /// The index asked for.
+        gid_index: u32,
+        /// The valid entries of the device's GID table.
+        entries: usize,
+    },
+    /// One side routes by GID (RoCE) and the other by LID (InfiniBand).
+    #[error(
+        "this side routes by {} and the peer by {}: on RoCE both sides must set a GID \
+         index, on InfiniBand neither needs one",
+        routing(*local_has_gid),
+        routing(*peer_has_gid)
+    )]
+    RoutingMismatch {
+        /// Whether this side sent a GID.
+        local_has_gid: bool,
+        /// Whether the peer sent a GID.
+        peer_has_gid: bool,
+    },
+    /// A verbs call on the device failed.
+    #[error("RDMA device {device:?} failed in {operation}")]
+    Device {
+        /// The device.
+        device: String,
+        /// The verbs call and what it was for.
+        operation: &'static str,
+        /// The error the call reported.
+        #[source]
+        source: io::Error,
+    },
+    /// A queue depth outside what the provider takes was asked for.
+    #[error("a {queue} queue depth of {depth} is outside 1..={max}")]
+    InvalidDepth {
+        /// Which queue.
+        queue: QueueKind,
+        /// The depth asked for.
+        depth: u32,
+        /// The deepest queue the provider takes.
+        max: u32,
+    },
+    /// The memory a plan may pin passes `RLIMIT_MEMLOCK`.
+    #[error(
+        "the plan may pin {required} bytes but RLIMIT_MEMLOCK allows {limit}: raise the \
+         limit (`ulimit -l unlimited`, `LimitMEMLOCK=infinity` in a systemd unit, \
+         `--ulimit memlock=-1` for a container), run with CAP_IPC_LOCK, or plan fewer \
+         connections or smaller tiers"
+    )]
+    MemlockTooLow {
+        /// Bytes the plan may pin.
+        required: u128,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The connection handshake with the peer failed.
+    #[error("the connection handshake failed")]
+    Handshake(#[from] HandshakeError),
+}
+
+fn routing(has_gid: bool) -> &'static str {
+    if has_gid { "GID" } else { "LID" }
+}
+
+/// The device named `wanted` among `found`, as its position.
+pub(crate) fn select_device(found: &[String], wanted: &str) -> Result<usize, VerbsError> {
+    if found.is_empty() {
+        return Err(VerbsError::NoDevices);
+    }
+    found
+        .iter()
+        .position(|name| name == wanted)
+        .ok_or_else(|| VerbsError::DeviceNotFound {
+            name: wanted.to_owned(),
+            found: found.to_vec(),
+        })
+}
+
+/// The error for a failure to open `device`. `ibverbs` 0.9.2 reports a port that is not
+/// up as an `Other` error with this text and no errno; everything else is a device error.
+pub(crate) fn open_error(device: &str, source: io::Error) -> VerbsError {
+    if source.raw_os_error().is_none() && source.to_string().contains("not ACTIVE or ARMED") {
+        VerbsError::PortDown {
+            device: device.to_owned(),
+            source,
+        }
+    } else {
+        VerbsError::Device {
+            device: device.to_owned(),
+            operation: "opening the device (ibv_open_device, ibv_query_port)",
+            source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_device_is_found_by_its_exact_name() {
+        let found = names(&["mlx5_0", "mlx5_1", "rxe0"]);
+        assert_eq!(select_device(&found, "mlx5_1").unwrap(), 1);
+        assert_eq!(select_device(&found, "rxe0").unwrap(), 2);
+    }
+
+    #[test]
+    fn a_missing_name_lists_the_devices_found() {
+        let found = names(&["mlx5_0", "rxe0"]);
+        let error = select_device(&found, "mlx5").unwrap_err();
+        assert!(
+            matches!(&error, VerbsError::DeviceNotFound { name, found: listed } if name == "mlx5" && *listed == found)
+        );
+        assert_eq!(
+            error.to_string(),
+            "no RDMA device is named \"mlx5\"; devices found: mlx5_0, rxe0"
+        );
+    }
+
+    #[test]
+    fn no_devices_says_how_to_add_one() {
+        let error = select_device(&[], "rxe0").unwrap_err();
+        assert!(matches!(error, VerbsError::NoDevices));
+        assert!(error.to_string().contains("rdma link add"));
+    }
+
+    #[test]
+    fn a_port_that_is_not_up_is_told_apart_from_other_open_failures() {
+        let down = open_error("rxe0", io::Error::other("port is not ACTIVE or ARMED"));
+        assert!(matches!(&down, VerbsError::PortDown { device, .. } if device == "rxe0"));
+        assert!(down.to_string().contains("ibv_devinfo -d rxe0"));
+
+        const ENOMEM: i32 = 12;
+        let other = open_error("rxe0", io::Error::from_raw_os_error(ENOMEM));
+        assert!(matches!(other, VerbsError::Device { .. }));
+    }
+
+    #[test]
+    fn devices_unavailable_explains_kernel_support() {
+        let error = VerbsError::DevicesUnavailable {
+            source: io::Error::from(io::ErrorKind::Unsupported),
+        };
+        let message = error.to_string();
+        assert!(
+            message.contains("kernel") && message.contains("rdma_rxe"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_routing_mismatch_says_which_side_lacks_the_gid() {
+        let error = VerbsError::RoutingMismatch {
+            local_has_gid: false,
+            peer_has_gid: true,
+        };
+        assert_eq!(
+            error.to_string(),
+            "this side routes by LID and the peer by GID: on RoCE both sides must set a GID \
+             index, on InfiniBand neither needs one"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! The verbs provider: InfiniBand, RoCE and iWARP hardware (or soft-RoCE) through the
+//! `ibverbs` crate, behind the `verbs` cargo feature.
+//!
+//! - [`VerbsProvider::open`] opens a device by name (with a GID index for RoCE) and its
+//!   protection domain; its [`VerbsRegistrar`] registers memory there.
+//! - Endpoints are reliable-connected queue pairs with a completion queue per direction,
+//!   connected over TCP: [`VerbsProvider::listen`] accepts any number of peers,
+//!   [`VerbsProvider::connect`] dials one, and [`VerbsProvider::pair`] connects two on one
+//!   device. The TCP part ([`rendezvous`], [`handshake`]) works without a device.
+//! - [`completion_status`] maps `ibv_wc_status` values to [`CompletionStatus`](crate::CompletionStatus),
+//!   and [`check_memlock`] with [`ladder_pinned_bytes`] tells whether `RLIMIT_MEMLOCK` lets
+//!   a ladder's connections pin what they may need.
+//!
+//! `docs/verbs.md` says what `ibverbs` 0.9 cannot do and what that costs, and how to run
+//! the device tests.
+//!
+//! ```no_run
+//! use tierbuf_pool::{MemoryBudget, SlotPool};
+//! use tierbuf_transport::{BufferRef, Completion, Endpoint, Provider};
+//! use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+//! let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+//! let pool = SlotPool::new(&*provider.registrar(), 4096, 4)?;
+//! let (mut a, mut b) = provider.pair(&EndpointOptions::default())?;
+//! let mut message = pool.try_acquire_owned().unwrap();
+//! let inbox = pool.try_acquire_owned().unwrap();
+//! message[..5].copy_from_slice(b"hello");
+//! // SAFETY: neither slot is touched until its completion is polled.
+//! unsafe {
+//!     b.post_recv(BufferRef::from(&inbox), 1)?;
+//!     a.post_send(&[BufferRef::from(&message).prefix(5).unwrap()], 2)?;
+//! }
+//! let mut completions = [Completion::default(); 4];
+//! while b.poll(&mut completions)? == 0 {}
+//! assert_eq!(completions[0].byte_len, 5);
+//! assert_eq!(&inbox[..5], b"hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod device;
+mod endpoint;
+mod error;
+pub mod handshake;
+mod memlock;
+mod registrar;
+pub mod rendezvous;
+mod status;
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+use tierbuf_pool::{MemoryBudget, Registrar};
+
+use crate::provider::Provider;
+use device::OpenDevice;
+pub use endpoint::{EndpointOptions, MAX_MESSAGE_LEN, MAX_QUEUE_DEPTH, VerbsEndpoint};
+pub use error::VerbsError;
+pub use memlock::{MemlockFacts, check_memlock, ladder_pinned_bytes, region_pinned_bytes};
+pub use registrar::VerbsRegistrar;
+use rendezvous::{Rendezvous, RendezvousListener};
+pub use status::completion_status;
+
+/// Which device to open, and how its queue pairs route.
+///
+/// ```
+/// use tierbuf_transport::verbs::VerbsConfig;
+/// let roce = VerbsConfig::new("mlx5_0").with_gid_index(3);
+/// assert_eq!(roce.device(), "mlx5_0");
+/// assert_eq!(roce.gid_index(), Some(3));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerbsConfig {
+    device: String,
+    gid_index: Option<u32>,
+}
+
+impl VerbsConfig {
+    /// The device named `device` (as `ibv_devices` lists it). Queue pairs route by the
+    /// first RoCE v2 entry of its GID table (else RoCE v1) where it has one, as RoCE
+    /// needs, and by LID on InfiniBand.
+    pub fn new(device: impl Into<String>) -> VerbsConfig {
+        VerbsConfig {
+            device: device.into(),
+            gid_index: None,
+        }
+    }
+
+    /// Routes by the GID at `gid_index` of the device's GID table (`ibv_devinfo -v`
+    /// lists the table; `show_gids` names each entry's RoCE version), for example an
+    /// IPv4-mapped RoCE v2 entry where peers are on other subnets. Both sides of a
+    /// connection must route the same way.
+    pub fn with_gid_index(mut self, gid_index: u32) -> VerbsConfig {
+        self.gid_index = Some(gid_index);
+        self
+    }
+
+    /// The device's name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The GID index asked for, if any.
+    pub fn gid_index(&self) -> Option<u32> {
+        self.gid_index
+    }
+}
+
+/// The verbs provider: one device's protection domain, the memory registered in it, and
+/// the endpoints connected through it. Cloning gives another handle onto the same device.
+///
+/// ```no_run
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::verbs::{VerbsConfig, VerbsError, VerbsProvider};
+/// match VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20)) {
+///     Ok(provider) => println!("opened {}", provider.device_name()),
+///     Err(error @ VerbsError::DeviceNotFound { .. }) => eprintln!("{error}"),
+///     Err(error) => return Err(error.into()),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct VerbsProvider {
+    device: Arc<OpenDevice>,
+    registrar: Arc<VerbsRegistrar>,
+}
+
+impl VerbsProvider {
+    /// Opens the device `config` names and allocates its protection domain; memory
+    /// registered through the provider is charged to `budget`.
+    ///
+    /// Fails with [`VerbsError::DevicesUnavailable`] where the kernel has no RDMA
+    /// support, [`VerbsError::NoDevices`] or [`VerbsError::DeviceNotFound`] (listing the
+    /// devices present), [`VerbsError::PortDown`], [`VerbsError::GidIndexOutOfRange`], or
+    /// [`VerbsError::Device`] for a failing verbs call.
+    pub fn open(config: &VerbsConfig, budget: MemoryBudget) -> Result<VerbsProvider, VerbsError> {
+        let device = Arc::new(OpenDevice::open(&config.device, config.gid_index)?);
+        Ok(VerbsProvider {
+            registrar: Arc::new(VerbsRegistrar::new(Arc::clone(&device), budget)),
+            device,
+        })
+    }
+
+    /// The name of the opened device.
+    pub fn device_name(&self) -> &str {
+        self.device.name()
+    }
+
+    /// Connects to the peer listening at `addr` ([`VerbsProvider::listen`]).
+    ///
+    /// ```no_run
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::Endpoint;
+    /// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+    /// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+    /// let endpoint = provider.connect("192.0.2.7:7471".parse()?, &EndpointOptions::default())?;
+    /// assert_eq!(endpoint.limits().max_gather, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn connect(
+        &self,
+        addr: SocketAddr,
+        options: &EndpointOptions,
+    ) -> Result<VerbsEndpoint, VerbsError> {
+        options.check()?;
+        let rendezvous = Rendezvous::connect(addr, options.handshake_timeout)?;
+        VerbsEndpoint::establish(&self.device, self.registrar.table(), rendezvous, options)
+    }
+
+    /// Listens on `addr` for peers that [`connect`](VerbsProvider::connect); each accepted
+    /// peer gets an endpoint made with `options`.
+    ///
+    /// ```no_run
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+    /// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+    /// let listener = provider.listen("0.0.0.0:7471", EndpointOptions::default())?;
+    /// loop {
+    ///     match listener.accept() {
+    ///         Ok(endpoint) => println!("connected to {:?}", endpoint.peer_queue_pair()),
+    ///         Err(error) => eprintln!("a peer failed to connect: {error}"),
+    ///     }
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn listen(
+        &self,
+        addr: impl ToSocketAddrs,
+        options: EndpointOptions,
+    ) -> Result<VerbsListener, VerbsError> {
+        options.check()?;
+        Ok(VerbsListener {
+            provider: self.clone(),
+            rendezvous: RendezvousListener::bind(addr, options.handshake_timeout)?,
+            options,
+        })
+    }
+
+    /// Two endpoints connected to each other on this device, through a rendezvous on
+    /// `127.0.0.1`.
+    ///
+    /// ```no_run
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::{Endpoint, EndpointState};
+    /// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+    /// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+    /// let (a, b) = provider.pair(&EndpointOptions::default())?;
+    /// assert_eq!(a.peer_queue_pair(), b.local_queue_pair());
+    /// assert_eq!(a.state(), EndpointState::Open);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn pair(
+        &self,
+        options: &EndpointOptions,
+    ) -> Result<(VerbsEndpoint, VerbsEndpoint), VerbsError> {
+        let listener = self.listen((Ipv4Addr::LOCALHOST, 0), *options)?;
+        let addr = listener.local_addr()?;
+        std::thread::scope(|scope| {
+            let accepting = scope.spawn(|| listener.accept());
+            let connected = self.connect(addr, options);
+            let accepted = accepting
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            Ok((connected?, accepted?))
+        })
+    }
+}
+
+impl Provider for VerbsProvider {
+    type Endpoint = VerbsEndpoint;
+
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn registrar(&self) -> Arc<dyn Registrar> {
+        Arc::clone(&self.registrar) as Arc<dyn Registrar>
+    }
+}
+
+impl fmt::Debug for VerbsProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsProvider")
+            .field("device", &self.device)
+            .field("registrar", &self.registrar)
+            .finish()
+    }
+}
+
+/// Accepts peers for a [`VerbsProvider`]; see [`VerbsProvider::listen`].
+///
+/// ```no_run
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+/// let provider = VerbsProvider::open(&VerbsConfig::new("mlx5_0"), MemoryBudget::with_cap(64 << 20))?;
+/// let listener = provider.listen("0.0.0.0:0", EndpointOptions::default())?;
+/// println!("listening on {}", listener.local_addr()?);
+/// let endpoint = listener.accept()?;
+/// println!("peer queue pair {}", endpoint.peer_queue_pair().num);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct VerbsListener {
+    provider: VerbsProvider,
+    rendezvous: RendezvousListener,
+    options: EndpointOptions,
+}
+
+impl VerbsListener {
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> Result<SocketAddr, VerbsError> {
+        Ok(self.rendezvous.local_addr()?)
+    }
+
+    /// Waits for the next peer and connects an endpoint to it. A peer whose handshake
+    /// fails is reported and dropped; the listener goes on accepting.
+    pub fn accept(&self) -> Result<VerbsEndpoint, VerbsError> {
+        let rendezvous = self.rendezvous.accept()?;
+        VerbsEndpoint::establish(
+            &self.provider.device,
+            self.provider.registrar.table(),
+            rendezvous,
+            &self.options,
+        )
+    }
+}

@@ -1,0 +1,505 @@
+//! The verbs provider on an RDMA device: a NIC, or soft-RoCE (`rdma link add rxe0 type
+//! rxe netdev eth0`). The tests that need one are ignored by default; run them with
+//!
+//! ```text
+//! TIERBUF_VERBS_DEVICE=rxe0 cargo test -p tierbuf-transport --features verbs -- --ignored
+//! ```
+//!
+//! (`TIERBUF_VERBS_GID_INDEX` picks a GID entry; unset, the provider takes the first RoCE
+//! v2 entry, or routes by LID on InfiniBand). Where no device can be found, each prints
+//! why it skips and passes.
+#![cfg(feature = "verbs")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::verbs::{
+    EndpointOptions, VerbsConfig, VerbsEndpoint, VerbsError, VerbsProvider,
+};
+use tierbuf_transport::{
+    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, PostError, Provider,
+};
+
+const DEVICE_VARIABLE: &str = "TIERBUF_VERBS_DEVICE";
+const GID_INDEX_VARIABLE: &str = "TIERBUF_VERBS_GID_INDEX";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The names of the devices present, or `None` (with the reason printed) when no device
+/// can be found here.
+fn devices_present() -> Option<Vec<String>> {
+    let list = match ibverbs::devices() {
+        Ok(list) => list,
+        Err(error) => {
+            println!(
+                "skipped: no RDMA devices can be listed on this machine ({error}); \
+                 see docs/verbs.md for soft-RoCE"
+            );
+            return None;
+        }
+    };
+    let names: Vec<String> = list
+        .iter()
+        .filter_map(|device| {
+            device
+                .name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .collect();
+    if names.is_empty() {
+        println!("skipped: no RDMA device found; see docs/verbs.md for soft-RoCE");
+        return None;
+    }
+    Some(names)
+}
+
+/// A provider on the device `TIERBUF_VERBS_DEVICE` names (else the first one present),
+/// or `None` when there is none.
+fn provider(budget: &MemoryBudget) -> Option<VerbsProvider> {
+    let names = devices_present()?;
+    let name = std::env::var(DEVICE_VARIABLE).unwrap_or_else(|_| {
+        println!(
+            "{DEVICE_VARIABLE} is not set; using {} of {names:?}",
+            names[0]
+        );
+        names[0].clone()
+    });
+    let mut config = VerbsConfig::new(name);
+    if let Ok(index) = std::env::var(GID_INDEX_VARIABLE) {
+        let index = index
+            .parse()
+            .unwrap_or_else(|_| panic!("{GID_INDEX_VARIABLE}={index:?} is not a number"));
+        config = config.with_gid_index(index);
+    }
+    match VerbsProvider::open(&config, budget.clone()) {
+        Ok(provider) => Some(provider),
+        Err(error) => panic!("opening {}: {error}", config.device()),
+    }
+}
+
+fn options() -> EndpointOptions {
+    EndpointOptions {
+        send_depth: 16,
+        recv_depth: 16,
+        ..EndpointOptions::default()
+    }
+}
+
+/// Polls `endpoint` until it has returned `count` completions.
+fn wait_for(endpoint: &mut VerbsEndpoint, count: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + WAIT;
+    let mut buffer = [Completion::default(); 16];
+    let mut taken = Vec::new();
+    while taken.len() < count {
+        let ready = endpoint.poll(&mut buffer).expect("poll");
+        taken.extend_from_slice(&buffer[..ready]);
+        assert!(
+            Instant::now() < deadline,
+            "only {taken:?} of {count} completions came"
+        );
+    }
+    assert_eq!(
+        taken.len(),
+        count,
+        "more completions than requests: {taken:?}"
+    );
+    taken
+}
+
+fn slot(pool: &SlotPool) -> OwnedSlot {
+    pool.try_acquire_owned().expect("a free slot")
+}
+
+#[test]
+fn opening_a_missing_device_says_what_is_there() {
+    let budget = MemoryBudget::with_cap(1 << 20);
+    let error = VerbsProvider::open(&VerbsConfig::new("tierbuf-no-such-device"), budget)
+        .expect_err("no device has this name");
+    println!("{error}");
+    match ibverbs::devices() {
+        Err(_) => assert!(
+            matches!(error, VerbsError::DevicesUnavailable { .. }),
+            "{error:?}"
+        ),
+        Ok(list) if list.is_empty() => assert!(matches!(error, VerbsError::NoDevices)),
+        Ok(list) => match error {
+            VerbsError::DeviceNotFound { name, found } => {
+                assert_eq!(name, "tierbuf-no-such-device");
+                assert_eq!(found.len(), list.len());
+            }
+            other => panic!("{other:?}"),
+        },
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_pair_on_one_device_is_connected_queue_pair_to_queue_pair() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let (a, b) = provider.pair(&options()).unwrap();
+    assert_eq!(a.peer_queue_pair(), b.local_queue_pair());
+    assert_eq!(b.peer_queue_pair(), a.local_queue_pair());
+    assert_ne!(a.local_queue_pair().num, b.local_queue_pair().num);
+    for endpoint in [&a, &b] {
+        assert_eq!(endpoint.state(), EndpointState::Open);
+        assert_eq!(endpoint.device_name(), provider.device_name());
+        let limits = endpoint.limits();
+        assert_eq!(
+            (limits.send_depth, limits.recv_depth, limits.max_gather),
+            (16, 16, 1)
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_message_goes_there_and_an_answer_comes_back() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 4).unwrap();
+    let (mut client, mut server) = provider.pair(&options()).unwrap();
+    let (mut request, server_inbox) = (slot(&pool), slot(&pool));
+    let (mut answer, client_inbox) = (slot(&pool), slot(&pool));
+    request[..4].copy_from_slice(b"ping");
+    // SAFETY: no slot is touched until its completion is polled.
+    unsafe {
+        server.post_recv(BufferRef::from(&server_inbox), 1).unwrap();
+        client.post_recv(BufferRef::from(&client_inbox), 2).unwrap();
+        client
+            .post_send(&[BufferRef::from(&request).prefix(4).unwrap()], 3)
+            .unwrap();
+    }
+    let received = wait_for(&mut server, 1)[0];
+    assert_eq!(
+        (
+            received.wr_id,
+            received.byte_len,
+            received.status,
+            received.opcode
+        ),
+        (1, 4, CompletionStatus::Success, Opcode::Recv)
+    );
+    assert_eq!(&server_inbox[..4], b"ping");
+    answer[..4].copy_from_slice(b"pong");
+    answer[4..4096].fill(0x5a);
+    // SAFETY: as above.
+    unsafe { server.post_send(&[BufferRef::from(&answer)], 4).unwrap() };
+    let mut at_client = wait_for(&mut client, 2);
+    at_client.sort_by_key(|completion| completion.wr_id);
+    assert_eq!((at_client[0].wr_id, at_client[0].byte_len), (2, 4096));
+    assert_eq!((at_client[1].wr_id, at_client[1].opcode), (3, Opcode::Send));
+    assert!(
+        at_client
+            .iter()
+            .all(|completion| completion.status.is_success())
+    );
+    assert_eq!(&client_inbox[..4], b"pong");
+    assert!(client_inbox[4..].iter().all(|&byte| byte == 0x5a));
+    let sent = wait_for(&mut server, 1)[0];
+    assert_eq!((sent.wr_id, sent.status), (4, CompletionStatus::Success));
+    assert_eq!(client.outstanding().sends + client.outstanding().recvs, 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_send_with_no_receive_waits_and_an_empty_message_arrives() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 2).unwrap();
+    let (mut sender, mut receiver) = provider.pair(&options()).unwrap();
+    // SAFETY: nothing is written to the empty message.
+    unsafe { sender.post_send(&[], 7).unwrap() };
+    let mut completions = [Completion::default(); 4];
+    for _ in 0..1000 {
+        // Without a posted receive the send cannot complete: it waits (RNR retry forever).
+        assert_eq!(sender.poll(&mut completions).unwrap(), 0);
+    }
+    let inbox = slot(&pool);
+    // SAFETY: the slot is not touched until its completion is polled.
+    unsafe { receiver.post_recv(BufferRef::from(&inbox), 8).unwrap() };
+    let received = wait_for(&mut receiver, 1)[0];
+    assert_eq!(
+        (received.wr_id, received.byte_len, received.status),
+        (8, 0, CompletionStatus::Success)
+    );
+    let sent = wait_for(&mut sender, 1)[0];
+    assert_eq!((sent.wr_id, sent.status), (7, CompletionStatus::Success));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn keys_bounds_gathers_and_depths_are_checked_when_posting() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 4).unwrap();
+    let (mut a, _b) = provider
+        .pair(&EndpointOptions {
+            send_depth: 1,
+            recv_depth: 2,
+            ..EndpointOptions::default()
+        })
+        .unwrap();
+    let buffer = slot(&pool);
+    let whole = BufferRef::from(&buffer);
+    let region = pool.keys();
+    let region_len = pool.region_len();
+    // SAFETY: every post below that succeeds names a slot left alone until the endpoint
+    // is dropped; the refused ones post nothing.
+    unsafe {
+        let unknown = BufferRef {
+            remote_key: whole.remote_key ^ 0x5a5a_0000,
+            ..whole
+        };
+        assert_eq!(
+            a.post_recv(unknown, 1),
+            Err(PostError::UnknownKey {
+                remote_key: unknown.remote_key
+            })
+        );
+        let before = BufferRef {
+            addr: region.remote_addr - 1,
+            len: 1,
+            ..whole
+        };
+        assert!(matches!(
+            a.post_recv(before, 1),
+            Err(PostError::OutOfBounds { .. })
+        ));
+        let past = BufferRef {
+            addr: region.remote_addr + region_len as u64 - 8,
+            len: 9,
+            ..whole
+        };
+        assert!(matches!(
+            a.post_send(&[past], 1),
+            Err(PostError::OutOfBounds { region_len: len, .. }) if len == region_len
+        ));
+        assert_eq!(
+            a.post_send(&[whole, whole], 1),
+            Err(PostError::TooManyBuffers { given: 2, max: 1 })
+        );
+        assert_eq!(a.outstanding().sends + a.outstanding().recvs, 0);
+
+        let second = slot(&pool);
+        a.post_recv(whole, 1).unwrap();
+        a.post_recv(BufferRef::from(&second), 2).unwrap();
+        let third = slot(&pool);
+        assert!(matches!(
+            a.post_recv(BufferRef::from(&third), 3),
+            Err(PostError::QueueFull { depth: 2, .. })
+        ));
+        let fourth = slot(&pool);
+        a.post_send(&[BufferRef::from(&fourth)], 4).unwrap();
+        assert!(matches!(
+            a.post_send(&[BufferRef::from(&third)], 5),
+            Err(PostError::QueueFull { depth: 1, .. })
+        ));
+        drop(a);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_message_longer_than_its_receive_fails_both_sides_and_breaks_the_connection() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 4).unwrap();
+    let (mut sender, mut receiver) = provider.pair(&options()).unwrap();
+    let (message, inbox) = (slot(&pool), slot(&pool));
+    // SAFETY: neither slot is touched until its completion is polled.
+    unsafe {
+        receiver
+            .post_recv(BufferRef::from(&inbox).prefix(100).unwrap(), 1)
+            .unwrap();
+        sender
+            .post_send(&[BufferRef::from(&message).prefix(200).unwrap()], 2)
+            .unwrap();
+    }
+    let received = wait_for(&mut receiver, 1)[0];
+    assert_eq!(received.status, CompletionStatus::LocalLengthError);
+    assert_eq!(received.byte_len, 0);
+    let sent = wait_for(&mut sender, 1)[0];
+    assert_eq!(sent.status, CompletionStatus::RemoteInvalidRequest);
+    assert_eq!(receiver.state(), EndpointState::Broken);
+    assert_eq!(sender.state(), EndpointState::Broken);
+    // SAFETY: refused, nothing is posted.
+    let refused = unsafe { sender.post_send(&[BufferRef::from(&message)], 3) };
+    assert_eq!(refused, Err(PostError::ConnectionBroken));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn closing_flushes_both_sides_and_refuses_later_posts() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 4).unwrap();
+    let (mut a, mut b) = provider.pair(&options()).unwrap();
+    let slots: Vec<OwnedSlot> = (0..4).map(|_| slot(&pool)).collect();
+    // SAFETY: the slots are left alone until their completions come back or the
+    // endpoints are closed.
+    unsafe {
+        a.post_recv(BufferRef::from(&slots[0]), 10).unwrap();
+        a.post_recv(BufferRef::from(&slots[1]), 11).unwrap();
+        b.post_recv(BufferRef::from(&slots[2]), 20).unwrap();
+        b.post_recv(BufferRef::from(&slots[3]), 21).unwrap();
+    }
+    a.close();
+    assert_eq!(a.state(), EndpointState::Closed);
+    let flushed = wait_for(&mut a, 2);
+    assert_eq!(
+        flushed
+            .iter()
+            .map(|completion| (completion.wr_id, completion.status))
+            .collect::<Vec<_>>(),
+        [
+            (10, CompletionStatus::Flushed),
+            (11, CompletionStatus::Flushed)
+        ]
+    );
+    // The peer learns of the close through the connection socket while it polls.
+    let flushed = wait_for(&mut b, 2);
+    assert!(
+        flushed
+            .iter()
+            .all(|completion| completion.status == CompletionStatus::Flushed)
+    );
+    assert_eq!(b.state(), EndpointState::PeerClosed);
+    // SAFETY: refused, nothing is posted.
+    unsafe {
+        assert_eq!(
+            a.post_recv(BufferRef::from(&slots[0]), 12),
+            Err(PostError::Closed)
+        );
+        assert_eq!(
+            b.post_recv(BufferRef::from(&slots[2]), 22),
+            Err(PostError::PeerClosed)
+        );
+    }
+    a.close();
+    assert_eq!(a.state(), EndpointState::Closed);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_listener_accepts_many_endpoints() {
+    const PEERS: u64 = 4;
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 2 * PEERS as usize).unwrap();
+    let listener = provider.listen("127.0.0.1:0", options()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::scope(|scope| {
+        for peer in 0..PEERS {
+            let (provider, pool) = (&provider, &pool);
+            scope.spawn(move || {
+                let mut endpoint = provider.connect(addr, &options()).unwrap();
+                let mut message = slot(pool);
+                message[..8].copy_from_slice(&peer.to_le_bytes());
+                // SAFETY: the slot is left alone until its completion is polled.
+                unsafe {
+                    endpoint
+                        .post_send(&[BufferRef::from(&message).prefix(8).unwrap()], peer)
+                        .unwrap()
+                };
+                assert!(wait_for(&mut endpoint, 1)[0].status.is_success());
+            });
+        }
+        let mut seen = Vec::new();
+        for _ in 0..PEERS {
+            let mut endpoint = listener.accept().unwrap();
+            let inbox = slot(&pool);
+            // SAFETY: the slot is left alone until its completion is polled.
+            unsafe { endpoint.post_recv(BufferRef::from(&inbox), 0).unwrap() };
+            let received = wait_for(&mut endpoint, 1)[0];
+            assert_eq!(
+                (received.status, received.byte_len),
+                (CompletionStatus::Success, 8)
+            );
+            seen.push(u64::from_le_bytes(inbox[..8].try_into().unwrap()));
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..PEERS).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_connection_promotes_and_segments_over_verbs() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let ladder = Arc::new(
+        TierLadder::builder()
+            .tier(256, 8, 240)
+            .tier(4096, 8, 4080)
+            .tier(65536, 4, 65520)
+            .build()
+            .unwrap(),
+    );
+    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let core = || {
+        ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap()
+    };
+    let (a, b) = provider
+        .pair(&EndpointOptions {
+            send_depth: 32,
+            recv_depth: 32,
+            ..EndpointOptions::default()
+        })
+        .unwrap();
+    let mut sender = Connection::new(core(), a).unwrap();
+    let mut receiver = Connection::new(core(), b).unwrap();
+    let messages: Vec<Vec<u8>> = [10usize, 200, 3000, 60_000, 200_000, 5]
+        .iter()
+        .enumerate()
+        .map(|(index, &len)| (0..len).map(|byte| (byte * 31 + index) as u8).collect())
+        .collect();
+    let expected = messages.clone();
+    let reader = std::thread::spawn(move || {
+        for (index, message) in expected.iter().enumerate() {
+            let received = receiver.recv().expect("a message");
+            assert!(received[..] == message[..], "message {index} differs");
+        }
+        receiver
+    });
+    for message in &messages {
+        sender.send(message).expect("send");
+    }
+    sender.flush().unwrap();
+    let receiver = reader.join().unwrap();
+    let stats = sender.stats();
+    assert!(stats.promotions >= 1, "{stats:?}");
+    assert_eq!(stats.messages_sent, messages.len() as u64);
+    assert_eq!(receiver.stats().messages_received, messages.len() as u64);
+    drop((sender, receiver, reservoir));
+    assert_eq!(budget.in_use(), 0, "every registered byte comes back");
+}
