@@ -340,3 +340,15 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
     assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(3000, 3));
     assert_eq!(pair.sides[0].received.last().unwrap(), &pattern(20, 4));
 }
+
+#[test]
+fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
+    // Side 1's budget holds its tier-0 buffers and nothing larger, so it can neither
+    // provision larger receives nor register larger send buffers.
+    let mut pair = Pair::new([1 << 20, 128 * 4 * 2]);
+    let big = pattern(3000, 5);
+    pair.send(1, &big);
+    pair.settle();
+    assert_eq!(pair.sides[0].received, vec![big]);
+    assert_eq!(pair.sides[1].core.stats().messages_sent, 1);
+}

@@ -168,13 +168,19 @@ impl<E: Endpoint> Connection<E> {
         }
     }
 
-    /// The next delivered message, if one has arrived; makes progress first.
+    /// The next delivered message, if one has arrived; makes progress first. Messages
+    /// delivered before the connection failed are still returned, then the failure.
     pub fn try_recv(&mut self) -> Result<Option<Message>, Arc<ConnectionError>> {
         if let Some(message) = self.core.try_recv() {
             return Ok(Some(message));
         }
-        self.progress()?;
-        Ok(self.core.try_recv())
+        let progressed = self.progress();
+        // Messages that arrived before a failure (a peer that sent, then closed) are
+        // still handed out; the failure is reported once none is left.
+        match self.core.try_recv() {
+            Some(message) => Ok(Some(message)),
+            None => progressed.map(|()| None),
+        }
     }
 
     /// The next delivered message, if one has arrived, without making progress: for a

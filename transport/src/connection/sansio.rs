@@ -460,7 +460,10 @@ impl ConnectionCore {
                 max: self.config.max_message_len,
             });
         }
-        let tier = self.send_tier();
+        // Frames are bounded by the negotiated tier (the peer's receives) and by this
+        // side's send slots, which stay smaller when its own budget refused to follow.
+        let negotiated = self.send_tier();
+        let tier = negotiated.min(self.send_region.tier());
         let capacity = self.config.whole_capacity(tier);
         if total <= capacity {
             return self.send_whole(message, total);
@@ -485,7 +488,7 @@ impl ConnectionCore {
         let refused = self
             .refused
             .is_some_and(|(refused, until)| refused <= target && now < until);
-        if target > tier && !refused {
+        if target > negotiated && !refused {
             return match self.negotiation.request_tier(now, target) {
                 Ok(RequestStatus::InForce) => self.offer(now, message),
                 Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
