@@ -38,3 +38,98 @@ pub fn post_is_never_stranded() {
     assert_eq!(completions[0].byte_len, 64);
     drop((sender, receiver, message, inbox));
 }
+
+/// The shared-memory provider's queue protocol between the two processes, with a thread
+/// standing in for each process and the shipped `Segment` operations between them.
+pub mod shm {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::thread;
+    use tierbuf_transport::shm_segment::{Filled, PostedBuffer, Segment, SegmentState};
+
+    /// The receive buffer the models' receiver posts: what it names, and its bytes.
+    const BUFFER: PostedBuffer = PostedBuffer {
+        remote_key: 0x1201,
+        addr: 0x7f00_0000_1000,
+        len: 4,
+    };
+    const MESSAGE: [u8; 4] = [1, 2, 3, 4];
+
+    /// Waits (letting the other thread run) until `ready` gives a value.
+    fn wait_for<T>(mut ready: impl FnMut() -> Option<T>) -> T {
+        loop {
+            if let Some(value) = ready() {
+                return value;
+            }
+            thread::yield_now();
+        }
+    }
+
+    /// Model 5: the receiver posts a buffer while the sender waits for it, copies a
+    /// message into it and publishes the delivery while the receiver waits for that. The
+    /// sender must see the whole posted entry once it sees the post counted, and the
+    /// receiver the whole message once it sees the delivery counted: loom reports any
+    /// read of the message bytes not ordered after their write.
+    pub fn delivery_publishes_the_whole_message() {
+        let segment = Arc::new(Segment::<2>::new_boxed());
+        let receive_buffer = Arc::new(UnsafeCell::new([0u8; 4]));
+        let sender = {
+            let segment = Arc::clone(&segment);
+            let receive_buffer = Arc::clone(&receive_buffer);
+            thread::spawn(move || {
+                let posted = wait_for(|| segment.direction(0).posted(0));
+                assert_eq!(
+                    posted, BUFFER,
+                    "the sender read a posted entry before it was written"
+                );
+                assert!(segment.begin_copy(0));
+                // SAFETY: the receiver posted this buffer and reads it only after the
+                // delivery below is published (what loom checks).
+                receive_buffer.with_mut(|bytes| unsafe { *bytes = MESSAGE });
+                segment.direction(0).deliver(0, Filled::Delivered(4));
+            })
+        };
+        segment.direction(0).post(0, BUFFER);
+        let result = wait_for(|| segment.direction(0).delivered(0));
+        assert_eq!(
+            result,
+            Ok(Filled::Delivered(4)),
+            "a delivery without its result"
+        );
+        // SAFETY: the delivery was seen published, so the sender's write is done.
+        let received = receive_buffer.with(|bytes| unsafe { *bytes });
+        assert_eq!(
+            received, MESSAGE,
+            "a delivery seen without the whole message"
+        );
+        sender.join().unwrap();
+    }
+
+    /// Model 7: side 1 closes while side 0 may be copying into side 1's posted buffer.
+    /// Once `close` and `shut_incoming` return, side 1 reuses the buffer; the sender must
+    /// either have found the gate shut and not copied, or have finished its copy before
+    /// the wait ended. loom reports a copy that overlaps the reuse.
+    pub fn close_waits_for_a_copy_in_progress() {
+        let segment = Arc::new(Segment::<2>::new_boxed());
+        let receive_buffer = Arc::new(UnsafeCell::new([0u8; 4]));
+        segment.direction(0).post(0, BUFFER);
+        let sender = {
+            let segment = Arc::clone(&segment);
+            let receive_buffer = Arc::clone(&receive_buffer);
+            thread::spawn(move || {
+                if segment.begin_copy(0) {
+                    // SAFETY: `begin_copy` passed the gate, so the receiver waits for this
+                    // copy before it touches the buffer again (what loom checks).
+                    receive_buffer.with_mut(|bytes| unsafe { *bytes = MESSAGE });
+                    segment.direction(0).deliver(0, Filled::Delivered(4));
+                }
+            })
+        };
+        segment.close(1);
+        segment.shut_incoming(1, || true);
+        // SAFETY: the close returned, so no copy into the buffer is in progress.
+        receive_buffer.with_mut(|bytes| unsafe { *bytes = [0xEE; 4] });
+        assert_eq!(segment.state(), SegmentState::ClosedBy(1));
+        sender.join().unwrap();
+    }
+}

@@ -7,7 +7,7 @@ use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
 use tierbuf_loom_tests::harness::expect_caught;
 use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
 use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
-use tierbuf_loom_tests::transport_models::post_is_never_stranded;
+use tierbuf_loom_tests::transport_models::{post_is_never_stranded, shm};
 use tierbuf_pool::sync::planted::Bug;
 
 #[test]
@@ -61,4 +61,25 @@ fn loopback_no_recheck_after_release_is_caught() {
 fn lent_count_load_then_store_is_caught() {
     let message = expect_caught(Bug::LentCountLoadThenStore, returned_slots_across_threads);
     assert!(message.contains("lost an update"), "{message}");
+}
+
+#[test]
+fn shm_publish_relaxed_is_caught() {
+    let message = expect_caught(
+        Bug::ShmPublishRelaxed,
+        shm::delivery_publishes_the_whole_message,
+    );
+    assert!(
+        message.contains("Causality violation") || message.contains("before it was written"),
+        "{message}"
+    );
+}
+
+#[test]
+fn shm_copy_gate_check_then_set_is_caught() {
+    let message = expect_caught(
+        Bug::ShmCopyGateCheckThenSet,
+        shm::close_waits_for_a_copy_in_progress,
+    );
+    assert!(message.contains("Causality violation"), "{message}");
 }

@@ -1,10 +1,20 @@
-//! Models of the `transport` crate's loopback provider. The planted-bug variants are in
+//! Models of the `transport` crate's loopback provider and shared-memory queues. The planted-bug variants are in
 //! `planted.rs`.
 #![cfg(loom)]
 
-use tierbuf_loom_tests::transport_models::post_is_never_stranded;
+use tierbuf_loom_tests::transport_models::{post_is_never_stranded, shm};
 
 #[test]
 fn loopback_post_is_never_stranded() {
     loom::model(post_is_never_stranded);
+}
+
+#[test]
+fn shm_delivery_publishes_the_whole_message() {
+    loom::model(shm::delivery_publishes_the_whole_message);
+}
+
+#[test]
+fn shm_close_waits_for_a_copy_in_progress() {
+    loom::model(shm::close_waits_for_a_copy_in_progress);
 }

@@ -62,10 +62,11 @@ pub mod planted {
         /// `Relaxed` stores instead of `Release`, so the reader may see the count move
         /// before the entry or the message it covers (`tierbuf-transport`).
         ShmPublishRelaxed = 8,
-        /// The shared-memory sender checks that the connection is open before raising
-        /// its copying flag instead of after, so a closer can miss a copy in progress and
-        /// return while the peer still writes its buffer (`tierbuf-transport`).
-        ShmCopyFlagAfterStateCheck = 9,
+        /// The shared-memory sender checks that the receiver has not shut its gate and
+        /// then marks itself copying, as two separate steps, so a closer can miss a copy
+        /// in progress and take its buffer back while the peer still writes it
+        /// (`tierbuf-transport`).
+        ShmCopyGateCheckThenSet = 9,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

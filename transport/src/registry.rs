@@ -42,6 +42,7 @@ pub(crate) struct Registered<R> {
 
 impl<R: Region> Registered<R> {
     /// The region itself.
+    #[cfg(not(loom))]
     pub(crate) fn region(&self) -> &R {
         &self.region
     }

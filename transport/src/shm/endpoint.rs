@@ -350,7 +350,7 @@ impl ShmEndpoint {
             // the peer's buffer, which `peer_buffer` found inside a mapping of ours,
             // because the segments add up to `send.len <= buffer.len`. The peer promised
             // the buffer to this send (it is the oldest posted receive) and, closing,
-            // waits for the copying flag raised above.
+            // shuts its gate and waits for the copy `begin_copy` admitted.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     segment.region.byte_at(segment.offset).as_ptr(),
@@ -445,7 +445,7 @@ impl ShmEndpoint {
         let mut peer_gone = self.peer_gone;
         // Records that arrive now are dropped (closing their descriptors): the connection
         // is down, so nothing will be sent into an announced region again.
-        self.segment().wait_for_copy(side, || {
+        self.segment().shut_incoming(side, || {
             if !peer_gone {
                 peer_gone = matches!(
                     receive_record(socket.as_fd(), false),

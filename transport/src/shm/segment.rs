@@ -26,12 +26,15 @@
 //!   memory file on the bootstrap socket, then bumps `announced` (`Release`), then posts
 //!   the receive naming it; a sender that reads the entry has therefore seen the bump
 //!   and drains the socket up to it before it looks the key up.
-//! - **No copy after close.** The sender raises `copying` and then reads `state`, both
-//!   sequentially consistent, and copies only if the state is still `OPEN`; the closer
-//!   moves `state` off `OPEN` and then waits until `copying` is down. In the single order
-//!   of these four operations either the sender sees the close (and does not copy) or the
-//!   closer sees the flag (and waits for the copy). So once `close` returns, the peer
-//!   writes none of the closer's buffers again.
+//! - **No copy after shutting.** Each direction has a `gate` word with two bits: the
+//!   sender sets `COPYING` with a compare-and-swap that fails if `SHUT` is set, and clears
+//!   it (`Release`) after the copy; the receiver sets `SHUT` with a fetch-or before it
+//!   gives its posted buffers back (closing, or flushing a broken connection) and, if the
+//!   fetch-or found `COPYING`, waits (`Acquire`) until it clears. Both are read-modify-
+//!   writes of one word, so they are ordered: either the sender's swap comes first (and
+//!   the receiver waits for the copy, whose writes then happen before its wait ends) or
+//!   the receiver's (and the sender does not copy). So once the receiver has shut its
+//!   gate, the peer writes none of its buffers again.
 
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
@@ -40,6 +43,7 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 pub const RING_CAPACITY: usize = 1024;
 
 /// The segment as the provider lays it out in shared memory.
+#[cfg(not(loom))]
 pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
 
 /// Marks a segment of this layout: `"tierbuf"` and the layout version.
@@ -73,6 +77,10 @@ pub enum Filled {
     /// region); nothing was written.
     Unreachable,
 }
+
+/// Gate bits.
+const COPYING: u32 = 1;
+const SHUT: u32 = 2;
 
 const FILLED_DELIVERED: u32 = 1;
 const FILLED_TOO_LONG: u32 = 2;
@@ -112,8 +120,9 @@ pub struct Direction<const N: usize> {
     announced: AtomicU64,
     /// Receives filled, ever (the sender's ring head); on its own cache line.
     delivered: Padded<AtomicU64>,
-    /// Raised by the sender while it may write into the receiver's memory.
-    copying: AtomicU32,
+    /// `COPYING` while the sender may write into the receiver's memory; `SHUT` once the
+    /// receiver has taken its buffers back.
+    gate: AtomicU32,
     entries: [Entry; N],
 }
 
@@ -144,11 +153,13 @@ impl<const N: usize> Segment<N> {
     }
 
     /// Stamps a zeroed segment as this layout's.
+    #[cfg(not(loom))]
     pub(crate) fn stamp(&self) {
         self.magic.store(SEGMENT_MAGIC, Ordering::Release);
     }
 
     /// Whether the segment carries this layout's stamp.
+    #[cfg(not(loom))]
     pub(crate) fn is_stamped(&self) -> bool {
         self.magic.load(Ordering::Acquire) == SEGMENT_MAGIC
     }
@@ -185,39 +196,42 @@ impl<const N: usize> Segment<N> {
     }
 
     /// The sender's step before it writes into the receiver's memory on the direction
-    /// from `side`: raises the copying flag, then checks that the connection is open.
-    /// `true` means copy, then call [`Direction::deliver`]; `false` means the connection
-    /// is down and the flag is lowered again.
+    /// from `side`: passes the gate unless the receiver has shut it (or the connection is
+    /// down). `true` means copy, then call [`Direction::deliver`], which reopens the gate.
     pub fn begin_copy(&self, side: usize) -> bool {
-        let direction = &self.directions[side];
+        if self.state() != SegmentState::Open {
+            return false;
+        }
+        let gate = &self.directions[side].gate;
         #[cfg(loom)]
         if tierbuf_pool::sync::planted::is_planted(
-            tierbuf_pool::sync::planted::Bug::ShmCopyFlagAfterStateCheck,
+            tierbuf_pool::sync::planted::Bug::ShmCopyGateCheckThenSet,
         ) {
-            let open = self.state() == SegmentState::Open;
-            if open {
-                direction.copying.store(1, Ordering::SeqCst);
+            if gate.load(Ordering::Acquire) & SHUT != 0 {
+                return false;
             }
-            return open;
-        }
-        direction.copying.store(1, Ordering::SeqCst);
-        if self.state() == SegmentState::Open {
+            gate.store(COPYING, Ordering::Relaxed);
             return true;
         }
-        direction.copying.store(0, Ordering::SeqCst);
-        false
+        gate.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+            (bits & SHUT == 0).then_some(bits | COPYING)
+        })
+        .is_ok()
     }
 
-    /// The closer's wait, after the state has left `OPEN`, until the sender on the
-    /// direction towards `side` is not copying. `keep_waiting` is asked between looks
-    /// (it says whether the peer may still be alive); a `false` ends the wait.
-    pub fn wait_for_copy(&self, side: usize, mut keep_waiting: impl FnMut() -> bool) {
-        let direction = &self.directions[1 - side];
-        while direction.copying.load(Ordering::SeqCst) != 0 {
+    /// The receiver's step before it takes back the buffers it posted (closing, or
+    /// flushing a broken connection): shuts the gate of the direction towards `side` and,
+    /// if the sender is copying, waits until it is done. `keep_waiting` is asked between
+    /// looks (it says whether the peer may still be alive); a `false` ends the wait.
+    pub fn shut_incoming(&self, side: usize, mut keep_waiting: impl FnMut() -> bool) {
+        let gate = &self.directions[1 - side].gate;
+        let mut bits = gate.fetch_or(SHUT, Ordering::AcqRel);
+        while bits & COPYING != 0 {
             if !keep_waiting() {
                 return;
             }
             crate::sync::yield_now();
+            bits = gate.load(Ordering::Acquire);
         }
     }
 }
@@ -228,7 +242,7 @@ impl<const N: usize> Direction<N> {
             posted: AtomicU64::new(0),
             announced: AtomicU64::new(0),
             delivered: Padded(AtomicU64::new(0)),
-            copying: AtomicU32::new(0),
+            gate: AtomicU32::new(0),
             entries: std::array::from_fn(|_| Entry {
                 remote_key: AtomicU32::new(0),
                 len: AtomicU32::new(0),
@@ -268,8 +282,8 @@ impl<const N: usize> Direction<N> {
         })
     }
 
-    /// The sender's report on the `count`-th posted receive: writes the result, lowers
-    /// the copying flag, then publishes the delivery (and so the message copied before).
+    /// The sender's report on the `count`-th posted receive: writes the result, reopens
+    /// the gate, then publishes the delivery (and so the message copied before).
     pub fn deliver(&self, count: u64, filled: Filled) {
         let entry = self.entry(count);
         let (code, byte_len) = match filled {
@@ -279,7 +293,7 @@ impl<const N: usize> Direction<N> {
         };
         entry.byte_len.store(byte_len, Ordering::Relaxed);
         entry.filled.store(code, Ordering::Relaxed);
-        self.copying.store(0, Ordering::SeqCst);
+        self.gate.fetch_and(!COPYING, Ordering::Release);
         self.delivered.0.store(count + 1, publication());
     }
 
@@ -300,11 +314,13 @@ impl<const N: usize> Direction<N> {
     }
 
     /// The receiver's record that it sent one more region announcement.
+    #[cfg(not(loom))]
     pub(crate) fn announce(&self) {
         self.announced.fetch_add(1, Ordering::Release);
     }
 
     /// Region announcements the receiver has sent, ever.
+    #[cfg(not(loom))]
     pub(crate) fn announced(&self) -> u64 {
         self.announced.load(Ordering::Acquire)
     }
@@ -385,11 +401,22 @@ mod tests {
         assert_eq!(segment.state(), SegmentState::ClosedBy(1));
         assert!(!segment.begin_copy(0));
         let mut asked = 0;
-        segment.wait_for_copy(1, || {
+        segment.shut_incoming(1, || {
             asked += 1;
             true
         });
         assert_eq!(asked, 0, "nobody is copying, so the closer does not wait");
+    }
+
+    #[test]
+    fn a_shut_gate_stops_the_sender_even_while_the_connection_is_open() {
+        let segment = Segment::<4>::new_boxed();
+        assert!(segment.begin_copy(0));
+        segment.direction(0).deliver(0, Filled::Delivered(0));
+        segment.shut_incoming(1, || unreachable!("the copy is done"));
+        assert_eq!(segment.state(), SegmentState::Open);
+        assert!(!segment.begin_copy(0), "the gate is shut");
+        assert!(segment.begin_copy(1), "the other direction's gate is open");
     }
 
     #[test]
