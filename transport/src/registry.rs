@@ -1,8 +1,8 @@
-//! Registration shared by the software providers: a [`RegionTable`] of the live regions
-//! of one provider by remote key, the [`RegisteredRegion`] handle through which the user
-//! owns each, and the per-endpoint [`RegionCache`] through which posts resolve and check
+//! Registration shared by the providers: a [`RegionTable`] of the live regions of one
+//! provider by remote key, the [`RegisteredRegion`] handle through which the user owns
+//! each, and the per-endpoint [`RegionCache`] through which posts resolve and check
 //! buffers. The loopback provider keeps host regions in it, the shared-memory provider
-//! shared ones.
+//! sealed memory files, the verbs provider device memory regions.
 //!
 //! # Invariants
 //!
