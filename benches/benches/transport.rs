@@ -39,18 +39,24 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tierbuf_benches::pin_to_core;
-use tierbuf_pool::MemoryBudget;
+use tierbuf_pool::{MemoryBudget, Registrar};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionCore, ConnectionStats, SendError,
 };
-use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+use tierbuf_transport::{Endpoint, LoopbackEndpoint, LoopbackProvider, Provider};
 
 const SIZES: [usize; 5] = [64, 1024, 8 * 1024, 64 * 1024, 1024 * 1024];
 
 /// The size of the `transport/promotion` message: past tier 0, within tier 1.
 const PROMOTION_SIZE: usize = 8 * 1024;
+
+/// The registration cap of each provider: far above what the ladder needs.
+const BUDGET: u64 = 1 << 30;
+
+/// The send and receive queue depth of every endpoint.
+const DEPTH: u32 = 64;
 
 type Loopback = Connection<LoopbackEndpoint>;
 
@@ -67,27 +73,40 @@ fn ladder() -> Arc<TierLadder> {
     )
 }
 
+/// The connection settings of every bench, and a reservoir of spare tier regions
+/// registered through `registrar`, already filled (so no registration is timed).
+fn config_and_reservoir(registrar: Arc<dyn Registrar>) -> (Arc<ConnectionConfig>, Arc<Reservoir>) {
+    let config = Arc::new(ConnectionConfig::new(ladder()).expect("a connection config"));
+    let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
+    reservoir.fill().expect("register the spares");
+    (config, reservoir)
+}
+
+/// A connection over `endpoint` on tier 0, its tiers drawn from `reservoir`.
+fn connect<E: Endpoint>(
+    config: &Arc<ConnectionConfig>,
+    reservoir: &Arc<Reservoir>,
+    endpoint: E,
+) -> Connection<E> {
+    let core = ConnectionCore::new(
+        Arc::clone(config),
+        Arc::clone(reservoir),
+        Arc::clone(reservoir),
+        Instant::now(),
+    )
+    .expect("a connection");
+    Connection::new(core, endpoint).expect("post the first receives")
+}
+
 /// A connected pair over a fresh loopback provider, both sides on tier 0.
 fn pair() -> (Loopback, Loopback) {
-    let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 30));
-    let config = Arc::new(ConnectionConfig::new(ladder()).expect("a connection config"));
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    reservoir.fill().expect("register the spares");
-    let (a, b) = provider.pair(64, 64).expect("a loopback pair");
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .expect("a connection");
-        Connection::new(core, endpoint).expect("post the first receives")
-    };
-    (connect(a), connect(b))
+    let provider = LoopbackProvider::new(MemoryBudget::with_cap(BUDGET));
+    let (config, reservoir) = config_and_reservoir(provider.registrar());
+    let (a, b) = provider.pair(DEPTH, DEPTH).expect("a loopback pair");
+    (
+        connect(&config, &reservoir, a),
+        connect(&config, &reservoir, b),
+    )
 }
 
 /// A message of `size` bytes (at least 8): a sequence number in the first 8 bytes, a
