@@ -1,15 +1,23 @@
 //! Connections over a provider: latency, bandwidth and the cost of a promotion.
 //!
-//! Two providers run side by side in each group, one function per provider with the
-//! message size as parameter (`transport/pingpong/loopback/64`,
-//! `transport/pingpong/shm/64`): `loopback` between two threads of this process, and
-//! `shm` (shared memory) between this process and a peer process, with the same ladder,
-//! connection layer and messages, so the figures compare. The `shm` figures are the ones
-//! to hold against Open MPI's and UCX's shared-memory transports (`shared/peers/mpi`,
-//! `shared/peers/ucx`).
+//! Two providers run side by side in `transport/pingpong` and `transport/stream`, one
+//! function per provider with the message size as parameter, each size's `shm` right
+//! after its `loopback` (`transport/pingpong/loopback/64`, `transport/pingpong/shm/64`):
+//! `loopback` between two threads of this process, and `shm` (shared memory) between
+//! this process and a peer process, with the same ladder, connection layer and messages,
+//! so the figures compare. The `shm` figures are the ones to hold against Open MPI's and
+//! UCX's shared-memory transports (`shared/peers/mpi`, `shared/peers/ucx`);
+//! `transport/pingpong_endpoint` has the shm provider alone.
 //!
 //! - `transport/pingpong`: one-way latency (round trip / 2) of a message echoed back,
 //!   64 B to 1 MiB; the echo side runs on the other core.
+//! - `transport/pingpong_endpoint`: the `shm` provider's own one-way latency, 64 B and
+//!   64 KiB, with no connection layer: the bench and its peer process post sends and
+//!   receives of registered slots on a `ShmEndpoint` and poll it directly (the peer
+//!   echoes from the buffer the message arrived in), so the difference to
+//!   `transport/pingpong/shm` is what the connection layer costs. This is the figure to
+//!   hold against an MPI or UCX shared-memory pingpong; its throughput is the size over
+//!   the one-way time, with one message in flight.
 //! - `transport/stream`: bandwidth of a stream of messages (a window of them in flight,
 //!   bounded by the receiver's credits: the slot count of the tier, less the one credit
 //!   kept back), receiver on the other core; the time runs from the first `send` to the
@@ -35,7 +43,7 @@
 //! forever, and the panic reaches criterion. No thread outlives a measurement.
 //!
 //! The `shm` peer is this binary started again (`TIERBUF_BENCH_PEER` names its role,
-//! checked first in `main`), once per function and size, and pinned to core 1 while the
+//! checked first in `main`), once per function and size, pinned to core 1 while the
 //! bench runs on core 0; it lives only while its function runs, so it never competes with
 //! a loopback measurement. Before each batch of criterion's the bench tells the peer what
 //! to do with the batch's messages (echo them or take them) and waits for its answer, so
@@ -57,17 +65,25 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tierbuf_benches::pin_to_core;
-use tierbuf_pool::{MemoryBudget, Registrar};
+use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionCore, ConnectionStats, SendError,
 };
 use tierbuf_transport::{
-    Endpoint, EndpointState, LoopbackEndpoint, LoopbackProvider, Provider, ShmEndpoint, ShmProvider,
+    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
+    LoopbackProvider, Opcode, Provider, ShmEndpoint, ShmProvider,
 };
 
 const SIZES: [usize; 5] = [64, 1024, 8 * 1024, 64 * 1024, 1024 * 1024];
+
+/// The sizes of `transport/pingpong_endpoint`.
+const ENDPOINT_SIZES: [usize; 2] = [64, 64 * 1024];
+
+/// The receives each side of `transport/pingpong_endpoint` keeps posted: one takes the
+/// next message while the other's buffer is being echoed.
+const ENDPOINT_RECEIVES: usize = 2;
 
 /// The size of the `transport/promotion` message: past tier 0, within tier 1.
 const PROMOTION_SIZE: usize = 8 * 1024;
@@ -313,6 +329,27 @@ fn pingpong(c: &mut Criterion) {
                     stamp(outgoing, seq);
                     connection.send(outgoing).expect("send");
                     check(&connection.recv().expect("the echo"), seq, expected);
+                }
+                start.elapsed() / 2
+            })
+        });
+        session.finish();
+    }
+    group.finish();
+}
+
+fn pingpong_endpoint(c: &mut Criterion) {
+    let mut group = c.benchmark_group("transport/pingpong_endpoint");
+    for size in ENDPOINT_SIZES {
+        let mut session = EndpointSession::new(size);
+        group.throughput(Throughput::Bytes(size as u64));
+        group.bench_function(BenchmarkId::new("shm", size), |bench| {
+            bench.iter_custom(|iters| {
+                let first = session.next_seq;
+                session.next_seq += iters;
+                let start = Instant::now();
+                for seq in first..first + iters {
+                    session.round_trip(seq);
                 }
                 start.elapsed() / 2
             })
@@ -708,6 +745,96 @@ impl ShmSession {
     }
 }
 
+/// A shm endpoint connected to a peer process that echoes every message back, with no
+/// connection layer: buffers from a slot pool, posted and polled directly.
+struct EndpointSession {
+    endpoint: ShmEndpoint,
+    peer: PeerProcess,
+    /// The message, restamped with each sequence number before it is sent.
+    ping: OwnedSlot,
+    /// The receive buffers, each posted with its index as work-request id.
+    inboxes: Vec<OwnedSlot>,
+    /// The message as built, for checking what arrives.
+    expected: Vec<u8>,
+    next_seq: u64,
+    completions: [Completion; 4],
+}
+
+impl EndpointSession {
+    /// The work-request id of the ping's send.
+    const PING: u64 = u64::MAX;
+
+    /// Starts a peer process echoing messages of `size` bytes, connects to it, posts the
+    /// receives, and sends one message there and back (so both sides have mapped each
+    /// other's buffers).
+    fn new(size: usize) -> EndpointSession {
+        pin_to_core(0);
+        let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
+        let pool = SlotPool::new(&*provider.registrar(), size, ENDPOINT_RECEIVES + 1)
+            .expect("a slot pool");
+        let mut slots = std::iter::from_fn(|| pool.try_acquire_owned());
+        let expected = message(size);
+        let mut ping = slots.next().expect("a slot for the ping");
+        ping.copy_from_slice(&expected);
+        let inboxes: Vec<OwnedSlot> = slots.collect();
+        let (peer, mut endpoint) = PeerProcess::start(&provider, "endpoint", size);
+        for (wr_id, inbox) in inboxes.iter().enumerate() {
+            // SAFETY: the inbox is read only once its completion has been polled.
+            unsafe { endpoint.post_recv(BufferRef::from(inbox), wr_id as u64) }
+                .expect("post a receive");
+        }
+        let mut session = EndpointSession {
+            endpoint,
+            peer,
+            ping,
+            inboxes,
+            expected,
+            next_seq: 1,
+            completions: [Completion::default(); 4],
+        };
+        session.round_trip(0);
+        session
+    }
+
+    /// Sends the message stamped `seq`, waits for the send's completion and the echo,
+    /// checks the echo and posts its buffer again.
+    fn round_trip(&mut self, seq: u64) {
+        stamp(&mut self.ping, seq);
+        // SAFETY: the ping is written again only after this send's completion, which this
+        // call waits for.
+        unsafe {
+            self.endpoint
+                .post_send(&[BufferRef::from(&self.ping)], EndpointSession::PING)
+        }
+        .expect("post the ping");
+        let (mut sent, mut echo) = (false, None);
+        while !sent || echo.is_none() {
+            let ready = self.endpoint.poll(&mut self.completions).expect("poll");
+            for completion in &self.completions[..ready] {
+                assert!(completion.status.is_success(), "{completion:?}");
+                match completion.opcode {
+                    Opcode::Send => sent = true,
+                    Opcode::Recv => {
+                        assert!(echo.replace(*completion).is_none(), "one echo per ping");
+                    }
+                }
+            }
+        }
+        let echo = echo.expect("the echo");
+        let inbox = &self.inboxes[echo.wr_id as usize];
+        check(&inbox[..echo.byte_len as usize], seq, &self.expected);
+        // SAFETY: the inbox is read again only once this receive's completion is polled.
+        unsafe { self.endpoint.post_recv(BufferRef::from(inbox), echo.wr_id) }
+            .expect("post the receive again");
+    }
+
+    /// Closes the endpoint and waits for the peer process to exit.
+    fn finish(self) {
+        drop(self.endpoint);
+        self.peer.finish();
+    }
+}
+
 /// The peer process: connects to the bench at `PEER_SOCKET` and serves it in `role`.
 fn run_peer(role: &str) {
     pin_to_core(1);
@@ -718,6 +845,7 @@ fn run_peer(role: &str) {
         .expect("a message size");
     match role {
         "connection" => serve_connection(&socket, size),
+        "endpoint" => serve_endpoint(&socket, size),
         other => panic!("unknown peer role {other}"),
     }
 }
@@ -765,7 +893,54 @@ fn serve_connection(socket: &Path, size: usize) {
     }
 }
 
-criterion_group!(benches, pingpong, stream, promotion);
+/// Serves an [`EndpointSession`]: echoes every message back from the buffer it arrived
+/// in, checking each, and posts the buffer again once the echo has left. Returns once
+/// the bench has closed the connection.
+fn serve_endpoint(socket: &Path, size: usize) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
+    let pool = SlotPool::new(&*provider.registrar(), size, ENDPOINT_RECEIVES).expect("a pool");
+    let inboxes: Vec<OwnedSlot> = std::iter::from_fn(|| pool.try_acquire_owned()).collect();
+    let mut endpoint = provider.connect(socket, DEPTH, DEPTH).expect("connect");
+    for (wr_id, inbox) in inboxes.iter().enumerate() {
+        // SAFETY: the inbox is read only once its completion has been polled.
+        unsafe { endpoint.post_recv(BufferRef::from(inbox), wr_id as u64) }
+            .expect("post a receive");
+    }
+    let expected = message(size);
+    let mut next_seq = 0;
+    let mut completions = [Completion::default(); 4];
+    loop {
+        let ready = endpoint.poll(&mut completions).expect("poll");
+        for completion in &completions[..ready] {
+            let inbox = &inboxes[completion.wr_id as usize];
+            match (completion.status, completion.opcode) {
+                (CompletionStatus::Success, Opcode::Recv) => {
+                    let len = completion.byte_len;
+                    check(&inbox[..len as usize], next_seq, &expected);
+                    next_seq += 1;
+                    let echo = BufferRef::from(inbox)
+                        .prefix(len)
+                        .expect("within the inbox");
+                    // SAFETY: the inbox is neither written nor posted again before this
+                    // send's completion has been polled.
+                    unsafe { endpoint.post_send(&[echo], completion.wr_id) }.expect("echo");
+                }
+                (CompletionStatus::Success, Opcode::Send) => {
+                    // SAFETY: the inbox is read again only once this receive's completion
+                    // is polled.
+                    unsafe { endpoint.post_recv(BufferRef::from(inbox), completion.wr_id) }
+                        .expect("post the receive again");
+                }
+                (CompletionStatus::Flushed, _) if endpoint.state() == EndpointState::PeerClosed => {
+                    return;
+                }
+                _ => panic!("{completion:?} on a connection {:?}", endpoint.state()),
+            }
+        }
+    }
+}
+
+criterion_group!(benches, pingpong, pingpong_endpoint, stream, promotion);
 
 /// Runs as the peer process of a shm bench when started as one (see [`PeerProcess`]);
 /// otherwise runs the benches.
