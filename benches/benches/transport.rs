@@ -1,58 +1,101 @@
 //! Connections over a provider: latency, bandwidth and the cost of a promotion.
 //!
+//! Two providers run side by side in `transport/pingpong` and `transport/stream`, one
+//! function per provider with the message size as parameter, each size's `shm` right
+//! after its `loopback` (`transport/pingpong/loopback/64`, `transport/pingpong/shm/64`):
+//! `loopback` between two threads of this process, and `shm` (shared memory) between
+//! this process and a peer process, with the same ladder, connection layer and messages,
+//! so the figures compare. The `shm` figures are the ones to hold against Open MPI's and
+//! UCX's shared-memory transports (`shared/peers/mpi`, `shared/peers/ucx`);
+//! `transport/pingpong_endpoint` has the shm provider alone.
+//!
 //! - `transport/pingpong`: one-way latency (round trip / 2) of a message echoed back,
-//!   64 B to 1 MiB; the echo side runs on a second thread pinned to the other core.
+//!   64 B to 1 MiB; the echo side runs on the other core.
+//! - `transport/pingpong_endpoint`: the `shm` provider's own one-way latency, 64 B and
+//!   64 KiB, with no connection layer: the bench and its peer process post sends and
+//!   receives of registered slots on a `ShmEndpoint` and poll it directly (the peer
+//!   echoes from the buffer the message arrived in), so the difference to
+//!   `transport/pingpong/shm` is what the connection layer costs. This is the figure to
+//!   hold against an MPI or UCX shared-memory pingpong; its throughput is the size over
+//!   the one-way time, with one message in flight.
 //! - `transport/stream`: bandwidth of a stream of messages (a window of them in flight,
 //!   bounded by the receiver's credits: the slot count of the tier, less the one credit
 //!   kept back), receiver on the other core; the time runs from the first `send` to the
-//!   last delivery.
+//!   last delivery (for `shm`, on the monotonic clock both processes share: the peer
+//!   reads it after checking the last message and sends it back).
 //! - `transport/promotion`: from the first `send` of an 8 KiB message on a fresh tier-0
 //!   connection to its delivery (the promotion negotiated in-band, the new receives posted
 //!   from a filled reservoir, the old ones drained), against the same message on an
-//!   already-promoted connection. One thread drives both sides in both functions, so the
-//!   ratio is the protocol's cost, not a cross-core one; a fresh pair is built for every
-//!   `first_oversize` message, outside the timed part.
+//!   already-promoted connection, over loopback only. One thread drives both sides in both
+//!   functions, so the ratio is the protocol's cost, not a cross-core one; a fresh pair is
+//!   built for every `first_oversize` message, outside the timed part.
 //!
 //! The ladder's top tier holds 64 KiB whole, so 1 MiB travels as 16+ frames and is
 //! reassembled (segmentation). Every connection is warmed first, so the measured messages
-//! run on the tier their size needs; that the tiers did not change while measuring is
-//! checked after each size. Every delivered message is checked (length, a sequence number
-//! stamped into its first 8 bytes, its middle and last bytes), so a transport that loses,
-//! repeats, truncates or mixes up messages cannot produce a fast figure.
+//! run on the tier their size needs; that the tiers of both sides did not change while
+//! measuring is checked after each size. Every delivered message is checked (length, a
+//! sequence number stamped into its first 8 bytes, its middle and last bytes), so a
+//! transport that loses, repeats, truncates or mixes up messages cannot produce a fast
+//! figure.
 //!
 //! The two sides of a two-thread bench each own their connection: if either side panics,
 //! its connection is dropped, the other side's next call fails instead of waiting
 //! forever, and the panic reaches criterion. No thread outlives a measurement.
 //!
-//! Functions are named by provider with the size as parameter, so the `shm` provider
-//! (the one to race against Open MPI's and UCX's shared-memory transports,
-//! `shared/peers/mpi` and `shared/peers/ucx`) slots in beside `loopback` once it exists;
-//! it does not yet.
+//! The `shm` peer is this binary started again (`TIERBUF_BENCH_PEER` names its role,
+//! checked first in `main`), once per function and size, pinned to core 1 while the
+//! bench runs on core 0; it lives only while its function runs, so it never competes with
+//! a loopback measurement. Before each batch of criterion's the bench tells the peer what
+//! to do with the batch's messages (echo them or take them) and waits for its answer, so
+//! neither is timed. The peer exits when the bench closes the connection, and with an
+//! error if the bench process dies (the shm provider reports a peer whose socket closed),
+//! so it never outlives the bench.
 //!
-//! Run: `cargo bench -p tierbuf-benches --bench transport`.
+//! Run: `cargo bench -p tierbuf-benches --bench transport`; only the shm functions:
+//! `... -- /shm/`.
 
 use std::hint::black_box;
 use std::io::IoSlice;
 use std::panic::resume_unwind;
-use std::sync::{Arc, Barrier};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tierbuf_benches::pin_to_core;
-use tierbuf_pool::MemoryBudget;
+use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionCore, ConnectionStats, SendError,
 };
-use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+use tierbuf_transport::{
+    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
+    LoopbackProvider, Opcode, Provider, ShmEndpoint, ShmProvider,
+};
 
 const SIZES: [usize; 5] = [64, 1024, 8 * 1024, 64 * 1024, 1024 * 1024];
+
+/// The sizes of `transport/pingpong_endpoint`.
+const ENDPOINT_SIZES: [usize; 2] = [64, 64 * 1024];
+
+/// The receives each side of `transport/pingpong_endpoint` keeps posted: one takes the
+/// next message while the other's buffer is being echoed.
+const ENDPOINT_RECEIVES: usize = 2;
 
 /// The size of the `transport/promotion` message: past tier 0, within tier 1.
 const PROMOTION_SIZE: usize = 8 * 1024;
 
+/// The registration cap of each provider: far above what the ladder needs.
+const BUDGET: u64 = 1 << 30;
+
+/// The send and receive queue depth of every endpoint.
+const DEPTH: u32 = 64;
+
 type Loopback = Connection<LoopbackEndpoint>;
+type Shm = Connection<ShmEndpoint>;
 
 fn ladder() -> Arc<TierLadder> {
     // Slot sizes leave room for the 16-byte frame header (and stay multiples of 64).
@@ -67,27 +110,40 @@ fn ladder() -> Arc<TierLadder> {
     )
 }
 
+/// The connection settings of every bench, and a reservoir of spare tier regions
+/// registered through `registrar`, already filled (so no registration is timed).
+fn config_and_reservoir(registrar: Arc<dyn Registrar>) -> (Arc<ConnectionConfig>, Arc<Reservoir>) {
+    let config = Arc::new(ConnectionConfig::new(ladder()).expect("a connection config"));
+    let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
+    reservoir.fill().expect("register the spares");
+    (config, reservoir)
+}
+
+/// A connection over `endpoint` on tier 0, its tiers drawn from `reservoir`.
+fn connect<E: Endpoint>(
+    config: &Arc<ConnectionConfig>,
+    reservoir: &Arc<Reservoir>,
+    endpoint: E,
+) -> Connection<E> {
+    let core = ConnectionCore::new(
+        Arc::clone(config),
+        Arc::clone(reservoir),
+        Arc::clone(reservoir),
+        Instant::now(),
+    )
+    .expect("a connection");
+    Connection::new(core, endpoint).expect("post the first receives")
+}
+
 /// A connected pair over a fresh loopback provider, both sides on tier 0.
 fn pair() -> (Loopback, Loopback) {
-    let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 30));
-    let config = Arc::new(ConnectionConfig::new(ladder()).expect("a connection config"));
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    reservoir.fill().expect("register the spares");
-    let (a, b) = provider.pair(64, 64).expect("a loopback pair");
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .expect("a connection");
-        Connection::new(core, endpoint).expect("post the first receives")
-    };
-    (connect(a), connect(b))
+    let provider = LoopbackProvider::new(MemoryBudget::with_cap(BUDGET));
+    let (config, reservoir) = config_and_reservoir(provider.registrar());
+    let (a, b) = provider.pair(DEPTH, DEPTH).expect("a loopback pair");
+    (
+        connect(&config, &reservoir, a),
+        connect(&config, &reservoir, b),
+    )
 }
 
 /// A message of `size` bytes (at least 8): a sequence number in the first 8 bytes, a
@@ -258,6 +314,47 @@ fn pingpong(c: &mut Criterion) {
             })
         });
         warmed.finish();
+        let mut session = ShmSession::new(size);
+        group.bench_function(BenchmarkId::new("shm", size), |bench| {
+            bench.iter_custom(|iters| {
+                let first = session.start_batch(PeerCommand::Echo, iters);
+                let ShmSession {
+                    connection,
+                    outgoing,
+                    expected,
+                    ..
+                } = &mut session;
+                let start = Instant::now();
+                for seq in first..first + iters {
+                    stamp(outgoing, seq);
+                    connection.send(outgoing).expect("send");
+                    check(&connection.recv().expect("the echo"), seq, expected);
+                }
+                start.elapsed() / 2
+            })
+        });
+        session.finish();
+    }
+    group.finish();
+}
+
+fn pingpong_endpoint(c: &mut Criterion) {
+    let mut group = c.benchmark_group("transport/pingpong_endpoint");
+    for size in ENDPOINT_SIZES {
+        let mut session = EndpointSession::new(size);
+        group.throughput(Throughput::Bytes(size as u64));
+        group.bench_function(BenchmarkId::new("shm", size), |bench| {
+            bench.iter_custom(|iters| {
+                let first = session.next_seq;
+                session.next_seq += iters;
+                let start = Instant::now();
+                for seq in first..first + iters {
+                    session.round_trip(seq);
+                }
+                start.elapsed() / 2
+            })
+        });
+        session.finish();
     }
     group.finish();
 }
@@ -296,6 +393,25 @@ fn stream(c: &mut Criterion) {
             })
         });
         warmed.finish();
+        let mut session = ShmSession::new(size);
+        group.bench_function(BenchmarkId::new("shm", size), |bench| {
+            bench.iter_custom(|iters| {
+                let first = session.start_batch(PeerCommand::Sink, iters);
+                let ShmSession {
+                    connection,
+                    outgoing,
+                    ..
+                } = &mut session;
+                let start = monotonic_now();
+                for seq in first..first + iters {
+                    stamp(outgoing, seq);
+                    connection.send(outgoing).expect("send");
+                }
+                let done = session.report().clock;
+                done - start
+            })
+        });
+        session.finish();
     }
     group.finish();
 }
@@ -364,5 +480,475 @@ fn promotion(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pingpong, stream, promotion);
-criterion_main!(benches);
+/// The environment variable that makes this binary the peer process of a shm bench; its
+/// value is the peer's role (`connection` or `endpoint`).
+const PEER_ROLE: &str = "TIERBUF_BENCH_PEER";
+/// The environment variable naming the socket the peer process connects to.
+const PEER_SOCKET: &str = "TIERBUF_BENCH_SOCKET";
+/// The environment variable giving the size of the messages the peer process checks.
+const PEER_SIZE: &str = "TIERBUF_BENCH_SIZE";
+
+/// How long the bench waits for its peer process to connect.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The time on the system-wide monotonic clock, comparable between the two processes
+/// (an [`Instant`] cannot be sent to the other one).
+fn monotonic_now() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid `timespec` for the call to write.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    assert_eq!(result, 0, "reading the monotonic clock");
+    Duration::new(
+        u64::try_from(now.tv_sec).expect("a clock past zero"),
+        u32::try_from(now.tv_nsec).expect("nanoseconds below one second"),
+    )
+}
+
+/// A peer process started from this binary, connected to a listener of the bench's own
+/// shm provider; it runs on the other core.
+///
+/// The peer exits when the bench closes its endpoint (successfully) or dies (with an
+/// error: the shm provider reports a peer whose socket closed), so it never outlives the
+/// bench process.
+struct PeerProcess {
+    child: Child,
+}
+
+impl PeerProcess {
+    /// Starts a peer process in `role` for messages of `size` bytes and returns it with
+    /// this side's endpoint. Fails if the peer exits before it has connected.
+    fn start(provider: &ShmProvider, role: &str, size: usize) -> (PeerProcess, ShmEndpoint) {
+        static SOCKETS: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "tierbuf-bench-{}-{}.sock",
+            std::process::id(),
+            SOCKETS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = provider.listen(&path).expect("listen for the peer");
+        let mut child = Command::new(std::env::current_exe().expect("this bench binary"))
+            .env(PEER_ROLE, role)
+            .env(PEER_SOCKET, &path)
+            .env(PEER_SIZE, size.to_string())
+            .spawn()
+            .expect("start the peer process");
+        // Accepting blocks; a peer that dies before connecting must end the wait.
+        let (accepted, endpoint) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = accepted.send(listener.accept(DEPTH, DEPTH));
+        });
+        let deadline = Instant::now() + PEER_CONNECT_TIMEOUT;
+        loop {
+            match endpoint.recv_timeout(Duration::from_millis(10)) {
+                Ok(endpoint) => {
+                    let endpoint = endpoint.expect("accept the peer");
+                    return (PeerProcess { child }, endpoint);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the accepting thread died"),
+            }
+            if let Some(status) = child.try_wait().expect("look at the peer process") {
+                panic!("the peer process exited with {status} before connecting");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the peer process did not connect in {PEER_CONNECT_TIMEOUT:?}");
+            }
+        }
+    }
+
+    /// Waits for the peer to exit, which it does once this side's endpoint is closed, and
+    /// fails unless it exited successfully.
+    fn finish(mut self) {
+        let status = self.child.wait().expect("wait for the peer process");
+        assert!(status.success(), "the peer process exited with {status}");
+    }
+}
+
+/// What the bench asks of the peer process of a connection bench, ahead of each batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerCommand {
+    /// Echo the next `count` messages back.
+    Echo,
+    /// Take the next `count` messages and report once the last has arrived.
+    Sink,
+    /// Report and do nothing else.
+    Report,
+}
+
+impl PeerCommand {
+    /// The length of a command message: tag, first sequence number, count. Shorter than
+    /// any measured message, so one cannot be taken for the other.
+    const LEN: usize = 24;
+
+    fn encode(self, first: u64, count: u64) -> [u8; PeerCommand::LEN] {
+        let tag: u64 = match self {
+            PeerCommand::Echo => 1,
+            PeerCommand::Sink => 2,
+            PeerCommand::Report => 3,
+        };
+        let mut bytes = [0; PeerCommand::LEN];
+        for (field, value) in bytes.chunks_exact_mut(8).zip([tag, first, count]) {
+            field.copy_from_slice(&value.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// The command, first sequence number and count in `bytes`.
+    fn decode(bytes: &[u8]) -> (PeerCommand, u64, u64) {
+        assert_eq!(bytes.len(), PeerCommand::LEN, "length of a command");
+        let field =
+            |index: usize| u64::from_le_bytes(bytes[index * 8..][..8].try_into().expect("8 bytes"));
+        let command = match field(0) {
+            1 => PeerCommand::Echo,
+            2 => PeerCommand::Sink,
+            3 => PeerCommand::Report,
+            tag => panic!("unknown command {tag}"),
+        };
+        (command, field(1), field(2))
+    }
+}
+
+/// The peer process's answer to a command: its tier state and its monotonic clock when
+/// it answered (for [`PeerCommand::Sink`], right after the last message arrived).
+#[derive(Debug, Clone, Copy)]
+struct PeerReport {
+    tiers: (u8, u8, u64, u64),
+    clock: Duration,
+}
+
+impl PeerReport {
+    /// The length of a report message: send tier, receive tier, promotions, demotions,
+    /// clock in nanoseconds.
+    const LEN: usize = 40;
+
+    fn now(stats: ConnectionStats) -> PeerReport {
+        PeerReport {
+            tiers: tiers(stats),
+            clock: monotonic_now(),
+        }
+    }
+
+    fn encode(&self) -> [u8; PeerReport::LEN] {
+        let (send_tier, recv_tier, promotions, demotions) = self.tiers;
+        let clock = u64::try_from(self.clock.as_nanos()).expect("a clock within 584 years");
+        let fields = [
+            u64::from(send_tier),
+            u64::from(recv_tier),
+            promotions,
+            demotions,
+            clock,
+        ];
+        let mut bytes = [0; PeerReport::LEN];
+        for (field, value) in bytes.chunks_exact_mut(8).zip(fields) {
+            field.copy_from_slice(&value.to_le_bytes());
+        }
+        bytes
+    }
+
+    fn decode(bytes: &[u8]) -> PeerReport {
+        assert_eq!(bytes.len(), PeerReport::LEN, "length of a report");
+        let field =
+            |index: usize| u64::from_le_bytes(bytes[index * 8..][..8].try_into().expect("8 bytes"));
+        let tier = |index| u8::try_from(field(index)).expect("a tier index");
+        PeerReport {
+            tiers: (tier(0), tier(1), field(2), field(3)),
+            clock: Duration::from_nanos(field(4)),
+        }
+    }
+}
+
+/// A connection to a peer process for one message size, on the tier that size needs:
+/// the shm counterpart of [`Warmed`]. The bench pins itself to core 0, the peer to
+/// core 1.
+struct ShmSession {
+    connection: Shm,
+    peer: PeerProcess,
+    /// The message, restamped with each sequence number before it is sent.
+    outgoing: Vec<u8>,
+    /// The message as built, for checking what arrives.
+    expected: Vec<u8>,
+    next_seq: u64,
+    /// Tier state of this side and of the peer after warming.
+    tiers: [(u8, u8, u64, u64); 2],
+}
+
+impl ShmSession {
+    /// Starts a peer process for messages of `size` bytes, connects to it, and sends one
+    /// message there and back so both directions are on the tier it needs.
+    fn new(size: usize) -> ShmSession {
+        pin_to_core(0);
+        let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
+        let (config, reservoir) = config_and_reservoir(provider.registrar());
+        let (peer, endpoint) = PeerProcess::start(&provider, "connection", size);
+        let expected = message(size);
+        let mut session = ShmSession {
+            connection: connect(&config, &reservoir, endpoint),
+            peer,
+            outgoing: expected.clone(),
+            expected,
+            next_seq: 0,
+            tiers: Default::default(),
+        };
+        let first = session.start_batch(PeerCommand::Echo, 1);
+        stamp(&mut session.outgoing, first);
+        session.connection.send(&session.outgoing).expect("send");
+        let echo = session.connection.recv().expect("the echo");
+        check(&echo, first, &session.expected);
+        drop(echo);
+        session.tiers = session.tier_states();
+        session
+    }
+
+    /// Reserves `count` sequence numbers and tells the peer what to do with the messages
+    /// that carry them; returns the first once the peer has answered, so that neither
+    /// the command nor the answer is in the timing of the batch.
+    fn start_batch(&mut self, command: PeerCommand, count: u64) -> u64 {
+        let first = self.next_seq;
+        self.next_seq += count;
+        self.command(command, first, count);
+        first
+    }
+
+    /// Sends `command` and waits for the peer's answer.
+    fn command(&mut self, command: PeerCommand, first: u64, count: u64) -> PeerReport {
+        self.connection
+            .send(&command.encode(first, count))
+            .expect("send a command");
+        self.report()
+    }
+
+    /// Waits for the peer's next report.
+    fn report(&mut self) -> PeerReport {
+        PeerReport::decode(&self.connection.recv().expect("the peer's report"))
+    }
+
+    /// The tier state of this side and of the peer.
+    fn tier_states(&mut self) -> [(u8, u8, u64, u64); 2] {
+        let peer = self.command(PeerCommand::Report, 0, 0).tiers;
+        [tiers(self.connection.stats()), peer]
+    }
+
+    /// Checks that neither side changed tier since warming, closes the connection and
+    /// waits for the peer process to exit.
+    fn finish(mut self) {
+        assert_eq!(
+            self.tier_states(),
+            self.tiers,
+            "tiers (send, receive, promotions, demotions) changed while measuring"
+        );
+        drop(self.connection);
+        self.peer.finish();
+    }
+}
+
+/// A shm endpoint connected to a peer process that echoes every message back, with no
+/// connection layer: buffers from a slot pool, posted and polled directly.
+struct EndpointSession {
+    endpoint: ShmEndpoint,
+    peer: PeerProcess,
+    /// The message, restamped with each sequence number before it is sent.
+    ping: OwnedSlot,
+    /// The receive buffers, each posted with its index as work-request id.
+    inboxes: Vec<OwnedSlot>,
+    /// The message as built, for checking what arrives.
+    expected: Vec<u8>,
+    next_seq: u64,
+    completions: [Completion; 4],
+}
+
+impl EndpointSession {
+    /// The work-request id of the ping's send.
+    const PING: u64 = u64::MAX;
+
+    /// Starts a peer process echoing messages of `size` bytes, connects to it, posts the
+    /// receives, and sends one message there and back (so both sides have mapped each
+    /// other's buffers).
+    fn new(size: usize) -> EndpointSession {
+        pin_to_core(0);
+        let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
+        let pool = SlotPool::new(&*provider.registrar(), size, ENDPOINT_RECEIVES + 1)
+            .expect("a slot pool");
+        let mut slots = std::iter::from_fn(|| pool.try_acquire_owned());
+        let expected = message(size);
+        let mut ping = slots.next().expect("a slot for the ping");
+        ping.copy_from_slice(&expected);
+        let inboxes: Vec<OwnedSlot> = slots.collect();
+        let (peer, mut endpoint) = PeerProcess::start(&provider, "endpoint", size);
+        for (wr_id, inbox) in inboxes.iter().enumerate() {
+            // SAFETY: the inbox is read only once its completion has been polled.
+            unsafe { endpoint.post_recv(BufferRef::from(inbox), wr_id as u64) }
+                .expect("post a receive");
+        }
+        let mut session = EndpointSession {
+            endpoint,
+            peer,
+            ping,
+            inboxes,
+            expected,
+            next_seq: 1,
+            completions: [Completion::default(); 4],
+        };
+        session.round_trip(0);
+        session
+    }
+
+    /// Sends the message stamped `seq`, waits for the send's completion and the echo,
+    /// checks the echo and posts its buffer again.
+    fn round_trip(&mut self, seq: u64) {
+        stamp(&mut self.ping, seq);
+        // SAFETY: the ping is written again only after this send's completion, which this
+        // call waits for.
+        unsafe {
+            self.endpoint
+                .post_send(&[BufferRef::from(&self.ping)], EndpointSession::PING)
+        }
+        .expect("post the ping");
+        let (mut sent, mut echo) = (false, None);
+        while !sent || echo.is_none() {
+            let ready = self.endpoint.poll(&mut self.completions).expect("poll");
+            for completion in &self.completions[..ready] {
+                assert!(completion.status.is_success(), "{completion:?}");
+                match completion.opcode {
+                    Opcode::Send => sent = true,
+                    Opcode::Recv => {
+                        assert!(echo.replace(*completion).is_none(), "one echo per ping");
+                    }
+                }
+            }
+        }
+        let echo = echo.expect("the echo");
+        let inbox = &self.inboxes[echo.wr_id as usize];
+        check(&inbox[..echo.byte_len as usize], seq, &self.expected);
+        // SAFETY: the inbox is read again only once this receive's completion is polled.
+        unsafe { self.endpoint.post_recv(BufferRef::from(inbox), echo.wr_id) }
+            .expect("post the receive again");
+    }
+
+    /// Closes the endpoint and waits for the peer process to exit.
+    fn finish(self) {
+        drop(self.endpoint);
+        self.peer.finish();
+    }
+}
+
+/// The peer process: connects to the bench at `PEER_SOCKET` and serves it in `role`.
+fn run_peer(role: &str) {
+    pin_to_core(1);
+    let socket = PathBuf::from(std::env::var(PEER_SOCKET).expect("the socket path"));
+    let size: usize = std::env::var(PEER_SIZE)
+        .expect("the message size")
+        .parse()
+        .expect("a message size");
+    match role {
+        "connection" => serve_connection(&socket, size),
+        "endpoint" => serve_endpoint(&socket, size),
+        other => panic!("unknown peer role {other}"),
+    }
+}
+
+/// Serves a [`ShmSession`]: answers each command with a report, then echoes or takes
+/// the batch it announces, checking every message. Returns once the bench has closed
+/// the connection.
+fn serve_connection(socket: &Path, size: usize) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
+    let (config, reservoir) = config_and_reservoir(provider.registrar());
+    let endpoint = provider.connect(socket, DEPTH, DEPTH).expect("connect");
+    let mut connection = connect(&config, &reservoir, endpoint);
+    let expected = message(size);
+    loop {
+        let (command, first, count) = match connection.recv() {
+            Ok(command) => PeerCommand::decode(&command),
+            Err(error) => {
+                assert_eq!(
+                    connection.endpoint().state(),
+                    EndpointState::PeerClosed,
+                    "the connection failed: {error}"
+                );
+                return;
+            }
+        };
+        let report = PeerReport::now(connection.stats());
+        connection.send(&report.encode()).expect("report");
+        match command {
+            PeerCommand::Echo => {
+                for seq in first..first + count {
+                    let received = connection.recv().expect("a message");
+                    check(&received, seq, &expected);
+                    connection.send(&received).expect("echo");
+                }
+            }
+            PeerCommand::Sink => {
+                for seq in first..first + count {
+                    check(&connection.recv().expect("a message"), seq, &expected);
+                }
+                let report = PeerReport::now(connection.stats());
+                connection.send(&report.encode()).expect("acknowledge");
+            }
+            PeerCommand::Report => {}
+        }
+    }
+}
+
+/// Serves an [`EndpointSession`]: echoes every message back from the buffer it arrived
+/// in, checking each, and posts the buffer again once the echo has left. Returns once
+/// the bench has closed the connection.
+fn serve_endpoint(socket: &Path, size: usize) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
+    let pool = SlotPool::new(&*provider.registrar(), size, ENDPOINT_RECEIVES).expect("a pool");
+    let inboxes: Vec<OwnedSlot> = std::iter::from_fn(|| pool.try_acquire_owned()).collect();
+    let mut endpoint = provider.connect(socket, DEPTH, DEPTH).expect("connect");
+    for (wr_id, inbox) in inboxes.iter().enumerate() {
+        // SAFETY: the inbox is read only once its completion has been polled.
+        unsafe { endpoint.post_recv(BufferRef::from(inbox), wr_id as u64) }
+            .expect("post a receive");
+    }
+    let expected = message(size);
+    let mut next_seq = 0;
+    let mut completions = [Completion::default(); 4];
+    loop {
+        let ready = endpoint.poll(&mut completions).expect("poll");
+        for completion in &completions[..ready] {
+            let inbox = &inboxes[completion.wr_id as usize];
+            match (completion.status, completion.opcode) {
+                (CompletionStatus::Success, Opcode::Recv) => {
+                    let len = completion.byte_len;
+                    check(&inbox[..len as usize], next_seq, &expected);
+                    next_seq += 1;
+                    let echo = BufferRef::from(inbox)
+                        .prefix(len)
+                        .expect("within the inbox");
+                    // SAFETY: the inbox is neither written nor posted again before this
+                    // send's completion has been polled.
+                    unsafe { endpoint.post_send(&[echo], completion.wr_id) }.expect("echo");
+                }
+                (CompletionStatus::Success, Opcode::Send) => {
+                    // SAFETY: the inbox is read again only once this receive's completion
+                    // is polled.
+                    unsafe { endpoint.post_recv(BufferRef::from(inbox), completion.wr_id) }
+                        .expect("post the receive again");
+                }
+                (CompletionStatus::Flushed, _) if endpoint.state() == EndpointState::PeerClosed => {
+                    return;
+                }
+                _ => panic!("{completion:?} on a connection {:?}", endpoint.state()),
+            }
+        }
+    }
+}
+
+criterion_group!(benches, pingpong, pingpong_endpoint, stream, promotion);
+
+/// Runs as the peer process of a shm bench when started as one (see [`PeerProcess`]);
+/// otherwise runs the benches.
+fn main() {
+    if let Ok(role) = std::env::var(PEER_ROLE) {
+        run_peer(&role);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
