@@ -5,8 +5,8 @@
 //! # How the two processes work together
 //!
 //! - The demo makes a private directory under the temporary directory and starts the peer
-//!   with the demo's own flags and `--socket DIR/peer.sock`; the directory goes when the
-//!   run ends.
+//!   with the demo's own flags and `--socket DIR/peer.sock`; the demo removes the
+//!   directory once every connection is made, or when it fails before.
 //! - The peer listens on the socket and says `listening` on its stdout; the demo then
 //!   connects once per connection pair, one after the other, so connection `i` is the
 //!   `i`th on both sides.
@@ -84,6 +84,9 @@ pub(super) fn run(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
             .connections
             .push(setup.connection(&reservoir, endpoint, now)?);
     }
+    // Every connection has its own socket now: with the directory gone, nothing is left
+    // behind even if this process is killed.
+    drop(dir);
     let at_start = budget.in_use();
 
     let bar = progress_bar(args)?;
