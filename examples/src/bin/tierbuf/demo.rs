@@ -1,15 +1,24 @@
-//! `tierbuf demo`: many connection pairs over the in-process loopback provider carrying an
-//! RPC-like mix (mostly small requests, now and then a large one, rarely one past the top
-//! tier), then a report of what tiering registered against a static top-tier
-//! configuration, the tier changes seen, the traffic moved and its latency.
+//! `tierbuf demo`: many connection pairs carrying an RPC-like mix (mostly small requests,
+//! now and then a large one, rarely one past the top tier), then a report of what tiering
+//! registered against a static top-tier configuration, the tier changes seen, the traffic
+//! moved and its latency.
+//!
+//! On the loopback provider both sides of every connection live in this process, one
+//! thread each; on the shm provider this process runs the clients and a second process of
+//! this program the servers (see [`shm`]).
 //!
 //! Every figure printed is measured in the run, except the static configuration's memory,
 //! which is computed from the ladder (and labelled so).
 
+pub(crate) mod shm;
+
+use std::ffi::OsString;
 use std::io::{IoSlice, IsTerminal};
+use std::ops::Add;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::builder::PossibleValuesParser;
@@ -18,16 +27,35 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tierbuf_pool::{BudgetConfig, MemlockPolicy, MemoryBudget};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::{PRESET_NAMES, TierLadder};
-use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionStats, SendError,
-};
-use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, MAX_QUEUE_DEPTH, Provider};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
+use tierbuf_transport::{Endpoint, LoopbackProvider, MAX_QUEUE_DEPTH, Provider, RING_CAPACITY};
 
 /// The providers the demo can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ProviderKind {
     /// In-process, both sides in this process (no RDMA hardware needed).
     Loopback,
+    /// Shared memory between two processes: this process runs the clients, a second
+    /// process of this program the servers (Linux; no RDMA hardware needed).
+    Shm,
+}
+
+impl ProviderKind {
+    /// The provider's name, as `--provider` spells it.
+    fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Loopback => "loopback",
+            ProviderKind::Shm => "shm",
+        }
+    }
+
+    /// The deepest queue both of the provider's queues allow.
+    fn max_depth(self) -> u32 {
+        match self {
+            ProviderKind::Loopback => MAX_QUEUE_DEPTH,
+            ProviderKind::Shm => RING_CAPACITY as u32,
+        }
+    }
 }
 
 /// Flags of `tierbuf demo`.
@@ -63,13 +91,40 @@ pub(crate) struct DemoArgs {
     seed: u64,
 }
 
+impl DemoArgs {
+    /// Flags that parse back into these arguments.
+    fn flags(&self) -> Vec<OsString> {
+        let mut flags: Vec<OsString> = match &self.ladder {
+            Some(path) => vec!["--ladder".into(), path.into()],
+            None => vec!["--preset".into(), self.preset.as_str().into()],
+        };
+        for (flag, value) in [
+            ("--connections", self.connections.to_string()),
+            ("--messages", self.messages.to_string()),
+            ("--large-every", self.large_every.to_string()),
+            (
+                "--demote-after",
+                humantime::format_duration(self.demote_after).to_string(),
+            ),
+            (
+                "--hysteresis",
+                humantime::format_duration(self.hysteresis).to_string(),
+            ),
+            ("--provider", self.provider.name().to_owned()),
+            ("--seed", self.seed.to_string()),
+        ] {
+            flags.push(flag.into());
+            flags.push(value.into());
+        }
+        flags
+    }
+}
+
 /// Size classes of the latency report, by the tier a message fits whole.
 const CLASSES: usize = 3;
 
-/// One client or server side: its connections, and per connection the request in flight.
-struct Side {
-    connections: Vec<Connection<LoopbackEndpoint>>,
-}
+/// How long the quiet phase sleeps between two rounds of progress.
+const QUIET_POLL: Duration = Duration::from_millis(5);
 
 /// Runs the demo; the report goes to stdout, an error to stderr.
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
@@ -85,71 +140,103 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
 type DemoError = Box<dyn std::error::Error + Send + Sync>;
 
 fn demo(args: &DemoArgs) -> Result<(), DemoError> {
-    let ProviderKind::Loopback = args.provider;
-    if args.connections == 0 || args.messages == 0 || args.large_every == 0 {
-        return Err("--connections, --messages and --large-every must be at least 1".into());
+    let setup = Setup::new(args)?;
+    match args.provider {
+        ProviderKind::Loopback => loopback(args, &setup),
+        ProviderKind::Shm => shm::run(args, &setup),
     }
-    let (name, ladder) = match &args.ladder {
-        Some(path) => (path.display().to_string(), TierLadder::from_file(path)?),
-        None => (
-            format!("preset {}", args.preset),
-            TierLadder::preset(&args.preset)?,
-        ),
-    };
-    let ladder = Arc::new(with_demotion(&ladder, args.demote_after, args.hysteresis)?);
-    let config = Arc::new(ConnectionConfig::new(Arc::clone(&ladder))?);
+}
 
-    // Loopback memory is not pinned, so RLIMIT_MEMLOCK does not bound it.
-    let budget = MemoryBudget::from_system(BudgetConfig {
+/// What both sides of every connection agree on.
+#[derive(Debug)]
+struct Setup {
+    /// The ladder's name in the report.
+    name: String,
+    /// The ladder, with the demo's demotion timing.
+    ladder: Arc<TierLadder>,
+    config: Arc<ConnectionConfig>,
+    /// The send and receive queue depth of every endpoint.
+    depth: u32,
+}
+
+impl Setup {
+    fn new(args: &DemoArgs) -> Result<Setup, DemoError> {
+        if args.connections == 0 || args.messages == 0 || args.large_every == 0 {
+            return Err("--connections, --messages and --large-every must be at least 1".into());
+        }
+        let (name, ladder) = match &args.ladder {
+            Some(path) => (path.display().to_string(), TierLadder::from_file(path)?),
+            None => (
+                format!("preset {}", args.preset),
+                TierLadder::preset(&args.preset)?,
+            ),
+        };
+        let ladder = Arc::new(with_demotion(&ladder, args.demote_after, args.hysteresis)?);
+        let config = Arc::new(ConnectionConfig::new(Arc::clone(&ladder))?);
+        let largest_count = ladder
+            .tiers()
+            .iter()
+            .map(|t| t.slot_count())
+            .max()
+            .unwrap_or(1);
+        let max = args.provider.max_depth();
+        let depth = u32::try_from(2 * largest_count + 8)
+            .ok()
+            .filter(|&depth| depth <= max)
+            .ok_or_else(|| {
+                format!(
+                    "the ladder's slot counts pass the {} queue depth ({max})",
+                    args.provider.name()
+                )
+            })?;
+        Ok(Setup {
+            name,
+            ladder,
+            config,
+            depth,
+        })
+    }
+
+    /// A reservoir for one process's (or one side's) connections, filled.
+    fn reservoir(&self, provider: &impl Provider) -> Result<Arc<Reservoir>, DemoError> {
+        let reservoir = Arc::new(Reservoir::new(
+            provider.registrar(),
+            Arc::clone(&self.ladder),
+        ));
+        reservoir.fill()?;
+        Ok(reservoir)
+    }
+
+    /// One side of a connection over `endpoint`, its regions from `reservoir`.
+    fn connection<E: Endpoint>(
+        &self,
+        reservoir: &Arc<Reservoir>,
+        endpoint: E,
+        now: Instant,
+    ) -> Result<Connection<E>, DemoError> {
+        let core = ConnectionCore::new(
+            Arc::clone(&self.config),
+            Arc::clone(reservoir),
+            Arc::clone(reservoir),
+            now,
+        )?;
+        Connection::new(core, endpoint).map_err(|e| e.to_string().into())
+    }
+}
+
+/// This process's memory budget. Neither provider pins its memory, so RLIMIT_MEMLOCK
+/// does not bound it.
+fn budget() -> Result<MemoryBudget, DemoError> {
+    Ok(MemoryBudget::from_system(BudgetConfig {
         memlock: MemlockPolicy::Ignore,
         ..BudgetConfig::default()
-    })?;
-    let provider = LoopbackProvider::new(budget.clone());
-    let reservoirs =
-        [0, 1].map(|_| Arc::new(Reservoir::new(provider.registrar(), Arc::clone(&ladder))));
-    for reservoir in &reservoirs {
-        reservoir.fill()?;
-    }
-    let largest_count = ladder
-        .tiers()
-        .iter()
-        .map(|t| t.slot_count())
-        .max()
-        .unwrap_or(1);
-    let depth = u32::try_from(2 * largest_count + 8)
-        .ok()
-        .filter(|&depth| depth <= MAX_QUEUE_DEPTH)
-        .ok_or("the ladder's slot counts pass the loopback queue depth")?;
+    })?)
+}
 
-    let now = Instant::now();
-    let mut clients = Side {
-        connections: Vec::with_capacity(args.connections),
-    };
-    let mut servers = Side {
-        connections: Vec::with_capacity(args.connections),
-    };
-    for _ in 0..args.connections {
-        let (a, b) = provider.pair(depth, depth)?;
-        let core = |reservoir: &Arc<Reservoir>| {
-            ConnectionCore::new(
-                Arc::clone(&config),
-                Arc::clone(reservoir),
-                Arc::clone(reservoir),
-                now,
-            )
-        };
-        clients
-            .connections
-            .push(Connection::new(core(&reservoirs[0])?, a).map_err(|e| e.to_string())?);
-        servers
-            .connections
-            .push(Connection::new(core(&reservoirs[1])?, b).map_err(|e| e.to_string())?);
-    }
-    let registered_at_start = budget.in_use();
-
-    let total = (args.connections * args.messages) as u64;
+/// The progress bar of the round trips, drawn only on a terminal.
+fn progress_bar(args: &DemoArgs) -> Result<ProgressBar, DemoError> {
     let bar = ProgressBar::with_draw_target(
-        Some(total),
+        Some((args.connections * args.messages) as u64),
         if std::io::stdout().is_terminal() {
             ProgressDrawTarget::stdout()
         } else {
@@ -159,10 +246,45 @@ fn demo(args: &DemoArgs) -> Result<(), DemoError> {
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} round trips {elapsed}",
     )?);
+    Ok(bar)
+}
 
-    let sizes = MessageSizes::new(&ladder, args.large_every, args.seed);
+/// When the quiet phase gives up waiting for every connection to step back down.
+fn quiet_deadline(args: &DemoArgs) -> Instant {
+    Instant::now() + (args.demote_after + args.hysteresis) * 3
+}
+
+/// Fails unless every registered byte has come back to `budget`.
+fn check_returned(budget: &MemoryBudget) -> Result<(), DemoError> {
+    match budget.in_use() {
+        0 => Ok(()),
+        left => Err(format!("{left} registered bytes were not returned").into()),
+    }
+}
+
+/// The run on the loopback provider: clients on this thread, servers on another.
+fn loopback(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
+    let budget = budget()?;
+    let provider = LoopbackProvider::new(budget.clone());
+    let reservoirs = [setup.reservoir(&provider)?, setup.reservoir(&provider)?];
+    let now = Instant::now();
+    let mut clients = Side::with_capacity(args.connections);
+    let mut servers = Side::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        let (a, b) = provider.pair(setup.depth, setup.depth)?;
+        clients
+            .connections
+            .push(setup.connection(&reservoirs[0], a, now)?);
+        servers
+            .connections
+            .push(setup.connection(&reservoirs[1], b, now)?);
+    }
+    let at_start = budget.in_use();
+
+    let bar = progress_bar(args)?;
+    let sizes = MessageSizes::new(&setup.ladder, args.large_every, args.seed);
     let started = Instant::now();
-    let peak = std::sync::atomic::AtomicU64::new(budget.in_use());
+    let peak = AtomicU64::new(at_start);
     let (client_result, server_result) = std::thread::scope(|scope| {
         let server = scope.spawn(|| serve(&mut servers, args.messages, &budget, &peak));
         let client = run_clients(&mut clients, args.messages, &sizes, &bar, &budget, &peak);
@@ -173,42 +295,36 @@ fn demo(args: &DemoArgs) -> Result<(), DemoError> {
     let elapsed = started.elapsed();
     bar.finish_and_clear();
 
-    let mut busy = sum_stats(&clients, &servers);
-    busy.registered_bytes = budget.in_use();
+    let busy_tier_steps = (clients.totals() + servers.totals()).send_tier_sum;
     // Quiet: keep progressing until every connection has stepped back down and its old
     // tiers are retired (memory back where it started), or the deadline passes.
-    let quiet_until = Instant::now() + (args.demote_after + args.hysteresis) * 3;
-    while Instant::now() < quiet_until && budget.in_use() > registered_at_start {
-        for connection in clients
-            .connections
-            .iter_mut()
-            .chain(servers.connections.iter_mut())
-        {
-            connection.progress().map_err(|e| e.to_string())?;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let deadline = quiet_deadline(args);
+    while Instant::now() < deadline && budget.in_use() > at_start {
+        clients.progress()?;
+        servers.progress()?;
+        std::thread::sleep(QUIET_POLL);
     }
-    let quiet = sum_stats(&clients, &servers);
-    let registered_quiet = budget.in_use();
+    let here = Figures {
+        registered: Registered {
+            at_start,
+            peak: peak.load(Ordering::Relaxed),
+            quiet: budget.in_use(),
+            reservoir: reservoirs.iter().map(|r| r.spare_bytes()).sum(),
+        },
+        busy_tier_steps,
+        quiet: clients.totals() + servers.totals(),
+    };
 
     report(Report {
-        name: &name,
+        setup,
         args,
-        ladder: &ladder,
         elapsed,
-        busy,
-        quiet,
-        registered_at_start,
-        registered_peak: peak.load(std::sync::atomic::Ordering::Relaxed),
-        registered_quiet,
-        reservoir_bytes: reservoirs.iter().map(|r| r.spare_bytes()).sum(),
+        here,
+        peer: None,
         latencies,
     });
     drop((clients, servers, reservoirs));
-    if budget.in_use() != 0 {
-        return Err(format!("{} registered bytes were not returned", budget.in_use()).into());
-    }
-    Ok(())
+    check_returned(&budget)
 }
 
 /// `ladder` with its demotion timing replaced.
@@ -311,7 +427,7 @@ fn check(
 }
 
 /// Sends `bytes` on `connection` if it is accepted now; `Ok(false)` when it would block.
-fn offer(connection: &mut Connection<LoopbackEndpoint>, bytes: &[u8]) -> Result<bool, DemoError> {
+fn offer<E: Endpoint>(connection: &mut Connection<E>, bytes: &[u8]) -> Result<bool, DemoError> {
     match connection.try_send(&[IoSlice::new(bytes)]) {
         Ok(accepted) if accepted == bytes.len() => Ok(true),
         Ok(accepted) => {
@@ -322,19 +438,59 @@ fn offer(connection: &mut Connection<LoopbackEndpoint>, bytes: &[u8]) -> Result<
     }
 }
 
-fn note_peak(budget: &MemoryBudget, peak: &std::sync::atomic::AtomicU64) {
-    peak.fetch_max(budget.in_use(), std::sync::atomic::Ordering::Relaxed);
+fn note_peak(budget: &MemoryBudget, peak: &AtomicU64) {
+    peak.fetch_max(budget.in_use(), Ordering::Relaxed);
+}
+
+/// One client or server side: its connections, connection `i` of one side being the peer
+/// of connection `i` of the other.
+struct Side<E: Endpoint> {
+    connections: Vec<Connection<E>>,
+}
+
+impl<E: Endpoint> Side<E> {
+    fn with_capacity(count: usize) -> Side<E> {
+        Side {
+            connections: Vec::with_capacity(count),
+        }
+    }
+
+    /// One round of progress on every connection.
+    fn progress(&mut self) -> Result<(), DemoError> {
+        for connection in &mut self.connections {
+            connection.progress().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The counters of every connection, summed.
+    fn totals(&self) -> Totals {
+        self.connections
+            .iter()
+            .map(|connection| {
+                let stats = connection.stats();
+                Totals {
+                    promotions: stats.promotions,
+                    demotions: stats.demotions,
+                    nacks: stats.nacks,
+                    messages: stats.messages_sent,
+                    bytes: stats.bytes_sent,
+                    send_tier_sum: u64::from(stats.send_tier),
+                }
+            })
+            .fold(Totals::default(), Add::add)
+    }
 }
 
 /// The client side: one request in flight per connection; returns round-trip times in
 /// nanoseconds per size class.
-fn run_clients(
-    side: &mut Side,
+fn run_clients<E: Endpoint>(
+    side: &mut Side<E>,
     messages: usize,
     sizes: &MessageSizes,
     bar: &ProgressBar,
     budget: &MemoryBudget,
-    peak: &std::sync::atomic::AtomicU64,
+    peak: &AtomicU64,
 ) -> Result<[Vec<u64>; CLASSES], DemoError> {
     let count = side.connections.len();
     let mut next = vec![0usize; count];
@@ -390,11 +546,11 @@ fn run_clients(
 }
 
 /// The server side: answers every request with a reply of the same size.
-fn serve(
-    side: &mut Side,
+fn serve<E: Endpoint>(
+    side: &mut Side<E>,
     messages: usize,
     budget: &MemoryBudget,
-    peak: &std::sync::atomic::AtomicU64,
+    peak: &AtomicU64,
 ) -> Result<(), DemoError> {
     let count = side.connections.len();
     let mut answered = vec![0usize; count];
@@ -434,46 +590,64 @@ fn serve(
     Ok(())
 }
 
-/// Sums over every connection of both sides.
-#[derive(Debug, Default)]
+/// Counters summed over connections.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Totals {
     promotions: u64,
     demotions: u64,
     nacks: u64,
     messages: u64,
     bytes: u64,
+    /// The send tiers of every connection added up: 0 when all send on tier 0.
     send_tier_sum: u64,
-    recv_tier_sum: u64,
-    registered_bytes: u64,
 }
 
-fn sum_stats(clients: &Side, servers: &Side) -> Totals {
-    let mut totals = Totals::default();
-    for connection in clients.connections.iter().chain(&servers.connections) {
-        let stats: ConnectionStats = connection.stats();
-        totals.promotions += stats.promotions;
-        totals.demotions += stats.demotions;
-        totals.nacks += stats.nacks;
-        totals.messages += stats.messages_sent;
-        totals.bytes += stats.bytes_sent;
-        totals.send_tier_sum += u64::from(stats.send_tier);
-        totals.recv_tier_sum += u64::from(stats.recv_tier);
-        totals.registered_bytes += stats.registered_bytes;
+impl Add for Totals {
+    type Output = Totals;
+
+    fn add(self, other: Totals) -> Totals {
+        Totals {
+            promotions: self.promotions + other.promotions,
+            demotions: self.demotions + other.demotions,
+            nacks: self.nacks + other.nacks,
+            messages: self.messages + other.messages,
+            bytes: self.bytes + other.bytes,
+            send_tier_sum: self.send_tier_sum + other.send_tier_sum,
+        }
     }
-    totals
+}
+
+/// One process's registered bytes, measured on its budget.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Registered {
+    /// Once every connection was set up.
+    at_start: u64,
+    /// The most seen during traffic.
+    peak: u64,
+    /// After the quiet phase.
+    quiet: u64,
+    /// The reservoirs' spare regions, after the quiet phase.
+    reservoir: u64,
+}
+
+/// What one process measured of the connection sides it ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Figures {
+    registered: Registered,
+    /// `Totals::send_tier_sum` at the end of traffic.
+    busy_tier_steps: u64,
+    /// The counters after the quiet phase.
+    quiet: Totals,
 }
 
 struct Report<'a> {
-    name: &'a str,
+    setup: &'a Setup,
     args: &'a DemoArgs,
-    ladder: &'a TierLadder,
     elapsed: Duration,
-    busy: Totals,
-    quiet: Totals,
-    registered_at_start: u64,
-    registered_peak: u64,
-    registered_quiet: u64,
-    reservoir_bytes: u64,
+    /// This process's figures: of both sides on loopback, of the clients on shm.
+    here: Figures,
+    /// The peer process's id and figures, on shm.
+    peer: Option<(u32, Figures)>,
     latencies: [Vec<u64>; CLASSES],
 }
 
@@ -481,63 +655,120 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
+/// A line of the memory table: the label, then right-aligned columns.
+fn table_line(label: &str, columns: &[String]) {
+    let mut line = format!("  {label:<44}");
+    for column in columns {
+        line += &format!(" {column:>14}");
+    }
+    println!("{}", line.trim_end());
+}
+
 fn report(mut r: Report<'_>) {
-    let endpoints = 2 * r.args.connections as u64;
-    let table = r.ladder.memory_table(1);
-    let static_per_endpoint = table.static_per_connection();
+    let pairs = r.args.connections as u64;
+    let endpoints = 2 * pairs;
+    let static_per_endpoint = r.setup.ladder.memory_table(1).static_per_connection();
     println!(
-        "tierbuf demo: {} connection pairs on loopback, ladder {}",
-        r.args.connections, r.name
+        "tierbuf demo: {pairs} connection pairs on {}, ladder {}",
+        r.args.provider.name(),
+        r.setup.name
     );
+    if let Some((pid, _)) = r.peer {
+        println!(
+            "  clients in this process (PID {}), servers in the peer process PID {pid}, over shared memory",
+            std::process::id()
+        );
+    }
     println!(
         "  {} requests each (1 in {} large), demotion after {:?} idle with {:?} hysteresis (overridden for the demo)",
         r.args.messages, r.args.large_every, r.args.demote_after, r.args.hysteresis
     );
     println!("  traffic took {:.2?}\n", r.elapsed);
-    println!("registered memory, both sides of every connection ({endpoints} endpoints):");
-    println!("  {:<44} {:>14} {:>14}", "", "per endpoint", "total");
-    let row = |label: &str, total: u64| {
+
+    let processes: Vec<Registered> = std::iter::once(r.here.registered)
+        .chain(r.peer.map(|(_, peer)| peer.registered))
+        .collect();
+    let split = r.peer.is_some();
+    if split {
         println!(
-            "  {label:<44} {:>14} {:>14}",
-            format!("{} B", total / endpoints),
-            mib(total)
+            "registered memory, both sides of every connection ({endpoints} endpoints, {pairs} in each process):"
         );
+        table_line(
+            "",
+            &["per endpoint", "this process", "peer process", "total"].map(String::from),
+        );
+    } else {
+        println!("registered memory, both sides of every connection ({endpoints} endpoints):");
+        table_line("", &["per endpoint", "total"].map(String::from));
+    }
+    let row = |label: &str, per_process: &[u64]| {
+        let total: u64 = per_process.iter().sum();
+        let mut columns = vec![format!("{} B", total / endpoints)];
+        if split {
+            columns.extend(per_process.iter().map(|&bytes| mib(bytes)));
+        }
+        columns.push(mib(total));
+        table_line(label, &columns);
     };
-    row(
-        "tiered, at start (measured)",
-        r.registered_at_start - r.reservoir_bytes,
-    );
+    let tiered = |figure: fn(&Registered) -> u64| -> Vec<u64> {
+        processes.iter().map(|p| figure(p) - p.reservoir).collect()
+    };
+    row("tiered, at start (measured)", &tiered(|p| p.at_start));
     row(
         "tiered, peak during traffic (measured)",
-        r.registered_peak - r.reservoir_bytes,
+        &tiered(|p| p.peak),
     );
     row(
         "tiered, after the quiet phase (measured)",
-        r.registered_quiet - r.reservoir_bytes,
+        &tiered(|p| p.quiet),
     );
+    let static_total = static_per_endpoint * endpoints;
     row(
         "static top tier up front (from the ladder)",
-        static_per_endpoint * endpoints,
+        &processes
+            .iter()
+            .map(|_| static_total / processes.len() as u64)
+            .collect::<Vec<_>>(),
     );
-    println!(
-        "  {:<44} {:>14} {:>14}\n",
-        "reservoir spares (measured, shared)",
-        "",
-        mib(r.reservoir_bytes)
+    let reservoirs: Vec<u64> = processes.iter().map(|p| p.reservoir).collect();
+    let mut columns = vec![String::new()];
+    if split {
+        columns.extend(reservoirs.iter().map(|&bytes| mib(bytes)));
+    }
+    columns.push(mib(reservoirs.iter().sum()));
+    table_line(
+        if split {
+            "reservoir spares (measured, one per process)"
+        } else {
+            "reservoir spares (measured, shared)"
+        },
+        &columns,
     );
+    if split {
+        println!("  (each process measures its own peak; the total adds the two)");
+    }
+    println!();
+
+    let (busy_tier_steps, quiet) = match r.peer {
+        Some((_, peer)) => (
+            r.here.busy_tier_steps + peer.busy_tier_steps,
+            r.here.quiet + peer.quiet,
+        ),
+        None => (r.here.busy_tier_steps, r.here.quiet),
+    };
     println!("tier changes (both directions of every connection):");
     println!(
         "  promotions {}   demotions {}   nacks {}",
-        r.quiet.promotions, r.quiet.demotions, r.quiet.nacks
+        quiet.promotions, quiet.demotions, quiet.nacks
     );
     println!(
         "  still above tier 0 after the quiet phase: {} send directions (was {} tier steps at the end of traffic)\n",
-        r.quiet.send_tier_sum, r.busy.send_tier_sum
+        quiet.send_tier_sum, busy_tier_steps
     );
     println!(
         "traffic: {} messages, {} moved (requests and replies)\n",
-        r.quiet.messages,
-        mib(r.quiet.bytes)
+        quiet.messages,
+        mib(quiet.bytes)
     );
     println!("round-trip latency by request size (measured, request sent to reply received;");
     println!("  each side is one thread sweeping all its connections, so a round trip includes");

@@ -1,6 +1,8 @@
 //! `tierbuf`: the command-line program of tierbuf.
 //!
 //! - `tierbuf demo`: the main job; see `demo.rs`.
+//! - `tierbuf demo-peer`: hidden; the second process of `tierbuf demo --provider shm`, which
+//!   the demo starts itself (see `demo/shm.rs`).
 //! - `tierbuf ladder check FILE`: validate a ladder file and print its memory table.
 //! - `tierbuf ladder show (--preset NAME | FILE)`: print a ladder as a ladder file, with its
 //!   memory table.
@@ -25,9 +27,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run many connection pairs over the loopback provider and report what tiering
-    /// registered against a static top-tier configuration.
+    /// Run many connection pairs (over the loopback provider unless told) and report what
+    /// tiering registered against a static top-tier configuration.
     Demo(demo::DemoArgs),
+    /// The peer process of `demo --provider shm`, started by the demo.
+    #[command(hide = true)]
+    DemoPeer(demo::shm::PeerArgs),
     /// Check and show tier ladders.
     #[command(subcommand)]
     Ladder(ladder::LadderCommand),
@@ -36,6 +41,7 @@ enum Command {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
+        Command::DemoPeer(args) => demo::shm::run_peer(args),
         Command::Ladder(command) => ladder::run(command),
     }
 }

@@ -1,0 +1,553 @@
+//! `tierbuf demo --provider shm`: the clients in this process, the servers in a second
+//! process of this program (the hidden `tierbuf demo-peer`), each connection pair one pair
+//! of shared-memory endpoints.
+//!
+//! # How the two processes work together
+//!
+//! - The demo makes a private directory under the temporary directory and starts the peer
+//!   with the demo's own flags and `--socket DIR/peer.sock`; the demo removes the
+//!   directory once every connection is made, or when it fails before.
+//! - The peer listens on the socket and says `listening` on its stdout; the demo then
+//!   connects once per connection pair, one after the other, so connection `i` is the
+//!   `i`th on both sides.
+//! - The peer answers exactly `--messages` requests on each connection. Both then run the
+//!   quiet phase: the peer says `quiet` once its registered memory is back where it
+//!   started and keeps its connections going until the demo writes `report` to its stdin;
+//!   it answers with one line, `report` and its figures as `name=value` fields, closes its
+//!   connections and exits. Its errors go to its stderr, which is the demo's.
+//! - The peer never outlives the demo: it exits at once when its stdin closes before it is
+//!   done (the demo is gone, however it ended), and fails when a connection reports the
+//!   demo's process dead; the demo kills it when the demo fails first.
+//!
+//! # Open files
+//!
+//! Each process holds a socket per connection and a memory file per registered region, so
+//! a few thousand connections pass the usual soft limit of 1024 open files: both processes
+//! raise the soft limit up to the hard limit when they must, and refuse a connection count
+//! that even the hard limit cannot hold.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::ShmProvider;
+
+use super::{
+    DemoArgs, DemoError, Figures, MessageSizes, QUIET_POLL, Registered, Report, Setup, Side,
+    Totals, budget, check_returned, progress_bar, quiet_deadline, report, run_clients, serve,
+};
+
+/// How long the demo waits for the peer's next line, or for it to exit.
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Flags of the hidden `tierbuf demo-peer`.
+#[derive(Debug, Args)]
+pub(crate) struct PeerArgs {
+    /// The Unix-domain socket to listen on; it must not exist yet.
+    #[arg(long)]
+    socket: PathBuf,
+    /// The flags of the demo this process is the peer of.
+    #[command(flatten)]
+    demo: DemoArgs,
+}
+
+/// The demo's side of a shm run: starts the peer, connects, runs the clients, and reports
+/// both processes' figures.
+pub(super) fn run(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
+    make_room_for(args.connections, &setup.ladder)?;
+    let dir = RunDirectory::create()?;
+    let socket = dir.path().join("peer.sock");
+    let mut peer = Peer::start(args, &socket)?;
+    match peer.next_line()?.as_str() {
+        "listening" => {}
+        other => return Err(peer.unexpected(other)),
+    }
+
+    let budget = budget()?;
+    let provider = ShmProvider::new(budget.clone());
+    let reservoir = setup.reservoir(&provider)?;
+    let now = Instant::now();
+    let mut clients = Side::with_capacity(args.connections);
+    for index in 0..args.connections {
+        let endpoint = provider
+            .connect(&socket, setup.depth, setup.depth)
+            .map_err(|e| format!("connection {index} to the peer process: {e}"))?;
+        clients
+            .connections
+            .push(setup.connection(&reservoir, endpoint, now)?);
+    }
+    // Every connection has its own socket now: with the directory gone, nothing is left
+    // behind even if this process is killed.
+    drop(dir);
+    let at_start = budget.in_use();
+
+    let bar = progress_bar(args)?;
+    let sizes = MessageSizes::new(&setup.ladder, args.large_every, args.seed);
+    let started = Instant::now();
+    let peak = AtomicU64::new(at_start);
+    let latencies = run_clients(&mut clients, args.messages, &sizes, &bar, &budget, &peak)?;
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+
+    let busy_tier_steps = clients.totals().send_tier_sum;
+    // Quiet: as on loopback, until both processes are back where they started.
+    let deadline = quiet_deadline(args);
+    let mut peer_quiet = false;
+    while Instant::now() < deadline && (!peer_quiet || budget.in_use() > at_start) {
+        clients.progress()?;
+        match peer.try_line()? {
+            None => {}
+            Some(line) if line == "quiet" => peer_quiet = true,
+            Some(other) => return Err(peer.unexpected(&other)),
+        }
+        std::thread::sleep(QUIET_POLL);
+    }
+    let here = Figures {
+        registered: Registered {
+            at_start,
+            peak: peak.load(Ordering::Relaxed),
+            quiet: budget.in_use(),
+            reservoir: reservoir.spare_bytes(),
+        },
+        busy_tier_steps,
+        quiet: clients.totals(),
+    };
+    let theirs = peer.report()?;
+
+    report(Report {
+        setup,
+        args,
+        elapsed,
+        here,
+        peer: Some((peer.pid(), theirs)),
+        latencies,
+    });
+    drop((clients, reservoir));
+    peer.finish()?;
+    check_returned(&budget)
+}
+
+/// Runs the peer process; its errors go to stderr, its lines for the demo to stdout.
+pub(crate) fn run_peer(args: PeerArgs) -> ExitCode {
+    match peer(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tierbuf demo-peer: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The peer's side of a shm run: the servers.
+fn peer(args: &PeerArgs) -> Result<(), DemoError> {
+    let demo = &args.demo;
+    let setup = Setup::new(demo)?;
+    make_room_for(demo.connections, &setup.ladder)?;
+    let requests = watch_the_demo();
+    let budget = budget()?;
+    let provider = ShmProvider::new(budget.clone());
+    let reservoir = setup.reservoir(&provider)?;
+    let listener = provider.listen(&args.socket)?;
+    tell_the_demo("listening")?;
+    let now = Instant::now();
+    let mut servers = Side::with_capacity(demo.connections);
+    for index in 0..demo.connections {
+        let endpoint = listener
+            .accept(setup.depth, setup.depth)
+            .map_err(|e| format!("connection {index} from the demo: {e}"))?;
+        servers
+            .connections
+            .push(setup.connection(&reservoir, endpoint, now)?);
+    }
+    drop(listener);
+    let at_start = budget.in_use();
+    let peak = AtomicU64::new(at_start);
+    serve(&mut servers, demo.messages, &budget, &peak)?;
+
+    let busy_tier_steps = servers.totals().send_tier_sum;
+    // The demo's connections step down only with this side's answers, so keep going
+    // until the demo asks for the report.
+    let mut quiet = false;
+    loop {
+        match requests.try_recv() {
+            Ok(()) => break,
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => return Err("the stdin reader stopped".into()),
+        }
+        servers.progress()?;
+        if !quiet && budget.in_use() <= at_start {
+            tell_the_demo("quiet")?;
+            quiet = true;
+        }
+        std::thread::sleep(QUIET_POLL);
+    }
+    let figures = Figures {
+        registered: Registered {
+            at_start,
+            peak: peak.load(Ordering::Relaxed),
+            quiet: budget.in_use(),
+            reservoir: reservoir.spare_bytes(),
+        },
+        busy_tier_steps,
+        quiet: servers.totals(),
+    };
+    tell_the_demo(&format!("report {}", encode(&figures)))?;
+    drop((servers, reservoir));
+    check_returned(&budget)
+}
+
+/// Reads the demo's requests from stdin on a thread of its own; each `report` line is one
+/// message on the returned channel. When stdin closes, the demo is gone, and this process
+/// exits at once.
+fn watch_the_demo() -> Receiver<()> {
+    let (sender, requests) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            match line {
+                Ok(line) if line == "report" => {
+                    if sender.send(()).is_err() {
+                        return;
+                    }
+                }
+                Ok(other) => {
+                    eprintln!("tierbuf demo-peer: unexpected request {other:?}");
+                    std::process::exit(1);
+                }
+                Err(_) => break,
+            }
+        }
+        eprintln!("tierbuf demo-peer: the demo process is gone");
+        std::process::exit(1);
+    });
+    requests
+}
+
+/// Writes one line for the demo on stdout.
+fn tell_the_demo(line: &str) -> Result<(), DemoError> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("writing to the demo process: {e}").into())
+}
+
+/// The fields of the peer's report.
+fn fields(figures: &Figures) -> [(&'static str, u64); 11] {
+    let Figures {
+        registered,
+        busy_tier_steps,
+        quiet,
+    } = *figures;
+    [
+        ("registered_at_start", registered.at_start),
+        ("registered_peak", registered.peak),
+        ("registered_quiet", registered.quiet),
+        ("reservoir", registered.reservoir),
+        ("busy_tier_steps", busy_tier_steps),
+        ("promotions", quiet.promotions),
+        ("demotions", quiet.demotions),
+        ("nacks", quiet.nacks),
+        ("messages", quiet.messages),
+        ("bytes", quiet.bytes),
+        ("tier_steps", quiet.send_tier_sum),
+    ]
+}
+
+/// `figures` as `name=value` fields separated by spaces.
+fn encode(figures: &Figures) -> String {
+    fields(figures)
+        .map(|(name, value)| format!("{name}={value}"))
+        .join(" ")
+}
+
+/// The figures that [`encode`] wrote as `text`.
+fn decode(text: &str) -> Result<Figures, DemoError> {
+    let values: HashMap<&str, u64> = text
+        .split_whitespace()
+        .map(|field| {
+            let (name, value) = field.split_once('=')?;
+            Some((name, value.parse().ok()?))
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("the peer's report is malformed: {text:?}"))?;
+    let value = |name: &str| {
+        values
+            .get(name)
+            .copied()
+            .ok_or_else(|| format!("the peer's report lacks {name}: {text:?}"))
+    };
+    Ok(Figures {
+        registered: Registered {
+            at_start: value("registered_at_start")?,
+            peak: value("registered_peak")?,
+            quiet: value("registered_quiet")?,
+            reservoir: value("reservoir")?,
+        },
+        busy_tier_steps: value("busy_tier_steps")?,
+        quiet: Totals {
+            promotions: value("promotions")?,
+            demotions: value("demotions")?,
+            nacks: value("nacks")?,
+            messages: value("messages")?,
+            bytes: value("bytes")?,
+            send_tier_sum: value("tier_steps")?,
+        },
+    })
+}
+
+/// The peer process, as the demo sees it: its stdin for requests, its stdout's lines
+/// (read by a thread of their own). Dropping it kills the process if it still runs.
+#[derive(Debug)]
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Peer {
+    /// Starts `tierbuf demo-peer` with the demo's flags, to listen at `socket`.
+    fn start(args: &DemoArgs, socket: &Path) -> Result<Peer, DemoError> {
+        let program = std::env::current_exe()
+            .map_err(|e| format!("finding this program to start the peer process: {e}"))?;
+        let mut child = Command::new(program)
+            .arg("demo-peer")
+            .arg("--socket")
+            .arg(socket)
+            .args(args.flags())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the peer process: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("the peer process's stdin or stdout is not a pipe".into());
+        };
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Peer {
+            child,
+            stdin,
+            lines,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the peer's next line.
+    fn next_line(&mut self) -> Result<String, DemoError> {
+        match self.lines.recv_timeout(PEER_TIMEOUT) {
+            Ok(line) => Ok(line),
+            Err(RecvTimeoutError::Timeout) => Err(format!(
+                "the peer process (PID {}) said nothing for {PEER_TIMEOUT:?}",
+                self.pid()
+            )
+            .into()),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    /// The peer's next line, if it has written one.
+    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
+        match self.lines.try_recv() {
+            Ok(line) => Ok(Some(line)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    /// Asks for the peer's figures and waits for them.
+    fn report(&mut self) -> Result<Figures, DemoError> {
+        writeln!(self.stdin, "report")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("asking the peer process for its report: {e}"))?;
+        loop {
+            let line = self.next_line()?;
+            if line == "quiet" {
+                continue;
+            }
+            return match line.strip_prefix("report ") {
+                Some(fields) => decode(fields),
+                None => Err(self.unexpected(&line)),
+            };
+        }
+    }
+
+    /// Waits for the peer to exit, and fails unless it succeeded.
+    fn finish(&mut self) -> Result<(), DemoError> {
+        let status = self.exit_status()?;
+        if !status.success() {
+            return Err(format!("the peer process (PID {}) failed ({status})", self.pid()).into());
+        }
+        Ok(())
+    }
+
+    /// The error for a peer that stopped writing: its exit status.
+    fn gone(&mut self) -> DemoError {
+        match self.exit_status() {
+            Ok(status) => format!(
+                "the peer process (PID {}) ended early ({status}); its error, if any, is above",
+                self.pid()
+            )
+            .into(),
+            Err(error) => error,
+        }
+    }
+
+    fn unexpected(&self, line: &str) -> DemoError {
+        format!("unexpected line from the peer process: {line:?}").into()
+    }
+
+    /// Waits up to [`PEER_TIMEOUT`] for the peer to exit.
+    fn exit_status(&mut self) -> Result<ExitStatus, DemoError> {
+        let deadline = Instant::now() + PEER_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the peer process (PID {}) did not exit within {PEER_TIMEOUT:?}",
+                    self.pid()
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // After a failure here, the peer must not linger; after `finish` it has exited.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A directory of this run's own under the temporary directory, removed when dropped.
+#[derive(Debug)]
+struct RunDirectory {
+    path: PathBuf,
+}
+
+impl RunDirectory {
+    fn create() -> Result<RunDirectory, DemoError> {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.subsec_nanos());
+        let path =
+            std::env::temp_dir().join(format!("tierbuf-demo-{}-{nanos:09}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        Ok(RunDirectory { path })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for RunDirectory {
+    fn drop(&mut self) {
+        // Only a stale directory in the temporary directory is left if this fails.
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Open files one process holds per connection at most: its socket, and a memory file for
+/// a send and a receive region of every tier.
+fn files_per_connection(ladder: &TierLadder) -> u64 {
+    1 + 2 * ladder.tiers().len() as u64
+}
+
+/// Open files besides the connections': the standard streams, the pipes between the two
+/// processes, the listener, the reservoir's spare regions, and room to spare.
+fn other_files(ladder: &TierLadder) -> u64 {
+    64 + (ladder.policy().reservoir_regions() * ladder.tiers().len()) as u64
+}
+
+/// Lets this process open the files `connections` connections need, raising its soft
+/// limit up to the hard limit if it must (a process started afterwards inherits it).
+fn make_room_for(connections: usize, ladder: &TierLadder) -> Result<(), DemoError> {
+    let per_connection = files_per_connection(ladder);
+    let needed = connections as u64 * per_connection + other_files(ladder);
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return Ok(());
+    }
+    // An unlimited hard limit cannot be the soft one for open files: ask for the need.
+    let hard = limit.maximum.unwrap_or(needed);
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    )
+    .map_err(|e| format!("raising the open-file limit from {soft} to {hard}: {e}"))?;
+    if hard >= needed {
+        return Ok(());
+    }
+    let fit = hard.saturating_sub(other_files(ladder)) / per_connection;
+    Err(format!(
+        "{connections} connections over shm need up to {needed} open files per process \
+         (a socket and {} memory files per connection), but the limit is {hard}: \
+         use --connections {fit} or fewer, or raise the hard limit (ulimit -Hn)",
+        per_connection - 1
+    )
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_reads_back_as_written() {
+        let figures = Figures {
+            registered: Registered {
+                at_start: 1,
+                peak: 2,
+                quiet: 3,
+                reservoir: 4,
+            },
+            busy_tier_steps: 5,
+            quiet: Totals {
+                promotions: 6,
+                demotions: 7,
+                nacks: 8,
+                messages: 9,
+                bytes: 10,
+                send_tier_sum: 11,
+            },
+        };
+        assert_eq!(decode(&encode(&figures)).unwrap(), figures);
+    }
+
+    #[test]
+    fn a_malformed_report_is_refused() {
+        assert!(decode("promotions=1 demotions").is_err());
+        let error = decode("promotions=1").unwrap_err().to_string();
+        assert!(error.contains("lacks registered_at_start"), "{error}");
+    }
+}
