@@ -5,12 +5,33 @@
 //!
 //! On the loopback provider both sides of every connection live in this process, one
 //! thread each; on the shm provider this process runs the clients and a second process of
-//! this program the servers (see [`shm`]).
+//! this program the servers (see [`shm`]); on the verbs provider the two sides run on two
+//! machines with RDMA devices, the one given `--listen` running the servers and the one
+//! given `--peer` the clients (see `demo/verbs.rs`, built with the `verbs` feature).
 //!
 //! Every figure printed is measured in the run, except the static configuration's memory,
 //! which is computed from the ladder (and labelled so).
 
 pub(crate) mod shm;
+#[cfg(feature = "verbs")]
+mod verbs;
+
+/// `--provider verbs` in a build without the `verbs` feature.
+#[cfg(not(feature = "verbs"))]
+mod verbs {
+    use super::{DemoArgs, DemoError};
+
+    /// Refuses the run, saying how to build a program that can make it.
+    pub(super) fn run(_: &DemoArgs) -> Result<(), DemoError> {
+        Err(
+            "--provider verbs needs tierbuf built with the verbs feature: install the \
+             build dependencies (`apt-get install cmake libclang1-14 libclang-common-14-dev \
+             libibverbs-dev`, see docs/verbs.md), then rebuild with `cargo build --release \
+             -p tierbuf-examples --features verbs`"
+                .into(),
+        )
+    }
+}
 
 use std::ffi::OsString;
 use std::io::{IoSlice, IsTerminal};
@@ -22,13 +43,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::builder::PossibleValuesParser;
+use clap::error::ErrorKind;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 use tierbuf_pool::{BudgetConfig, MemlockPolicy, MemoryBudget};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::{PRESET_NAMES, TierLadder};
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
-use tierbuf_transport::{Endpoint, LoopbackProvider, MAX_QUEUE_DEPTH, Provider, RING_CAPACITY};
+use tierbuf_transport::{Endpoint, LoopbackProvider, MAX_QUEUE_DEPTH, Provider};
 
 /// The providers the demo can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -38,6 +61,10 @@ pub(crate) enum ProviderKind {
     /// Shared memory between two processes: this process runs the clients, a second
     /// process of this program the servers (Linux; no RDMA hardware needed).
     Shm,
+    /// RDMA devices on two machines (a build with the `verbs` feature): with `--device`,
+    /// and `--listen` on the side that runs the servers, `--peer` on the one that runs the
+    /// clients.
+    Verbs,
 }
 
 impl ProviderKind {
@@ -46,14 +73,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Loopback => "loopback",
             ProviderKind::Shm => "shm",
-        }
-    }
-
-    /// The deepest queue both of the provider's queues allow.
-    fn max_depth(self) -> u32 {
-        match self {
-            ProviderKind::Loopback => MAX_QUEUE_DEPTH,
-            ProviderKind::Shm => RING_CAPACITY as u32,
+            ProviderKind::Verbs => "verbs",
         }
     }
 }
@@ -84,15 +104,66 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     hysteresis: Duration,
     /// The provider.
-    #[arg(long, value_enum, default_value_t = ProviderKind::Loopback)]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = ProviderKind::Loopback,
+        requires_if("verbs", "device"),
+        requires_if("verbs", "role")
+    )]
     provider: ProviderKind,
+    /// With `--provider verbs`: the RDMA device, as `ibv_devices` lists it.
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// With `--provider verbs`: route by this entry of the device's GID table (RoCE; see
+    /// docs/verbs.md). Both sides must route the same way.
+    #[arg(long, value_name = "INDEX", requires = "device")]
+    gid_index: Option<u32>,
+    /// With `--provider verbs`: run the servers, for the side given `--peer`, taking its
+    /// control connection at ADDR (HOST:PORT) and its RDMA connections on a port this side
+    /// picks. Give both sides the same demo flags.
+    #[arg(long, value_name = "ADDR", group = "role")]
+    listen: Option<String>,
+    /// With `--provider verbs`: run the clients against the side listening at ADDR
+    /// (HOST:PORT), and print the report.
+    #[arg(long, value_name = "ADDR", group = "role")]
+    peer: Option<String>,
     /// Seed of the message sizes.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
 impl DemoArgs {
-    /// Flags that parse back into these arguments.
+    /// Refuses the verbs provider's own flags with another provider (clap checks that the
+    /// verbs provider has what it needs).
+    fn check_verbs_flags(&self) -> Result<(), clap::Error> {
+        if self.provider == ProviderKind::Verbs {
+            return Ok(());
+        }
+        let given: Vec<&str> = [
+            ("--device", self.device.is_some()),
+            ("--gid-index", self.gid_index.is_some()),
+            ("--listen", self.listen.is_some()),
+            ("--peer", self.peer.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        let (flags, verb) = match given.split_last() {
+            Some((last, [])) => (last.to_string(), "goes"),
+            Some((last, others)) => (format!("{} and {last}", others.join(", ")), "go"),
+            None => return Ok(()),
+        };
+        Err(clap::Error::raw(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "{flags} {verb} only with --provider verbs, not with --provider {}\n",
+                self.provider.name()
+            ),
+        ))
+    }
+
+    /// Flags that parse back into these arguments (those of the verbs provider aside).
     fn flags(&self) -> Vec<OsString> {
         let mut flags: Vec<OsString> = match &self.ladder {
             Some(path) => vec!["--ladder".into(), path.into()],
@@ -126,8 +197,12 @@ const CLASSES: usize = 3;
 /// How long the quiet phase sleeps between two rounds of progress.
 const QUIET_POLL: Duration = Duration::from_millis(5);
 
-/// Runs the demo; the report goes to stdout, an error to stderr.
+/// Runs the demo; the report goes to stdout, an error to stderr. A usage error exits as
+/// clap's do.
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
+    if let Err(error) = args.check_verbs_flags() {
+        error.exit();
+    }
     match demo(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -140,10 +215,10 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
 type DemoError = Box<dyn std::error::Error + Send + Sync>;
 
 fn demo(args: &DemoArgs) -> Result<(), DemoError> {
-    let setup = Setup::new(args)?;
     match args.provider {
-        ProviderKind::Loopback => loopback(args, &setup),
-        ProviderKind::Shm => shm::run(args, &setup),
+        ProviderKind::Loopback => loopback(args, &Setup::new(args, MAX_QUEUE_DEPTH)?),
+        ProviderKind::Shm => shm::run(args),
+        ProviderKind::Verbs => verbs::run(args),
     }
 }
 
@@ -160,7 +235,8 @@ struct Setup {
 }
 
 impl Setup {
-    fn new(args: &DemoArgs) -> Result<Setup, DemoError> {
+    /// The setup `args` ask for, on a provider whose queues are at most `max_depth` deep.
+    fn new(args: &DemoArgs, max_depth: u32) -> Result<Setup, DemoError> {
         if args.connections == 0 || args.messages == 0 || args.large_every == 0 {
             return Err("--connections, --messages and --large-every must be at least 1".into());
         }
@@ -179,13 +255,12 @@ impl Setup {
             .map(|t| t.slot_count())
             .max()
             .unwrap_or(1);
-        let max = args.provider.max_depth();
         let depth = u32::try_from(2 * largest_count + 8)
             .ok()
-            .filter(|&depth| depth <= max)
+            .filter(|&depth| depth <= max_depth)
             .ok_or_else(|| {
                 format!(
-                    "the ladder's slot counts pass the {} queue depth ({max})",
+                    "the ladder's slot counts pass the {} queue depth ({max_depth})",
                     args.provider.name()
                 )
             })?;
@@ -224,13 +299,52 @@ impl Setup {
     }
 }
 
-/// This process's memory budget. Neither provider pins its memory, so RLIMIT_MEMLOCK
-/// does not bound it.
-fn budget() -> Result<MemoryBudget, DemoError> {
+/// This process's memory budget, bound by RLIMIT_MEMLOCK as `memlock` says: the loopback
+/// and shm providers pin nothing and ignore it, the verbs provider pins what it registers.
+fn budget(memlock: MemlockPolicy) -> Result<MemoryBudget, DemoError> {
     Ok(MemoryBudget::from_system(BudgetConfig {
-        memlock: MemlockPolicy::Ignore,
+        memlock,
         ..BudgetConfig::default()
     })?)
+}
+
+/// Lets this process hold `connections` connections of up to `per_connection` open files
+/// each (`holding` says which, for the error) and `others` more, raising its soft limit up
+/// to the hard limit if it must (a process started afterwards inherits it).
+fn open_files_for(
+    provider: ProviderKind,
+    connections: usize,
+    per_connection: u64,
+    holding: &str,
+    others: u64,
+) -> Result<(), DemoError> {
+    let needed = connections as u64 * per_connection + others;
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return Ok(());
+    }
+    // An unlimited hard limit cannot be the soft one for open files: ask for the need.
+    let hard = limit.maximum.unwrap_or(needed);
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    )
+    .map_err(|e| format!("raising the open-file limit from {soft} to {hard}: {e}"))?;
+    if hard >= needed {
+        return Ok(());
+    }
+    let fit = hard.saturating_sub(others) / per_connection;
+    Err(format!(
+        "{connections} connections over {} need up to {needed} open files per process \
+         ({holding}), but the limit is {hard}: use --connections {fit} or fewer, or raise \
+         the hard limit (ulimit -Hn)",
+        provider.name()
+    )
+    .into())
 }
 
 /// The progress bar of the round trips, drawn only on a terminal.
@@ -264,7 +378,7 @@ fn check_returned(budget: &MemoryBudget) -> Result<(), DemoError> {
 
 /// The run on the loopback provider: clients on this thread, servers on another.
 fn loopback(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
-    let budget = budget()?;
+    let budget = budget(MemlockPolicy::Ignore)?;
     let provider = LoopbackProvider::new(budget.clone());
     let reservoirs = [setup.reservoir(&provider)?, setup.reservoir(&provider)?];
     let now = Instant::now();
@@ -325,6 +439,60 @@ fn loopback(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
     });
     drop((clients, servers, reservoirs));
     check_returned(&budget)
+}
+
+/// What the clients' side measured of a run whose servers are in another process.
+struct ClientRun {
+    elapsed: Duration,
+    here: Figures,
+    latencies: [Vec<u64>; CLASSES],
+}
+
+/// The clients' side of a run whose servers are in another process, once every
+/// connection is made: the traffic, then the quiet phase, until this process and the
+/// other are both back where they started or the deadline passes. `peer_quiet` tells,
+/// each time it is called, whether the other process has said it is back (it is not
+/// called again once it has).
+fn remote_clients<E: Endpoint>(
+    args: &DemoArgs,
+    setup: &Setup,
+    budget: &MemoryBudget,
+    reservoir: &Reservoir,
+    clients: &mut Side<E>,
+    mut peer_quiet: impl FnMut() -> Result<bool, DemoError>,
+) -> Result<ClientRun, DemoError> {
+    let at_start = budget.in_use();
+    let bar = progress_bar(args)?;
+    let sizes = MessageSizes::new(&setup.ladder, args.large_every, args.seed);
+    let started = Instant::now();
+    let peak = AtomicU64::new(at_start);
+    let latencies = run_clients(clients, args.messages, &sizes, &bar, budget, &peak)?;
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+
+    let busy_tier_steps = clients.totals().send_tier_sum;
+    // Quiet: as on loopback, until both processes are back where they started.
+    let deadline = quiet_deadline(args);
+    let mut quiet = false;
+    while Instant::now() < deadline && (!quiet || budget.in_use() > at_start) {
+        clients.progress()?;
+        quiet = quiet || peer_quiet()?;
+        std::thread::sleep(QUIET_POLL);
+    }
+    Ok(ClientRun {
+        elapsed,
+        here: Figures {
+            registered: Registered {
+                at_start,
+                peak: peak.load(Ordering::Relaxed),
+                quiet: budget.in_use(),
+                reservoir: reservoir.spare_bytes(),
+            },
+            busy_tier_steps,
+            quiet: clients.totals(),
+        },
+        latencies,
+    })
 }
 
 /// `ladder` with its demotion timing replaced.
@@ -644,11 +812,18 @@ struct Report<'a> {
     setup: &'a Setup,
     args: &'a DemoArgs,
     elapsed: Duration,
-    /// This process's figures: of both sides on loopback, of the clients on shm.
+    /// This process's figures: of both sides on loopback, of the clients on shm and verbs.
     here: Figures,
-    /// The peer process's id and figures, on shm.
-    peer: Option<(u32, Figures)>,
+    /// The figures of the process that ran the servers, on shm and verbs.
+    peer: Option<PeerFigures>,
     latencies: [Vec<u64>; CLASSES],
+}
+
+/// The figures of the process that ran the servers, where that is not this one.
+struct PeerFigures {
+    /// Where the clients and the servers ran, a line of the report's header.
+    placement: String,
+    figures: Figures,
 }
 
 fn mib(bytes: u64) -> String {
@@ -673,11 +848,8 @@ fn report(mut r: Report<'_>) {
         r.args.provider.name(),
         r.setup.name
     );
-    if let Some((pid, _)) = r.peer {
-        println!(
-            "  clients in this process (PID {}), servers in the peer process PID {pid}, over shared memory",
-            std::process::id()
-        );
+    if let Some(peer) = &r.peer {
+        println!("  {}", peer.placement);
     }
     println!(
         "  {} requests each (1 in {} large), demotion after {:?} idle with {:?} hysteresis (overridden for the demo)",
@@ -686,7 +858,7 @@ fn report(mut r: Report<'_>) {
     println!("  traffic took {:.2?}\n", r.elapsed);
 
     let processes: Vec<Registered> = std::iter::once(r.here.registered)
-        .chain(r.peer.map(|(_, peer)| peer.registered))
+        .chain(r.peer.as_ref().map(|peer| peer.figures.registered))
         .collect();
     let split = r.peer.is_some();
     if split {
@@ -749,10 +921,10 @@ fn report(mut r: Report<'_>) {
     }
     println!();
 
-    let (busy_tier_steps, quiet) = match r.peer {
-        Some((_, peer)) => (
-            r.here.busy_tier_steps + peer.busy_tier_steps,
-            r.here.quiet + peer.quiet,
+    let (busy_tier_steps, quiet) = match &r.peer {
+        Some(peer) => (
+            r.here.busy_tier_steps + peer.figures.busy_tier_steps,
+            r.here.quiet + peer.figures.quiet,
         ),
         None => (r.here.busy_tier_steps, r.here.quiet),
     };

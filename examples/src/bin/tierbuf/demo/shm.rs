@@ -36,13 +36,13 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+use tierbuf_pool::MemlockPolicy;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::ShmProvider;
+use tierbuf_transport::{RING_CAPACITY, ShmProvider};
 
 use super::{
-    DemoArgs, DemoError, Figures, MessageSizes, QUIET_POLL, Registered, Report, Setup, Side,
-    Totals, budget, check_returned, progress_bar, quiet_deadline, report, run_clients, serve,
+    DemoArgs, DemoError, Figures, PeerFigures, ProviderKind, QUIET_POLL, Registered, Report, Setup,
+    Side, Totals, budget, check_returned, open_files_for, remote_clients, report, serve,
 };
 
 /// How long the demo waits for the peer's next line, or for it to exit.
@@ -61,7 +61,8 @@ pub(crate) struct PeerArgs {
 
 /// The demo's side of a shm run: starts the peer, connects, runs the clients, and reports
 /// both processes' figures.
-pub(super) fn run(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
+pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
+    let setup = &Setup::new(args, RING_CAPACITY as u32)?;
     make_room_for(args.connections, &setup.ladder)?;
     let dir = RunDirectory::create()?;
     let socket = dir.path().join("peer.sock");
@@ -71,7 +72,7 @@ pub(super) fn run(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
         other => return Err(peer.unexpected(other)),
     }
 
-    let budget = budget()?;
+    let budget = budget(MemlockPolicy::Ignore)?;
     let provider = ShmProvider::new(budget.clone());
     let reservoir = setup.reservoir(&provider)?;
     let now = Instant::now();
@@ -87,48 +88,34 @@ pub(super) fn run(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
     // Every connection has its own socket now: with the directory gone, nothing is left
     // behind even if this process is killed.
     drop(dir);
-    let at_start = budget.in_use();
-
-    let bar = progress_bar(args)?;
-    let sizes = MessageSizes::new(&setup.ladder, args.large_every, args.seed);
-    let started = Instant::now();
-    let peak = AtomicU64::new(at_start);
-    let latencies = run_clients(&mut clients, args.messages, &sizes, &bar, &budget, &peak)?;
-    let elapsed = started.elapsed();
-    bar.finish_and_clear();
-
-    let busy_tier_steps = clients.totals().send_tier_sum;
-    // Quiet: as on loopback, until both processes are back where they started.
-    let deadline = quiet_deadline(args);
-    let mut peer_quiet = false;
-    while Instant::now() < deadline && (!peer_quiet || budget.in_use() > at_start) {
-        clients.progress()?;
-        match peer.try_line()? {
-            None => {}
-            Some(line) if line == "quiet" => peer_quiet = true,
-            Some(other) => return Err(peer.unexpected(&other)),
-        }
-        std::thread::sleep(QUIET_POLL);
-    }
-    let here = Figures {
-        registered: Registered {
-            at_start,
-            peak: peak.load(Ordering::Relaxed),
-            quiet: budget.in_use(),
-            reservoir: reservoir.spare_bytes(),
+    let run = remote_clients(
+        args,
+        setup,
+        &budget,
+        &reservoir,
+        &mut clients,
+        || match peer.try_line()? {
+            None => Ok(false),
+            Some(line) if line == "quiet" => Ok(true),
+            Some(other) => Err(peer.unexpected(&other)),
         },
-        busy_tier_steps,
-        quiet: clients.totals(),
-    };
+    )?;
     let theirs = peer.report()?;
 
     report(Report {
         setup,
         args,
-        elapsed,
-        here,
-        peer: Some((peer.pid(), theirs)),
-        latencies,
+        elapsed: run.elapsed,
+        here: run.here,
+        peer: Some(PeerFigures {
+            placement: format!(
+                "clients in this process (PID {}), servers in the peer process PID {}, over shared memory",
+                std::process::id(),
+                peer.pid()
+            ),
+            figures: theirs,
+        }),
+        latencies: run.latencies,
     });
     drop((clients, reservoir));
     peer.finish()?;
@@ -149,10 +136,10 @@ pub(crate) fn run_peer(args: PeerArgs) -> ExitCode {
 /// The peer's side of a shm run: the servers.
 fn peer(args: &PeerArgs) -> Result<(), DemoError> {
     let demo = &args.demo;
-    let setup = Setup::new(demo)?;
+    let setup = Setup::new(demo, RING_CAPACITY as u32)?;
     make_room_for(demo.connections, &setup.ladder)?;
     let requests = watch_the_demo();
-    let budget = budget()?;
+    let budget = budget(MemlockPolicy::Ignore)?;
     let provider = ShmProvider::new(budget.clone());
     let reservoir = setup.reservoir(&provider)?;
     let listener = provider.listen(&args.socket)?;
@@ -261,14 +248,14 @@ fn fields(figures: &Figures) -> [(&'static str, u64); 11] {
 }
 
 /// `figures` as `name=value` fields separated by spaces.
-fn encode(figures: &Figures) -> String {
+pub(super) fn encode(figures: &Figures) -> String {
     fields(figures)
         .map(|(name, value)| format!("{name}={value}"))
         .join(" ")
 }
 
 /// The figures that [`encode`] wrote as `text`.
-fn decode(text: &str) -> Result<Figures, DemoError> {
+pub(super) fn decode(text: &str) -> Result<Figures, DemoError> {
     let values: HashMap<&str, u64> = text
         .split_whitespace()
         .map(|field| {
@@ -489,33 +476,16 @@ fn other_files(ladder: &TierLadder) -> u64 {
 /// limit up to the hard limit if it must (a process started afterwards inherits it).
 fn make_room_for(connections: usize, ladder: &TierLadder) -> Result<(), DemoError> {
     let per_connection = files_per_connection(ladder);
-    let needed = connections as u64 * per_connection + other_files(ladder);
-    let limit = getrlimit(Resource::Nofile);
-    let soft = limit.current.unwrap_or(u64::MAX);
-    if soft >= needed {
-        return Ok(());
-    }
-    // An unlimited hard limit cannot be the soft one for open files: ask for the need.
-    let hard = limit.maximum.unwrap_or(needed);
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(hard),
-            maximum: limit.maximum,
-        },
+    open_files_for(
+        ProviderKind::Shm,
+        connections,
+        per_connection,
+        &format!(
+            "a socket and {} memory files per connection",
+            per_connection - 1
+        ),
+        other_files(ladder),
     )
-    .map_err(|e| format!("raising the open-file limit from {soft} to {hard}: {e}"))?;
-    if hard >= needed {
-        return Ok(());
-    }
-    let fit = hard.saturating_sub(other_files(ladder)) / per_connection;
-    Err(format!(
-        "{connections} connections over shm need up to {needed} open files per process \
-         (a socket and {} memory files per connection), but the limit is {hard}: \
-         use --connections {fit} or fewer, or raise the hard limit (ulimit -Hn)",
-        per_connection - 1
-    )
-    .into())
 }
 
 #[cfg(test)]

@@ -1,0 +1,453 @@
+//! `tierbuf demo --provider verbs`: the connection pairs between two machines (or two
+//! processes) with RDMA devices. The side given `--listen ADDR` runs the servers, as the
+//! shm peer process does; the side given `--peer ADDR` runs the clients and prints the
+//! report, with both sides' figures.
+//!
+//! # How the two sides work together
+//!
+//! - Both sides are given the same demo flags. Each opens its device, checks that
+//!   `RLIMIT_MEMLOCK` lets the connections pin what they may need, and fills its
+//!   reservoir.
+//! - The listening side takes one control connection (TCP) at ADDR. The client sends its
+//!   plan there, `plan CONNECTIONS MESSAGES LADDER`; the listening side compares it with
+//!   its own and answers `refused REASON`, or `listening PORT` once it listens for the
+//!   RDMA connections on PORT, at the address the control connection reached.
+//! - The client connects once per connection pair, one after the other, so connection `i`
+//!   is the `i`th on both sides.
+//! - Then as over shm: the listening side answers exactly `--messages` requests on each
+//!   connection, says `quiet` once its registered memory is back where it started, and
+//!   keeps its connections going until the client sends `report`; it answers with one
+//!   line, `report` and its figures as `name=value` fields.
+//! - The client closes its connections and sends `closed`; the listening side closes its
+//!   own, answers `done` once every byte it registered came back (`failed REASON`
+//!   otherwise), and exits. Either side fails when the control connection ends early.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+use tierbuf_pool::{MemlockPolicy, MemoryBudget};
+use tierbuf_tiers::Reservoir;
+use tierbuf_transport::verbs::{
+    EndpointOptions, MAX_QUEUE_DEPTH, MemlockFacts, VerbsConfig, VerbsProvider, check_memlock,
+    ladder_pinned_bytes,
+};
+
+use super::shm::{decode, encode};
+use super::{
+    DemoArgs, DemoError, Figures, PeerFigures, ProviderKind, QUIET_POLL, Registered, Report, Setup,
+    Side, budget, check_returned, open_files_for, remote_clients, report, serve,
+};
+
+/// How long one side waits for the other's next line on the control connection.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Open files besides the connections' sockets: the standard streams, the device, the
+/// control connection and listeners, and room to spare.
+const OTHER_FILES: u64 = 64;
+
+/// Runs the side that `--listen` or `--peer` names.
+pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
+    let setup = Setup::new(args, MAX_QUEUE_DEPTH)?;
+    // clap requires --device and one of --listen and --peer with --provider verbs.
+    let device = args
+        .device
+        .as_deref()
+        .ok_or("--provider verbs needs --device")?;
+    match (&args.listen, &args.peer) {
+        (Some(addr), None) => listening_side(args, &setup, device, addr),
+        (None, Some(addr)) => client_side(args, &setup, device, addr),
+        _ => Err("--provider verbs needs one of --listen and --peer".into()),
+    }
+}
+
+/// This side's device, its budget and its reservoir.
+struct Local {
+    budget: MemoryBudget,
+    provider: VerbsProvider,
+    reservoir: Arc<Reservoir>,
+}
+
+/// Opens `device`, checks that RLIMIT_MEMLOCK lets the run's connections pin what they
+/// may need and that the open-file limit holds them, and fills the reservoir.
+fn open(args: &DemoArgs, setup: &Setup, device: &str) -> Result<Local, DemoError> {
+    let mut config = VerbsConfig::new(device);
+    if let Some(gid_index) = args.gid_index {
+        config = config.with_gid_index(gid_index);
+    }
+    let budget = budget(MemlockPolicy::Auto)?;
+    let provider = VerbsProvider::open(&config, budget.clone())
+        .map_err(|e| format!("opening RDMA device {device:?}: {e}"))?;
+    let required = ladder_pinned_bytes(&setup.ladder, args.connections, tierbuf_pool::page_size());
+    check_memlock(required, MemlockFacts::current()).map_err(|e| {
+        format!(
+            "{} connections on ladder {}: {e}",
+            args.connections, setup.name
+        )
+    })?;
+    open_files_for(
+        ProviderKind::Verbs,
+        args.connections,
+        1,
+        "a socket per connection",
+        OTHER_FILES,
+    )?;
+    let reservoir = setup.reservoir(&provider)?;
+    Ok(Local {
+        budget,
+        provider,
+        reservoir,
+    })
+}
+
+/// The queue depths of every endpoint, as the setup says.
+fn endpoint_options(setup: &Setup) -> EndpointOptions {
+    EndpointOptions {
+        send_depth: setup.depth,
+        recv_depth: setup.depth,
+        ..EndpointOptions::default()
+    }
+}
+
+/// The plan the client sends: what the two sides must agree on.
+fn plan(args: &DemoArgs, setup: &Setup) -> String {
+    format!(
+        "plan {} {} {:?}",
+        args.connections,
+        args.messages,
+        setup.ladder.to_toml_string()
+    )
+}
+
+/// Checks the client's plan line against this side's; otherwise, why they differ.
+fn check_plan(theirs: &str, ours: &str) -> Result<(), String> {
+    if theirs == ours {
+        return Ok(());
+    }
+    let theirs_fields: Vec<&str> = theirs.splitn(4, ' ').collect();
+    let ours_fields: Vec<&str> = ours.splitn(4, ' ').collect();
+    if theirs_fields.len() != 4 || theirs_fields[0] != "plan" {
+        return Err(format!("the client's plan is malformed: {theirs:?}"));
+    }
+    for (index, flag) in [(1, "--connections"), (2, "--messages")] {
+        if theirs_fields[index] != ours_fields[index] {
+            return Err(format!(
+                "the client runs with {flag} {}, the listening side with {flag} {}: give \
+                 both sides the same demo flags",
+                theirs_fields[index], ours_fields[index]
+            ));
+        }
+    }
+    Err(
+        "the two sides' ladders differ: give both sides the same --preset or ladder file, \
+         --demote-after and --hysteresis"
+            .into(),
+    )
+}
+
+/// The side given `--listen`: the servers.
+fn listening_side(
+    args: &DemoArgs,
+    setup: &Setup,
+    device: &str,
+    addr: &str,
+) -> Result<(), DemoError> {
+    let Local {
+        budget,
+        provider,
+        reservoir,
+    } = open(args, setup, device)?;
+    let control_listener =
+        TcpListener::bind(addr).map_err(|e| format!("listening at {addr}: {e}"))?;
+    let local_addr = control_listener.local_addr()?;
+    println!(
+        "tierbuf demo: {} connection pairs on RDMA device {}, listening at {local_addr} for \
+         `tierbuf demo --provider verbs --peer`",
+        args.connections,
+        provider.device_name()
+    );
+    std::io::stdout().flush()?;
+    let (stream, client) = control_listener
+        .accept()
+        .map_err(|e| format!("accepting the client's control connection at {addr}: {e}"))?;
+    drop(control_listener);
+    let mut control = Control::new(stream, "the client side")?;
+    let line = control.next_line()?;
+    if let Err(reason) = check_plan(&line, &plan(args, setup)) {
+        control.send(&format!("refused {reason}"))?;
+        return Err(format!("refused the client at {client}: {reason}").into());
+    }
+
+    let listener = provider.listen((control.local_ip()?, 0), endpoint_options(setup))?;
+    control.send(&format!("listening {}", listener.local_addr()?.port()))?;
+    let now = Instant::now();
+    let mut servers = Side::with_capacity(args.connections);
+    for index in 0..args.connections {
+        let endpoint = listener
+            .accept()
+            .map_err(|e| format!("connection {index} from the client at {client}: {e}"))?;
+        servers
+            .connections
+            .push(setup.connection(&reservoir, endpoint, now)?);
+    }
+    drop(listener);
+    let at_start = budget.in_use();
+    let peak = AtomicU64::new(at_start);
+    serve(&mut servers, args.messages, &budget, &peak)?;
+
+    let busy_tier_steps = servers.totals().send_tier_sum;
+    // The client's connections step down only with this side's answers, so keep going
+    // until the client asks for the report.
+    let mut quiet = false;
+    loop {
+        match control.try_line()? {
+            Some(line) if line == "report" => break,
+            Some(other) => return Err(control.unexpected(&other)),
+            None => {}
+        }
+        servers.progress()?;
+        if !quiet && budget.in_use() <= at_start {
+            control.send("quiet")?;
+            quiet = true;
+        }
+        std::thread::sleep(QUIET_POLL);
+    }
+    let figures = Figures {
+        registered: Registered {
+            at_start,
+            peak: peak.load(Ordering::Relaxed),
+            quiet: budget.in_use(),
+            reservoir: reservoir.spare_bytes(),
+        },
+        busy_tier_steps,
+        quiet: servers.totals(),
+    };
+    control.send(&format!("report {}", encode(&figures)))?;
+    match control.next_line()?.as_str() {
+        "closed" => {}
+        other => return Err(control.unexpected(other)),
+    }
+    drop((servers, reservoir));
+    let returned = check_returned(&budget);
+    match &returned {
+        Ok(()) => control.send("done")?,
+        Err(error) => control.send(&format!("failed {error}"))?,
+    }
+    returned?;
+    println!(
+        "tierbuf demo: served {} connection pairs for {client}, which printed the report",
+        args.connections
+    );
+    Ok(())
+}
+
+/// The side given `--peer`: the clients, and the report.
+fn client_side(args: &DemoArgs, setup: &Setup, device: &str, addr: &str) -> Result<(), DemoError> {
+    let Local {
+        budget,
+        provider,
+        reservoir,
+    } = open(args, setup, device)?;
+    let peer = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("--peer {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--peer {addr} names no address"))?;
+    let stream = TcpStream::connect_timeout(&peer, CONTROL_TIMEOUT).map_err(|e| {
+        format!(
+            "connecting to the listening side at {peer}: {e} (is `tierbuf demo --provider \
+             verbs --listen` running there?)"
+        )
+    })?;
+    let mut control = Control::new(stream, "the listening side")?;
+    control.send(&plan(args, setup))?;
+    let line = control.next_line()?;
+    let port: u16 = if let Some(port) = line.strip_prefix("listening ") {
+        port.parse().map_err(|_| control.unexpected(&line))?
+    } else if let Some(reason) = line.strip_prefix("refused ") {
+        return Err(format!("the listening side refused the run: {reason}").into());
+    } else {
+        return Err(control.unexpected(&line));
+    };
+
+    let rdma_addr = SocketAddr::new(peer.ip(), port);
+    let options = endpoint_options(setup);
+    let now = Instant::now();
+    let mut clients = Side::with_capacity(args.connections);
+    for index in 0..args.connections {
+        let endpoint = provider
+            .connect(rdma_addr, &options)
+            .map_err(|e| format!("connection {index} to the listening side at {rdma_addr}: {e}"))?;
+        clients
+            .connections
+            .push(setup.connection(&reservoir, endpoint, now)?);
+    }
+    let run = remote_clients(
+        args,
+        setup,
+        &budget,
+        &reservoir,
+        &mut clients,
+        || match control.try_line()? {
+            None => Ok(false),
+            Some(line) if line == "quiet" => Ok(true),
+            Some(other) => Err(control.unexpected(&other)),
+        },
+    )?;
+    let theirs = control.report()?;
+
+    report(Report {
+        setup,
+        args,
+        elapsed: run.elapsed,
+        here: run.here,
+        peer: Some(PeerFigures {
+            placement: format!(
+                "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs",
+                std::process::id(),
+                provider.device_name()
+            ),
+            figures: theirs,
+        }),
+        latencies: run.latencies,
+    });
+    drop((clients, reservoir));
+    control.send("closed")?;
+    let line = control.next_line()?;
+    if let Some(reason) = line.strip_prefix("failed ") {
+        return Err(format!("the listening side failed: {reason}").into());
+    }
+    if line != "done" {
+        return Err(control.unexpected(&line));
+    }
+    check_returned(&budget)
+}
+
+/// The control connection between the two sides: lines of text both ways, those coming in
+/// read on a thread of their own. Dropping it shuts the connection down.
+#[derive(Debug)]
+struct Control {
+    stream: TcpStream,
+    lines: Receiver<String>,
+    /// The other side, as errors name it.
+    other: &'static str,
+}
+
+impl Control {
+    fn new(stream: TcpStream, other: &'static str) -> Result<Control, DemoError> {
+        let reader = stream
+            .try_clone()
+            .map_err(|e| format!("the control connection to {other}: {e}"))?;
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Control {
+            stream,
+            lines,
+            other,
+        })
+    }
+
+    /// The address of this side of the connection.
+    fn local_ip(&self) -> Result<IpAddr, DemoError> {
+        Ok(self.stream.local_addr()?.ip())
+    }
+
+    /// Writes one line.
+    fn send(&mut self, line: &str) -> Result<(), DemoError> {
+        self.stream
+            .write_all(format!("{line}\n").as_bytes())
+            .map_err(|e| format!("writing to {}: {e}", self.other).into())
+    }
+
+    /// Waits for the next line.
+    fn next_line(&mut self) -> Result<String, DemoError> {
+        match self.lines.recv_timeout(CONTROL_TIMEOUT) {
+            Ok(line) => Ok(line),
+            Err(RecvTimeoutError::Timeout) => {
+                Err(format!("{} said nothing for {CONTROL_TIMEOUT:?}", self.other).into())
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    /// The next line, if one has come.
+    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
+        match self.lines.try_recv() {
+            Ok(line) => Ok(Some(line)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    /// Asks the listening side for its figures and waits for them.
+    fn report(&mut self) -> Result<Figures, DemoError> {
+        self.send("report")?;
+        loop {
+            let line = self.next_line()?;
+            if line == "quiet" {
+                continue;
+            }
+            return match line.strip_prefix("report ") {
+                Some(fields) => decode(fields),
+                None => Err(self.unexpected(&line)),
+            };
+        }
+    }
+
+    /// The error for a connection the other side ended.
+    fn gone(&self) -> DemoError {
+        format!(
+            "{} closed the control connection early; its error, if any, is on its stderr",
+            self.other
+        )
+        .into()
+    }
+
+    fn unexpected(&self, line: &str) -> DemoError {
+        format!("unexpected line from {}: {line:?}", self.other).into()
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        // Ends the reading thread's clone too; the socket may be gone already.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_plans_agree() {
+        let plan = "plan 16 30 \"[policy]\\ndemote_after = \\\"300ms\\\"\\n\"";
+        assert_eq!(check_plan(plan, plan), Ok(()));
+    }
+
+    #[test]
+    fn a_differing_plan_names_the_flag() {
+        let ours = "plan 16 30 \"ladder\"";
+        let error = check_plan("plan 8 30 \"ladder\"", ours).unwrap_err();
+        assert!(
+            error.contains("--connections 8") && error.contains("--connections 16"),
+            "{error}"
+        );
+        let error = check_plan("plan 16 5 \"ladder\"", ours).unwrap_err();
+        assert!(error.contains("--messages 5"), "{error}");
+        let error = check_plan("plan 16 30 \"other\"", ours).unwrap_err();
+        assert!(error.contains("ladders differ"), "{error}");
+        let error = check_plan("hello", ours).unwrap_err();
+        assert!(error.contains("malformed"), "{error}");
+    }
+}
