@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tierbuf_pool::{OwnedSlot, Registrar, Slot};
 
-use crate::error::{PostError, TransportError};
+use crate::error::{PostError, QueueKind, TransportError};
 
 /// A transport provider: the memory registration and the endpoints of one kind of
 /// transport (loopback, shared memory, verbs hardware).
@@ -151,6 +151,45 @@ pub struct Outstanding {
     pub recvs: u32,
 }
 
+impl Outstanding {
+    /// Refuses a post to `queue` when it already holds its depth of requests.
+    pub(crate) fn check_room(
+        self,
+        queue: QueueKind,
+        limits: EndpointLimits,
+    ) -> Result<(), PostError> {
+        let (outstanding, depth) = match queue {
+            QueueKind::Send => (self.sends, limits.send_depth),
+            QueueKind::Recv => (self.recvs, limits.recv_depth),
+        };
+        if outstanding >= depth {
+            return Err(PostError::QueueFull { queue, depth });
+        }
+        Ok(())
+    }
+}
+
+impl EndpointLimits {
+    /// The length of the message `gather` sends, after checking the gather limit and
+    /// that the buffers add up to what one message carries.
+    pub(crate) fn message_len(self, gather: &[BufferRef]) -> Result<u32, PostError> {
+        if gather.len() > self.max_gather {
+            return Err(PostError::TooManyBuffers {
+                given: gather.len(),
+                max: self.max_gather,
+            });
+        }
+        let total: u64 = gather.iter().map(|buffer| u64::from(buffer.len)).sum();
+        match u32::try_from(total) {
+            Ok(len) if len <= self.max_message => Ok(len),
+            _ => Err(PostError::MessageTooLong {
+                len: total,
+                max: self.max_message,
+            }),
+        }
+    }
+}
+
 /// The state of an endpoint's connection.
 ///
 /// ```
@@ -276,6 +315,18 @@ pub enum CompletionStatus {
     /// The request was not carried out because the connection closed or broke first
     /// (`IBV_WC_WR_FLUSH_ERR`).
     Flushed,
+}
+
+impl EndpointState {
+    /// Refuses posting unless the connection is open, saying why.
+    pub(crate) fn admits_posts(self) -> Result<(), PostError> {
+        match self {
+            EndpointState::Open => Ok(()),
+            EndpointState::Closed => Err(PostError::Closed),
+            EndpointState::PeerClosed => Err(PostError::PeerClosed),
+            EndpointState::Broken => Err(PostError::ConnectionBroken),
+        }
+    }
 }
 
 impl CompletionStatus {

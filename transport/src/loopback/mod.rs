@@ -199,16 +199,6 @@ impl LoopbackEndpoint {
     fn peer(&self) -> usize {
         1 - self.side
     }
-
-    /// Refuses posting unless the connection is open.
-    fn check_open(&self) -> Result<(), PostError> {
-        match self.state() {
-            EndpointState::Open => Ok(()),
-            EndpointState::Closed => Err(PostError::Closed),
-            EndpointState::PeerClosed => Err(PostError::PeerClosed),
-            _ => Err(PostError::ConnectionBroken),
-        }
-    }
 }
 
 impl Endpoint for LoopbackEndpoint {
@@ -233,13 +223,8 @@ impl Endpoint for LoopbackEndpoint {
     }
 
     unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
-        self.check_open()?;
-        if self.outstanding.recvs == self.limits.recv_depth {
-            return Err(PostError::QueueFull {
-                queue: QueueKind::Recv,
-                depth: self.limits.recv_depth,
-            });
-        }
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Recv, self.limits)?;
         let buffer = self.regions.resolve(buffer)?;
         self.outstanding.recvs += 1;
         let incoming = self.peer();
@@ -251,24 +236,9 @@ impl Endpoint for LoopbackEndpoint {
     }
 
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
-        self.check_open()?;
-        if self.outstanding.sends == self.limits.send_depth {
-            return Err(PostError::QueueFull {
-                queue: QueueKind::Send,
-                depth: self.limits.send_depth,
-            });
-        }
-        if gather.len() > MAX_GATHER {
-            return Err(PostError::TooManyBuffers {
-                given: gather.len(),
-                max: MAX_GATHER,
-            });
-        }
-        let total: u64 = gather.iter().map(|buffer| u64::from(buffer.len)).sum();
-        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong {
-            len: total,
-            max: self.limits.max_message,
-        })?;
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        let len = self.limits.message_len(gather)?;
         let mut resolved: [Option<_>; MAX_GATHER] = Default::default();
         for (slot, buffer) in resolved.iter_mut().zip(gather) {
             *slot = Some(self.regions.resolve(*buffer)?);

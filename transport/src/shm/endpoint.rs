@@ -157,15 +157,6 @@ impl ShmEndpoint {
         1 - self.side
     }
 
-    fn check_open(&self) -> Result<(), PostError> {
-        match self.state() {
-            EndpointState::Open => Ok(()),
-            EndpointState::Closed => Err(PostError::Closed),
-            EndpointState::PeerClosed => Err(PostError::PeerClosed),
-            _ => Err(PostError::ConnectionBroken),
-        }
-    }
-
     /// Breaks the connection and records `detail` as the error the next poll reports.
     fn violation(&mut self, detail: String) {
         self.segment().break_connection();
@@ -561,13 +552,8 @@ impl Endpoint for ShmEndpoint {
     }
 
     unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
-        self.check_open()?;
-        if self.outstanding.recvs == self.limits.recv_depth {
-            return Err(PostError::QueueFull {
-                queue: QueueKind::Recv,
-                depth: self.limits.recv_depth,
-            });
-        }
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Recv, self.limits)?;
         let buffer = self.local.resolve(buffer)?;
         if let Err(error) = self.announce(&buffer) {
             self.socket_failed(error);
@@ -589,24 +575,9 @@ impl Endpoint for ShmEndpoint {
     }
 
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
-        self.check_open()?;
-        if self.outstanding.sends == self.limits.send_depth {
-            return Err(PostError::QueueFull {
-                queue: QueueKind::Send,
-                depth: self.limits.send_depth,
-            });
-        }
-        if gather.len() > MAX_GATHER {
-            return Err(PostError::TooManyBuffers {
-                given: gather.len(),
-                max: MAX_GATHER,
-            });
-        }
-        let total: u64 = gather.iter().map(|buffer| u64::from(buffer.len)).sum();
-        let len = u32::try_from(total).map_err(|_| PostError::MessageTooLong {
-            len: total,
-            max: self.limits.max_message,
-        })?;
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        let len = self.limits.message_len(gather)?;
         let mut resolved: [Option<_>; MAX_GATHER] = Default::default();
         for (slot, buffer) in resolved.iter_mut().zip(gather) {
             *slot = Some(self.local.resolve(*buffer)?);

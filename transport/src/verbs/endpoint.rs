@@ -330,26 +330,6 @@ impl VerbsEndpoint {
         self.device.name()
     }
 
-    fn check_open(&self) -> Result<(), PostError> {
-        match self.state {
-            EndpointState::Open => Ok(()),
-            EndpointState::Closed => Err(PostError::Closed),
-            EndpointState::PeerClosed => Err(PostError::PeerClosed),
-            _ => Err(PostError::ConnectionBroken),
-        }
-    }
-
-    fn check_depth(&self, queue: QueueKind) -> Result<(), PostError> {
-        let (outstanding, depth) = match queue {
-            QueueKind::Send => (self.outstanding.sends, self.limits.send_depth),
-            QueueKind::Recv => (self.outstanding.recvs, self.limits.recv_depth),
-        };
-        if outstanding == depth {
-            return Err(PostError::QueueFull { queue, depth });
-        }
-        Ok(())
-    }
-
     /// Posts `range` of `resolved`'s region (or the empty message when `None`) to the
     /// queue of `opcode`.
     ///
@@ -601,33 +581,21 @@ impl Endpoint for VerbsEndpoint {
     }
 
     unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
-        self.check_open()?;
-        self.check_depth(QueueKind::Recv)?;
+        self.state.admits_posts()?;
+        self.outstanding.check_room(QueueKind::Recv, self.limits)?;
         let resolved = self.regions.resolve(buffer)?;
         // SAFETY: the caller keeps `post_recv`'s promise for `buffer`'s bytes.
         unsafe { self.post(Opcode::Recv, Some(resolved), wr_id) }
     }
 
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
-        self.check_open()?;
-        self.check_depth(QueueKind::Send)?;
-        let resolved = match gather {
-            [] => None,
-            [buffer] => {
-                if buffer.len > MAX_MESSAGE_LEN {
-                    return Err(PostError::MessageTooLong {
-                        len: u64::from(buffer.len),
-                        max: MAX_MESSAGE_LEN,
-                    });
-                }
-                Some(self.regions.resolve(*buffer)?)
-            }
-            _ => {
-                return Err(PostError::TooManyBuffers {
-                    given: gather.len(),
-                    max: self.limits.max_gather,
-                });
-            }
+        self.state.admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        // At most one buffer (`max_gather` is 1) of at most `max_message` bytes.
+        self.limits.message_len(gather)?;
+        let resolved = match gather.first() {
+            Some(buffer) => Some(self.regions.resolve(*buffer)?),
+            None => None,
         };
         // SAFETY: the caller keeps `post_send`'s promise for the gather list's bytes.
         unsafe { self.post(Opcode::Send, resolved, wr_id) }
