@@ -2,8 +2,11 @@
 //! random sizes across promotions and segmentation arrive once, in order, byte for byte;
 //! every registered byte comes back; a peer that vanishes mid-promotion is reported.
 
+mod traffic;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use traffic::{pattern, sizes};
 
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
@@ -46,41 +49,11 @@ fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<Loop
     )
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-/// Sizes from empty to several times the top tier, biased to small ones like real
-/// traffic, from a fixed seed so a failure repeats.
-fn sizes(count: usize) -> Vec<usize> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    (0..count)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            match state % 10 {
-                0 => (state >> 8) as usize % (4 * 65536),
-                1..=3 => (state >> 8) as usize % 4096,
-                _ => (state >> 8) as usize % 240,
-            }
-        })
-        .collect()
-}
-
 #[test]
 fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
     let budget = MemoryBudget::with_cap(64 << 20);
     let (mut sender, mut receiver) = pair(&budget);
-    let sizes = sizes(400);
+    let sizes = sizes(400, 65536);
     let expected = sizes.clone();
     let reader = std::thread::spawn(move || {
         for (index, &len) in expected.iter().enumerate() {

@@ -3,10 +3,13 @@
 //! progress through the table's thread when their users never call `progress`; the
 //! thread stops when asked and never waits on a user that holds a connection.
 
+mod traffic;
+
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use traffic::pattern;
 
 use crossbeam_utils::Backoff;
 use tierbuf_pool::MemoryBudget;
@@ -69,18 +72,6 @@ fn insert_pairs(
         .map(|_| {
             let (a, b) = pair(provider, &config);
             (table.insert(a), table.insert(b))
-        })
-        .collect()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
         })
         .collect()
 }

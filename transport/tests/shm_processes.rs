@@ -8,10 +8,13 @@
 //! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
 //! - a message longer than the posted receive: an error on both sides, nothing written.
 
+mod traffic;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use traffic::{pattern, sizes};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use tierbuf_pool::{MemoryBudget, SlotPool};
@@ -93,35 +96,6 @@ fn connection(provider: &ShmProvider, endpoint: ShmEndpoint) -> Connection<ShmEn
     Connection::new(core, endpoint).expect("a connection")
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-/// Sizes from empty to four times the top tier, biased to small ones, from a fixed seed.
-fn sizes(count: usize) -> Vec<usize> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    (0..count)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            match state % 10 {
-                0 => (state >> 8) as usize % (4 * 65536),
-                1..=3 => (state >> 8) as usize % 4096,
-                _ => (state >> 8) as usize % 240,
-            }
-        })
-        .collect()
-}
-
 /// A listener at a fresh path and the peer process started against it.
 struct Session {
     provider: ShmProvider,
@@ -166,7 +140,7 @@ fn echo(socket: &Path, budget: u64) {
     let provider = ShmProvider::new(MemoryBudget::with_cap(budget));
     let endpoint = provider.connect(socket, 32, 32).expect("connect");
     let mut connection = connection(&provider, endpoint);
-    for (index, &len) in sizes(MESSAGES).iter().enumerate() {
+    for (index, &len) in sizes(MESSAGES, 65536).iter().enumerate() {
         let message = connection.recv().expect("a message");
         assert_eq!(message.len(), len, "message {index}");
         assert!(
@@ -187,7 +161,7 @@ fn echo(socket: &Path, budget: u64) {
 
 fn exchange(session: &Session) -> Result<Connection<ShmEndpoint>, Failed> {
     let mut connection = connection(&session.provider, session.accept());
-    for (index, &len) in sizes(MESSAGES).iter().enumerate() {
+    for (index, &len) in sizes(MESSAGES, 65536).iter().enumerate() {
         let message = pattern(len, index as u64);
         connection.send(&message).map_err(|e| e.to_string())?;
         let echoed = connection.recv().map_err(|e| e.to_string())?;
