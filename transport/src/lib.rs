@@ -1,6 +1,8 @@
 //! tierbuf's transport: a verbs-shaped provider interface ([`Provider`], [`Endpoint`]), its
-//! providers, and [`connection`]s that apply tiers to two-sided send/receive over them. The in-process [`LoopbackProvider`] is the default for examples and
-//! tests; shared-memory and verbs providers fit the same traits (see `docs/transport.md`).
+//! providers, and [`connection`]s that apply tiers to two-sided send/receive over them.
+//! The in-process [`LoopbackProvider`] is the default for examples and tests;
+//! [`ShmProvider`] connects two processes through shared memory; the `verbs` module
+//! (feature `verbs`) drives RDMA hardware (see `docs/transport.md` and `docs/verbs.md`).
 //!
 //! ```
 //! use tierbuf_pool::{MemoryBudget, SlotPool};
