@@ -45,7 +45,7 @@ pub mod shm {
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::thread;
-    use tierbuf_transport::shm_segment::{Filled, PostedBuffer, Segment, SegmentState};
+    use tierbuf_transport::shm_segment::{Filled, PairState, PostedBuffer, Segment};
 
     /// The receive buffer the models' receiver posts: what it names, and its bytes.
     const BUFFER: PostedBuffer = PostedBuffer {
@@ -129,7 +129,7 @@ pub mod shm {
         segment.shut_incoming(1, || true);
         // SAFETY: the close returned, so no copy into the buffer is in progress.
         receive_buffer.with_mut(|bytes| unsafe { *bytes = [0xEE; 4] });
-        assert_eq!(segment.state(), SegmentState::ClosedBy(1));
+        assert_eq!(segment.state(), PairState::ClosedBy(1));
         sender.join().unwrap();
     }
 }

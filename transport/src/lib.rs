@@ -31,6 +31,7 @@
 pub mod connection;
 mod error;
 mod loopback;
+mod pair_state;
 mod provider;
 mod registry;
 mod shm;

@@ -28,28 +28,15 @@
 //! - A queued request holds strong references to the regions it names, so the memory a
 //!   copy touches is mapped for the whole copy (see `registry`).
 
+use crate::pair_state::{PairState, StateWord};
 use crate::provider::{Completion, CompletionStatus, Opcode};
-use crate::sync::{AtomicBool, AtomicU8, BoundedQueue, Ordering, yield_now};
+use crate::sync::{AtomicBool, BoundedQueue, Ordering, yield_now};
 
 use super::HostRegion;
 use crate::registry::Resolved;
 
 /// The most buffers in one loopback send's gather list.
 pub(crate) const MAX_GATHER: usize = 4;
-
-/// Connection states; a closed state records which side closed.
-const OPEN: u8 = 0;
-const CLOSED_BY_SIDE_0: u8 = 1;
-const CLOSED_BY_SIDE_1: u8 = 2;
-const BROKEN: u8 = 3;
-
-/// The connection state as one endpoint sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PairState {
-    Open,
-    ClosedBy(usize),
-    Broken,
-}
 
 /// A posted send, checked and holding its regions.
 #[derive(Debug)]
@@ -163,7 +150,7 @@ fn expect_room(pushed: bool) {
 pub(crate) struct PairShared {
     /// `channels[side]` carries messages from `side` to the other side.
     channels: [Channel; 2],
-    state: AtomicU8,
+    state: StateWord,
 }
 
 impl PairShared {
@@ -173,7 +160,7 @@ impl PairShared {
                 Channel::new(send_depth, recv_depth),
                 Channel::new(send_depth, recv_depth),
             ],
-            state: AtomicU8::new(OPEN),
+            state: StateWord::new(),
         }
     }
 
@@ -183,12 +170,7 @@ impl PairShared {
     }
 
     pub(crate) fn state(&self) -> PairState {
-        match self.state.load(Ordering::SeqCst) {
-            OPEN => PairState::Open,
-            CLOSED_BY_SIDE_0 => PairState::ClosedBy(0),
-            CLOSED_BY_SIDE_1 => PairState::ClosedBy(1),
-            _ => PairState::Broken,
-        }
+        self.state.load()
     }
 
     /// Pairs and copies what the channel from `side` holds, or flushes it once the
@@ -201,11 +183,7 @@ impl PairShared {
     /// Closes the connection on behalf of `side` and flushes both channels, waiting for
     /// a copy in progress to finish.
     pub(crate) fn close(&self, side: usize) {
-        let closed_by = [CLOSED_BY_SIDE_0, CLOSED_BY_SIDE_1][side];
-        // A connection already closed or broken keeps its first reason.
-        let _ = self
-            .state
-            .compare_exchange(OPEN, closed_by, Ordering::SeqCst, Ordering::SeqCst);
+        self.state.close(side);
         self.drive(0, true);
         self.drive(1, true);
     }
@@ -239,13 +217,13 @@ impl PairShared {
     fn has_work(&self, channel: &Channel) -> bool {
         let sends = !channel.sends.is_empty();
         let recvs = !channel.recvs.is_empty();
-        (sends && recvs) || ((sends || recvs) && self.state.load(Ordering::SeqCst) != OPEN)
+        (sends && recvs) || ((sends || recvs) && !self.state.is_open())
     }
 
     /// Pairs sends with receives while the connection is open, then flushes. Claim held.
     fn run_claimed(&self, channel: &Channel) {
         loop {
-            if self.state.load(Ordering::SeqCst) != OPEN {
+            if !self.state.is_open() {
                 channel.flush();
                 return;
             }
@@ -258,9 +236,7 @@ impl PairShared {
             };
             let delivery = deliver(&send, &recv);
             if !delivery.send_status.is_success() {
-                let _ =
-                    self.state
-                        .compare_exchange(OPEN, BROKEN, Ordering::SeqCst, Ordering::SeqCst);
+                self.state.break_connection();
             }
             channel.complete_send(send.wr_id, delivery.send_status);
             channel.complete_recv(recv.wr_id, delivery.byte_len, delivery.recv_status);

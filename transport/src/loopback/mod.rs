@@ -31,7 +31,7 @@ use crate::provider::{
 };
 use crate::registry::{RegionCache, RegionTable};
 use crate::sync::Arc;
-use channel::{MAX_GATHER, PairShared, PairState, RecvRequest, SendRequest};
+use channel::{MAX_GATHER, PairShared, RecvRequest, SendRequest};
 
 /// The deepest queue a loopback endpoint takes.
 pub const MAX_QUEUE_DEPTH: u32 = 1 << 16;
@@ -210,12 +210,7 @@ impl Endpoint for LoopbackEndpoint {
         if self.closed {
             return EndpointState::Closed;
         }
-        match self.shared.state() {
-            PairState::Open => EndpointState::Open,
-            PairState::ClosedBy(side) if side == self.side => EndpointState::Closed,
-            PairState::ClosedBy(_) => EndpointState::PeerClosed,
-            PairState::Broken => EndpointState::Broken,
-        }
+        self.shared.state().seen_by(self.side)
     }
 
     fn outstanding(&self) -> Outstanding {

@@ -32,7 +32,7 @@ use tierbuf_pool::{Region, SharedHostRegion};
 use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SocketError, receive_record, send_record,
 };
-use super::segment::{Filled, PostedBuffer, SegmentState, SharedSegment};
+use super::segment::{Filled, PairState, PostedBuffer, SharedSegment};
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
@@ -256,7 +256,7 @@ impl ShmEndpoint {
     /// it is open, the peer process died.
     fn peer_vanished(&mut self) {
         self.peer_gone = true;
-        if self.segment().state() == SegmentState::Open {
+        if self.segment().state() == PairState::Open {
             self.segment().break_connection();
             if self.failure.is_none() {
                 self.failure = Some(TransportError::PeerDied { provider: "shm" });
@@ -269,7 +269,7 @@ impl ShmEndpoint {
     fn progress_sends(&mut self) -> bool {
         let mut progressed = false;
         while !self.pending.is_empty() {
-            if self.segment().state() != SegmentState::Open {
+            if self.segment().state() != PairState::Open {
                 break;
             }
             let count = self.sends_matched;
@@ -539,12 +539,7 @@ impl Endpoint for ShmEndpoint {
         if self.closed {
             return EndpointState::Closed;
         }
-        match self.segment().state() {
-            SegmentState::Open => EndpointState::Open,
-            SegmentState::ClosedBy(side) if side == self.side => EndpointState::Closed,
-            SegmentState::ClosedBy(_) => EndpointState::PeerClosed,
-            SegmentState::Broken => EndpointState::Broken,
-        }
+        self.segment().state().seen_by(self.side)
     }
 
     fn outstanding(&self) -> Outstanding {
@@ -606,7 +601,7 @@ impl Endpoint for ShmEndpoint {
                 }
             }
         }
-        if self.segment().state() != SegmentState::Open {
+        if self.segment().state() != PairState::Open {
             self.flush();
         }
         if let Some(error) = self.failure.take() {

@@ -36,6 +36,7 @@
 //!   the receiver's (and the sender does not copy). So once the receiver has shut its
 //!   gate, the peer writes none of its buffers again.
 
+use crate::pair_state::StateWord;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Entries in each direction's ring, so the deepest receive queue of a shared-memory
@@ -49,22 +50,7 @@ pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
 /// Marks a segment of this layout: `"tierbuf"` and the layout version.
 pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x01");
 
-/// Connection states; a closed state records which side closed.
-const OPEN: u32 = 0;
-const CLOSED_BY_SIDE_0: u32 = 1;
-const CLOSED_BY_SIDE_1: u32 = 2;
-const BROKEN: u32 = 3;
-
-/// The connection state as one endpoint sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SegmentState {
-    /// Both sides open.
-    Open,
-    /// Closed by side 0 or side 1.
-    ClosedBy(usize),
-    /// An error broke the connection.
-    Broken,
-}
+pub use crate::pair_state::PairState;
 
 /// How the sender filled a posted receive, as written into its ring entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +91,7 @@ pub struct PostedBuffer {
 #[derive(Debug)]
 pub struct Segment<const N: usize> {
     magic: AtomicU64,
-    state: AtomicU32,
+    state: StateWord,
     /// `directions[side]` carries messages from `side` to the other side.
     directions: [Direction<N>; 2],
 }
@@ -147,7 +133,7 @@ impl<const N: usize> Segment<N> {
     pub fn new_boxed() -> Box<Segment<N>> {
         Box::new(Segment {
             magic: AtomicU64::new(SEGMENT_MAGIC),
-            state: AtomicU32::new(OPEN),
+            state: StateWord::new(),
             directions: [Direction::new(), Direction::new()],
         })
     }
@@ -170,36 +156,26 @@ impl<const N: usize> Segment<N> {
     }
 
     /// The connection state.
-    pub fn state(&self) -> SegmentState {
-        match self.state.load(Ordering::SeqCst) {
-            OPEN => SegmentState::Open,
-            CLOSED_BY_SIDE_0 => SegmentState::ClosedBy(0),
-            CLOSED_BY_SIDE_1 => SegmentState::ClosedBy(1),
-            _ => SegmentState::Broken,
-        }
+    pub fn state(&self) -> PairState {
+        self.state.load()
     }
 
     /// Moves an open connection to closed by `side`; a connection already closed or
     /// broken keeps its first reason.
     pub fn close(&self, side: usize) {
-        let closed_by = [CLOSED_BY_SIDE_0, CLOSED_BY_SIDE_1][side];
-        let _ = self
-            .state
-            .compare_exchange(OPEN, closed_by, Ordering::SeqCst, Ordering::SeqCst);
+        self.state.close(side);
     }
 
     /// Moves an open connection to broken.
     pub fn break_connection(&self) {
-        let _ = self
-            .state
-            .compare_exchange(OPEN, BROKEN, Ordering::SeqCst, Ordering::SeqCst);
+        self.state.break_connection();
     }
 
     /// The sender's step before it writes into the receiver's memory on the direction
     /// from `side`: passes the gate unless the receiver has shut it (or the connection is
     /// down). `true` means copy, then call [`Direction::deliver`], which reopens the gate.
     pub fn begin_copy(&self, side: usize) -> bool {
-        if self.state() != SegmentState::Open {
+        if !self.state.is_open() {
             return false;
         }
         let gate = &self.directions[side].gate;
@@ -358,7 +334,7 @@ mod tests {
             assert!(!segment.is_stamped());
             segment.stamp();
             assert!(segment.is_stamped());
-            assert_eq!(segment.state(), SegmentState::Open);
+            assert_eq!(segment.state(), PairState::Open);
             assert_eq!(segment.direction(0).posted(0), None);
             assert_eq!(segment.direction(1).delivered(0), None);
             std::alloc::dealloc(raw.cast(), layout);
@@ -398,7 +374,7 @@ mod tests {
         segment.close(1);
         segment.break_connection();
         segment.close(0);
-        assert_eq!(segment.state(), SegmentState::ClosedBy(1));
+        assert_eq!(segment.state(), PairState::ClosedBy(1));
         assert!(!segment.begin_copy(0));
         let mut asked = 0;
         segment.shut_incoming(1, || {
@@ -414,7 +390,7 @@ mod tests {
         assert!(segment.begin_copy(0));
         segment.direction(0).deliver(0, Filled::Delivered(0));
         segment.shut_incoming(1, || unreachable!("the copy is done"));
-        assert_eq!(segment.state(), SegmentState::Open);
+        assert_eq!(segment.state(), PairState::Open);
         assert!(!segment.begin_copy(0), "the gate is shut");
         assert!(segment.begin_copy(1), "the other direction's gate is open");
     }
