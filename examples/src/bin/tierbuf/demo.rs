@@ -441,26 +441,48 @@ fn loopback(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
     check_returned(&budget)
 }
 
-/// What the clients' side measured of a run whose servers are in another process.
-struct ClientRun {
-    elapsed: Duration,
-    here: Figures,
-    latencies: [Vec<u64>; CLASSES],
+/// The line channel to the process that runs the servers: the shm peer's standard
+/// streams, or the verbs control connection.
+trait PeerLines {
+    /// Waits for the next line.
+    fn next_line(&mut self) -> Result<String, DemoError>;
+    /// The next line, if one has come.
+    fn try_line(&mut self) -> Result<Option<String>, DemoError>;
+    /// The error for a line that does not belong where it came.
+    fn unexpected(&self, line: &str) -> DemoError;
+    /// Asks the other process for its figures (its `report` line).
+    fn ask_for_report(&mut self) -> Result<(), DemoError>;
+
+    /// Asks for the other process's figures and waits for them.
+    fn report(&mut self) -> Result<Figures, DemoError> {
+        self.ask_for_report()?;
+        loop {
+            let line = self.next_line()?;
+            if line == "quiet" {
+                continue;
+            }
+            return match line.strip_prefix("report ") {
+                Some(fields) => shm::decode(fields),
+                None => Err(self.unexpected(&line)),
+            };
+        }
+    }
 }
 
 /// The clients' side of a run whose servers are in another process, once every
 /// connection is made: the traffic, then the quiet phase, until this process and the
-/// other are both back where they started or the deadline passes. `peer_quiet` tells,
-/// each time it is called, whether the other process has said it is back (it is not
-/// called again once it has).
+/// other (which says `quiet` on `peer`) are both back where they started or the deadline
+/// passes; then the report, with the other process's figures and `placement` as the
+/// header line saying where each side ran.
 fn remote_clients<E: Endpoint>(
     args: &DemoArgs,
     setup: &Setup,
     budget: &MemoryBudget,
     reservoir: &Reservoir,
     clients: &mut Side<E>,
-    mut peer_quiet: impl FnMut() -> Result<bool, DemoError>,
-) -> Result<ClientRun, DemoError> {
+    peer: &mut impl PeerLines,
+    placement: String,
+) -> Result<(), DemoError> {
     let at_start = budget.in_use();
     let bar = progress_bar(args)?;
     let sizes = MessageSizes::new(&setup.ladder, args.large_every, args.seed);
@@ -476,23 +498,35 @@ fn remote_clients<E: Endpoint>(
     let mut quiet = false;
     while Instant::now() < deadline && (!quiet || budget.in_use() > at_start) {
         clients.progress()?;
-        quiet = quiet || peer_quiet()?;
+        if !quiet {
+            quiet = match peer.try_line()? {
+                None => false,
+                Some(line) if line == "quiet" => true,
+                Some(other) => return Err(peer.unexpected(&other)),
+            };
+        }
         std::thread::sleep(QUIET_POLL);
     }
-    Ok(ClientRun {
-        elapsed,
-        here: Figures {
-            registered: Registered {
-                at_start,
-                peak: peak.load(Ordering::Relaxed),
-                quiet: budget.in_use(),
-                reservoir: reservoir.spare_bytes(),
-            },
-            busy_tier_steps,
-            quiet: clients.totals(),
+    let here = Figures {
+        registered: Registered {
+            at_start,
+            peak: peak.load(Ordering::Relaxed),
+            quiet: budget.in_use(),
+            reservoir: reservoir.spare_bytes(),
         },
+        busy_tier_steps,
+        quiet: clients.totals(),
+    };
+    let figures = peer.report()?;
+    report(Report {
+        setup,
+        args,
+        elapsed,
+        here,
+        peer: Some(PeerFigures { placement, figures }),
         latencies,
-    })
+    });
+    Ok(())
 }
 
 /// `ladder` with its demotion timing replaced.

@@ -41,8 +41,8 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::{RING_CAPACITY, ShmProvider};
 
 use super::{
-    DemoArgs, DemoError, Figures, PeerFigures, ProviderKind, QUIET_POLL, Registered, Report, Setup,
-    Side, Totals, budget, check_returned, open_files_for, remote_clients, report, serve,
+    DemoArgs, DemoError, Figures, PeerLines, ProviderKind, QUIET_POLL, Registered, Setup, Side,
+    Totals, budget, check_returned, open_files_for, remote_clients, serve,
 };
 
 /// How long the demo waits for the peer's next line, or for it to exit.
@@ -88,35 +88,20 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     // Every connection has its own socket now: with the directory gone, nothing is left
     // behind even if this process is killed.
     drop(dir);
-    let run = remote_clients(
+    let placement = format!(
+        "clients in this process (PID {}), servers in the peer process PID {}, over shared memory",
+        std::process::id(),
+        peer.pid()
+    );
+    remote_clients(
         args,
         setup,
         &budget,
         &reservoir,
         &mut clients,
-        || match peer.try_line()? {
-            None => Ok(false),
-            Some(line) if line == "quiet" => Ok(true),
-            Some(other) => Err(peer.unexpected(&other)),
-        },
+        &mut peer,
+        placement,
     )?;
-    let theirs = peer.report()?;
-
-    report(Report {
-        setup,
-        args,
-        elapsed: run.elapsed,
-        here: run.here,
-        peer: Some(PeerFigures {
-            placement: format!(
-                "clients in this process (PID {}), servers in the peer process PID {}, over shared memory",
-                std::process::id(),
-                peer.pid()
-            ),
-            figures: theirs,
-        }),
-        latencies: run.latencies,
-    });
     drop((clients, reservoir));
     peer.finish()?;
     check_returned(&budget)
@@ -335,45 +320,6 @@ impl Peer {
         self.child.id()
     }
 
-    /// Waits for the peer's next line.
-    fn next_line(&mut self) -> Result<String, DemoError> {
-        match self.lines.recv_timeout(PEER_TIMEOUT) {
-            Ok(line) => Ok(line),
-            Err(RecvTimeoutError::Timeout) => Err(format!(
-                "the peer process (PID {}) said nothing for {PEER_TIMEOUT:?}",
-                self.pid()
-            )
-            .into()),
-            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
-        }
-    }
-
-    /// The peer's next line, if it has written one.
-    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
-        match self.lines.try_recv() {
-            Ok(line) => Ok(Some(line)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.gone()),
-        }
-    }
-
-    /// Asks for the peer's figures and waits for them.
-    fn report(&mut self) -> Result<Figures, DemoError> {
-        writeln!(self.stdin, "report")
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| format!("asking the peer process for its report: {e}"))?;
-        loop {
-            let line = self.next_line()?;
-            if line == "quiet" {
-                continue;
-            }
-            return match line.strip_prefix("report ") {
-                Some(fields) => decode(fields),
-                None => Err(self.unexpected(&line)),
-            };
-        }
-    }
-
     /// Waits for the peer to exit, and fails unless it succeeded.
     fn finish(&mut self) -> Result<(), DemoError> {
         let status = self.exit_status()?;
@@ -395,10 +341,6 @@ impl Peer {
         }
     }
 
-    fn unexpected(&self, line: &str) -> DemoError {
-        format!("unexpected line from the peer process: {line:?}").into()
-    }
-
     /// Waits up to [`PEER_TIMEOUT`] for the peer to exit.
     fn exit_status(&mut self) -> Result<ExitStatus, DemoError> {
         let deadline = Instant::now() + PEER_TIMEOUT;
@@ -415,6 +357,38 @@ impl Peer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+impl PeerLines for Peer {
+    fn next_line(&mut self) -> Result<String, DemoError> {
+        match self.lines.recv_timeout(PEER_TIMEOUT) {
+            Ok(line) => Ok(line),
+            Err(RecvTimeoutError::Timeout) => Err(format!(
+                "the peer process (PID {}) said nothing for {PEER_TIMEOUT:?}",
+                self.pid()
+            )
+            .into()),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
+        match self.lines.try_recv() {
+            Ok(line) => Ok(Some(line)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    fn unexpected(&self, line: &str) -> DemoError {
+        format!("unexpected line from the peer process: {line:?}").into()
+    }
+
+    fn ask_for_report(&mut self) -> Result<(), DemoError> {
+        writeln!(self.stdin, "report")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("asking the peer process for its report: {e}").into())
     }
 }
 

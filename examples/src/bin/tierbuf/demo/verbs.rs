@@ -36,10 +36,10 @@ use tierbuf_transport::verbs::{
     ladder_pinned_bytes,
 };
 
-use super::shm::{decode, encode};
+use super::shm::encode;
 use super::{
-    DemoArgs, DemoError, Figures, PeerFigures, ProviderKind, QUIET_POLL, Registered, Report, Setup,
-    Side, budget, check_returned, open_files_for, remote_clients, report, serve,
+    DemoArgs, DemoError, Figures, PeerLines, ProviderKind, QUIET_POLL, Registered, Setup, Side,
+    budget, check_returned, open_files_for, remote_clients, serve,
 };
 
 /// How long one side waits for the other's next line on the control connection.
@@ -285,35 +285,20 @@ fn client_side(args: &DemoArgs, setup: &Setup, device: &str, addr: &str) -> Resu
             .connections
             .push(setup.connection(&reservoir, endpoint, now)?);
     }
-    let run = remote_clients(
+    let placement = format!(
+        "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs",
+        std::process::id(),
+        provider.device_name()
+    );
+    remote_clients(
         args,
         setup,
         &budget,
         &reservoir,
         &mut clients,
-        || match control.try_line()? {
-            None => Ok(false),
-            Some(line) if line == "quiet" => Ok(true),
-            Some(other) => Err(control.unexpected(&other)),
-        },
+        &mut control,
+        placement,
     )?;
-    let theirs = control.report()?;
-
-    report(Report {
-        setup,
-        args,
-        elapsed: run.elapsed,
-        here: run.here,
-        peer: Some(PeerFigures {
-            placement: format!(
-                "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs",
-                std::process::id(),
-                provider.device_name()
-            ),
-            figures: theirs,
-        }),
-        latencies: run.latencies,
-    });
     drop((clients, reservoir));
     control.send("closed")?;
     let line = control.next_line()?;
@@ -369,7 +354,17 @@ impl Control {
             .map_err(|e| format!("writing to {}: {e}", self.other).into())
     }
 
-    /// Waits for the next line.
+    /// The error for a connection the other side ended.
+    fn gone(&self) -> DemoError {
+        format!(
+            "{} closed the control connection early; its error, if any, is on its stderr",
+            self.other
+        )
+        .into()
+    }
+}
+
+impl PeerLines for Control {
     fn next_line(&mut self) -> Result<String, DemoError> {
         match self.lines.recv_timeout(CONTROL_TIMEOUT) {
             Ok(line) => Ok(line),
@@ -380,7 +375,6 @@ impl Control {
         }
     }
 
-    /// The next line, if one has come.
     fn try_line(&mut self) -> Result<Option<String>, DemoError> {
         match self.lines.try_recv() {
             Ok(line) => Ok(Some(line)),
@@ -389,32 +383,12 @@ impl Control {
         }
     }
 
-    /// Asks the listening side for its figures and waits for them.
-    fn report(&mut self) -> Result<Figures, DemoError> {
-        self.send("report")?;
-        loop {
-            let line = self.next_line()?;
-            if line == "quiet" {
-                continue;
-            }
-            return match line.strip_prefix("report ") {
-                Some(fields) => decode(fields),
-                None => Err(self.unexpected(&line)),
-            };
-        }
-    }
-
-    /// The error for a connection the other side ended.
-    fn gone(&self) -> DemoError {
-        format!(
-            "{} closed the control connection early; its error, if any, is on its stderr",
-            self.other
-        )
-        .into()
-    }
-
     fn unexpected(&self, line: &str) -> DemoError {
         format!("unexpected line from {}: {line:?}", self.other).into()
+    }
+
+    fn ask_for_report(&mut self) -> Result<(), DemoError> {
+        self.send("report")
     }
 }
 
