@@ -418,16 +418,14 @@ fn loopback(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
         servers.progress()?;
         std::thread::sleep(QUIET_POLL);
     }
-    let here = Figures {
-        registered: Registered {
-            at_start,
-            peak: peak.load(Ordering::Relaxed),
-            quiet: budget.in_use(),
-            reservoir: reservoirs.iter().map(|r| r.spare_bytes()).sum(),
-        },
+    let here = Figures::after_quiet(
+        at_start,
+        &peak,
+        &budget,
+        reservoirs.iter().map(|r| r.spare_bytes()).sum(),
         busy_tier_steps,
-        quiet: clients.totals() + servers.totals(),
-    };
+        clients.totals() + servers.totals(),
+    );
 
     report(Report {
         setup,
@@ -507,16 +505,14 @@ fn remote_clients<E: Endpoint>(
         }
         std::thread::sleep(QUIET_POLL);
     }
-    let here = Figures {
-        registered: Registered {
-            at_start,
-            peak: peak.load(Ordering::Relaxed),
-            quiet: budget.in_use(),
-            reservoir: reservoir.spare_bytes(),
-        },
+    let here = Figures::after_quiet(
+        at_start,
+        &peak,
+        budget,
+        reservoir.spare_bytes(),
         busy_tier_steps,
-        quiet: clients.totals(),
-    };
+        clients.totals(),
+    );
     let figures = peer.report()?;
     report(Report {
         setup,
@@ -527,6 +523,50 @@ fn remote_clients<E: Endpoint>(
         latencies,
     });
     Ok(())
+}
+
+/// The line channel to the process that runs the clients: the shm peer's standard
+/// streams, or the verbs control connection.
+trait ClientLines {
+    /// Whether the clients' process has asked for this side's figures; never waits.
+    fn report_asked(&mut self) -> Result<bool, DemoError>;
+    /// Sends `line` to the clients' process.
+    fn tell(&mut self, line: &str) -> Result<(), DemoError>;
+}
+
+/// The servers' side of a run whose clients are in another process, once every
+/// connection is made: serves the requests, then keeps the connections progressing (the
+/// clients step down only with this side's answers), says `quiet` once this process is
+/// back where it started, and sends its figures when the clients ask for them.
+fn remote_servers<E: Endpoint>(
+    messages: usize,
+    servers: &mut Side<E>,
+    budget: &MemoryBudget,
+    reservoir: &Reservoir,
+    clients: &mut impl ClientLines,
+) -> Result<(), DemoError> {
+    let at_start = budget.in_use();
+    let peak = AtomicU64::new(at_start);
+    serve(servers, messages, budget, &peak)?;
+    let busy_tier_steps = servers.totals().send_tier_sum;
+    let mut quiet = false;
+    while !clients.report_asked()? {
+        servers.progress()?;
+        if !quiet && budget.in_use() <= at_start {
+            clients.tell("quiet")?;
+            quiet = true;
+        }
+        std::thread::sleep(QUIET_POLL);
+    }
+    let figures = Figures::after_quiet(
+        at_start,
+        &peak,
+        budget,
+        reservoir.spare_bytes(),
+        busy_tier_steps,
+        servers.totals(),
+    );
+    clients.tell(&format!("report {}", shm::encode(&figures)))
 }
 
 /// `ladder` with its demotion timing replaced.
@@ -840,6 +880,31 @@ struct Figures {
     busy_tier_steps: u64,
     /// The counters after the quiet phase.
     quiet: Totals,
+}
+
+impl Figures {
+    /// The figures at the end of the quiet phase: registered memory now against
+    /// `at_start` and the traffic's `peak`, the reservoirs' `spare` bytes, and the tier
+    /// counters.
+    fn after_quiet(
+        at_start: u64,
+        peak: &AtomicU64,
+        budget: &MemoryBudget,
+        spare: u64,
+        busy_tier_steps: u64,
+        quiet: Totals,
+    ) -> Figures {
+        Figures {
+            registered: Registered {
+                at_start,
+                peak: peak.load(Ordering::Relaxed),
+                quiet: budget.in_use(),
+                reservoir: spare,
+            },
+            busy_tier_steps,
+            quiet,
+        }
+    }
 }
 
 struct Report<'a> {

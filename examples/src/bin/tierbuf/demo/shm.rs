@@ -31,7 +31,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -41,8 +40,8 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::{RING_CAPACITY, ShmProvider};
 
 use super::{
-    DemoArgs, DemoError, Figures, PeerLines, ProviderKind, QUIET_POLL, Registered, Setup, Side,
-    Totals, budget, check_returned, open_files_for, remote_clients, serve,
+    ClientLines, DemoArgs, DemoError, Figures, PeerLines, ProviderKind, Registered, Setup, Side,
+    Totals, budget, check_returned, open_files_for, remote_clients, remote_servers,
 };
 
 /// How long the demo waits for the peer's next line, or for it to exit.
@@ -140,40 +139,35 @@ fn peer(args: &PeerArgs) -> Result<(), DemoError> {
             .push(setup.connection(&reservoir, endpoint, now)?);
     }
     drop(listener);
-    let at_start = budget.in_use();
-    let peak = AtomicU64::new(at_start);
-    serve(&mut servers, demo.messages, &budget, &peak)?;
-
-    let busy_tier_steps = servers.totals().send_tier_sum;
-    // The demo's connections step down only with this side's answers, so keep going
-    // until the demo asks for the report.
-    let mut quiet = false;
-    loop {
-        match requests.try_recv() {
-            Ok(()) => break,
-            Err(TryRecvError::Empty) => {}
-            Err(TryRecvError::Disconnected) => return Err("the stdin reader stopped".into()),
-        }
-        servers.progress()?;
-        if !quiet && budget.in_use() <= at_start {
-            tell_the_demo("quiet")?;
-            quiet = true;
-        }
-        std::thread::sleep(QUIET_POLL);
-    }
-    let figures = Figures {
-        registered: Registered {
-            at_start,
-            peak: peak.load(Ordering::Relaxed),
-            quiet: budget.in_use(),
-            reservoir: reservoir.spare_bytes(),
-        },
-        busy_tier_steps,
-        quiet: servers.totals(),
-    };
-    tell_the_demo(&format!("report {}", encode(&figures)))?;
+    remote_servers(
+        demo.messages,
+        &mut servers,
+        &budget,
+        &reservoir,
+        &mut DemoLink { requests },
+    )?;
     drop((servers, reservoir));
     check_returned(&budget)
+}
+
+/// The peer's line channel to the demo: requests from stdin (see [`watch_the_demo`]),
+/// lines to stdout.
+struct DemoLink {
+    requests: Receiver<()>,
+}
+
+impl ClientLines for DemoLink {
+    fn report_asked(&mut self) -> Result<bool, DemoError> {
+        match self.requests.try_recv() {
+            Ok(()) => Ok(true),
+            Err(TryRecvError::Empty) => Ok(false),
+            Err(TryRecvError::Disconnected) => Err("the stdin reader stopped".into()),
+        }
+    }
+
+    fn tell(&mut self, line: &str) -> Result<(), DemoError> {
+        tell_the_demo(line)
+    }
 }
 
 /// Reads the demo's requests from stdin on a thread of its own; each `report` line is one

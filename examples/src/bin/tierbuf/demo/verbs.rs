@@ -25,7 +25,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -36,10 +35,9 @@ use tierbuf_transport::verbs::{
     ladder_pinned_bytes,
 };
 
-use super::shm::encode;
 use super::{
-    DemoArgs, DemoError, Figures, PeerLines, ProviderKind, QUIET_POLL, Registered, Setup, Side,
-    budget, check_returned, open_files_for, remote_clients, serve,
+    ClientLines, DemoArgs, DemoError, PeerLines, ProviderKind, Setup, Side, budget, check_returned,
+    open_files_for, remote_clients, remote_servers,
 };
 
 /// How long one side waits for the other's next line on the control connection.
@@ -194,38 +192,13 @@ fn listening_side(
             .push(setup.connection(&reservoir, endpoint, now)?);
     }
     drop(listener);
-    let at_start = budget.in_use();
-    let peak = AtomicU64::new(at_start);
-    serve(&mut servers, args.messages, &budget, &peak)?;
-
-    let busy_tier_steps = servers.totals().send_tier_sum;
-    // The client's connections step down only with this side's answers, so keep going
-    // until the client asks for the report.
-    let mut quiet = false;
-    loop {
-        match control.try_line()? {
-            Some(line) if line == "report" => break,
-            Some(other) => return Err(control.unexpected(&other)),
-            None => {}
-        }
-        servers.progress()?;
-        if !quiet && budget.in_use() <= at_start {
-            control.send("quiet")?;
-            quiet = true;
-        }
-        std::thread::sleep(QUIET_POLL);
-    }
-    let figures = Figures {
-        registered: Registered {
-            at_start,
-            peak: peak.load(Ordering::Relaxed),
-            quiet: budget.in_use(),
-            reservoir: reservoir.spare_bytes(),
-        },
-        busy_tier_steps,
-        quiet: servers.totals(),
-    };
-    control.send(&format!("report {}", encode(&figures)))?;
+    remote_servers(
+        args.messages,
+        &mut servers,
+        &budget,
+        &reservoir,
+        &mut control,
+    )?;
     match control.next_line()?.as_str() {
         "closed" => {}
         other => return Err(control.unexpected(other)),
@@ -389,6 +362,20 @@ impl PeerLines for Control {
 
     fn ask_for_report(&mut self) -> Result<(), DemoError> {
         self.send("report")
+    }
+}
+
+impl ClientLines for Control {
+    fn report_asked(&mut self) -> Result<bool, DemoError> {
+        match self.try_line()? {
+            None => Ok(false),
+            Some(line) if line == "report" => Ok(true),
+            Some(other) => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn tell(&mut self, line: &str) -> Result<(), DemoError> {
+        self.send(line)
     }
 }
 
