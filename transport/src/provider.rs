@@ -152,6 +152,28 @@ pub struct Outstanding {
 }
 
 impl Outstanding {
+    /// Moves completions from `next` into `completions` until either runs out, counting
+    /// each request no longer outstanding; returns how many it moved.
+    pub(crate) fn hand_out(
+        &mut self,
+        completions: &mut [Completion],
+        mut next: impl FnMut() -> Option<Completion>,
+    ) -> usize {
+        let mut filled = 0;
+        for entry in completions.iter_mut() {
+            let Some(completion) = next() else {
+                break;
+            };
+            match completion.opcode {
+                Opcode::Send => self.sends -= 1,
+                Opcode::Recv => self.recvs -= 1,
+            }
+            *entry = completion;
+            filled += 1;
+        }
+        filled
+    }
+
     /// Refuses a post to `queue` when it already holds its depth of requests.
     pub(crate) fn check_room(
         self,

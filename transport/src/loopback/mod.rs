@@ -27,7 +27,7 @@ use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar};
 
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
-    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Opcode, Outstanding, Provider,
+    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Outstanding, Provider,
 };
 use crate::registry::{RegionCache, RegionTable};
 use crate::sync::Arc;
@@ -253,21 +253,11 @@ impl Endpoint for LoopbackEndpoint {
         self.shared.progress(self.peer());
         let sends = self.shared.channel(self.side);
         let recvs = self.shared.channel(self.peer());
-        let mut filled = 0;
-        for entry in completions.iter_mut() {
-            let Some(completion) = sends
+        let filled = self.outstanding.hand_out(completions, || {
+            sends
                 .pop_send_completion()
                 .or_else(|| recvs.pop_recv_completion())
-            else {
-                break;
-            };
-            match completion.opcode {
-                Opcode::Send => self.outstanding.sends -= 1,
-                Opcode::Recv => self.outstanding.recvs -= 1,
-            }
-            *entry = completion;
-            filled += 1;
-        }
+        });
         Ok(filled)
     }
 

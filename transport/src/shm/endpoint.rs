@@ -607,22 +607,10 @@ impl Endpoint for ShmEndpoint {
         if let Some(error) = self.failure.take() {
             return Err(error);
         }
-        let mut filled = 0;
-        for entry in completions.iter_mut() {
-            let Some(completion) = self
-                .send_completions
-                .pop_front()
-                .or_else(|| self.recv_completions.pop_front())
-            else {
-                break;
-            };
-            match completion.opcode {
-                Opcode::Send => self.outstanding.sends -= 1,
-                Opcode::Recv => self.outstanding.recvs -= 1,
-            }
-            *entry = completion;
-            filled += 1;
-        }
+        let (sends, recvs) = (&mut self.send_completions, &mut self.recv_completions);
+        let filled = self.outstanding.hand_out(completions, || {
+            sends.pop_front().or_else(|| recvs.pop_front())
+        });
         Ok(filled)
     }
 

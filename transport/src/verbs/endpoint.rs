@@ -410,19 +410,8 @@ impl VerbsEndpoint {
 
     /// Moves completions waiting in `ready` into `completions`.
     fn take_ready(&mut self, completions: &mut [Completion]) -> usize {
-        let mut filled = 0;
-        for entry in completions.iter_mut() {
-            let Some(completion) = self.ready.pop_front() else {
-                break;
-            };
-            match completion.opcode {
-                Opcode::Send => self.outstanding.sends -= 1,
-                Opcode::Recv => self.outstanding.recvs -= 1,
-            }
-            *entry = completion;
-            filled += 1;
-        }
-        filled
+        let ready = &mut self.ready;
+        self.outstanding.hand_out(completions, || ready.pop_front())
     }
 
     /// Takes up to `wanted` (at most one batch of) completions from the completion queue
