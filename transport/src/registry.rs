@@ -212,6 +212,19 @@ impl<R: Region> RegionCache<R> {
         })
     }
 
+    /// Resolves every buffer of a send's gather list (the caller has checked that it
+    /// holds at most `N`); the first that fails fails the whole list.
+    pub(crate) fn resolve_gather<const N: usize>(
+        &mut self,
+        gather: &[BufferRef],
+    ) -> Result<[Option<Resolved<R>>; N], PostError> {
+        let mut resolved: [Option<Resolved<R>>; N] = std::array::from_fn(|_| None);
+        for (slot, buffer) in resolved.iter_mut().zip(gather) {
+            *slot = Some(self.resolve(*buffer)?);
+        }
+        Ok(resolved)
+    }
+
     /// Looks `remote_key` up in the provider's table and remembers it, forgetting regions
     /// that have been deregistered meanwhile.
     #[cold]

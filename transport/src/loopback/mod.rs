@@ -234,10 +234,7 @@ impl Endpoint for LoopbackEndpoint {
         self.state().admits_posts()?;
         self.outstanding.check_room(QueueKind::Send, self.limits)?;
         let len = self.limits.message_len(gather)?;
-        let mut resolved: [Option<_>; MAX_GATHER] = Default::default();
-        for (slot, buffer) in resolved.iter_mut().zip(gather) {
-            *slot = Some(self.regions.resolve(*buffer)?);
-        }
+        let resolved = self.regions.resolve_gather::<MAX_GATHER>(gather)?;
         self.outstanding.sends += 1;
         self.shared.channel(self.side).push_send(SendRequest {
             wr_id,

@@ -573,10 +573,7 @@ impl Endpoint for ShmEndpoint {
         self.state().admits_posts()?;
         self.outstanding.check_room(QueueKind::Send, self.limits)?;
         let len = self.limits.message_len(gather)?;
-        let mut resolved: [Option<_>; MAX_GATHER] = Default::default();
-        for (slot, buffer) in resolved.iter_mut().zip(gather) {
-            *slot = Some(self.local.resolve(*buffer)?);
-        }
+        let resolved = self.local.resolve_gather::<MAX_GATHER>(gather)?;
         self.outstanding.sends += 1;
         self.pending.push_back(PendingSend {
             wr_id,

@@ -439,6 +439,22 @@ fn loopback(args: &DemoArgs, setup: &Setup) -> Result<(), DemoError> {
     check_returned(&budget)
 }
 
+/// Reads `reader` line by line on a thread of its own; the channel closes when the
+/// reader ends or fails.
+fn read_lines(reader: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 /// The line channel to the process that runs the servers: the shm peer's standard
 /// streams, or the verbs control connection.
 trait PeerLines {

@@ -27,7 +27,7 @@
 //! that even the hard limit cannot hold.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
@@ -41,7 +41,7 @@ use tierbuf_transport::{RING_CAPACITY, ShmProvider};
 
 use super::{
     ClientLines, DemoArgs, DemoError, Figures, PeerLines, ProviderKind, Registered, Setup, Side,
-    Totals, budget, check_returned, open_files_for, remote_clients, remote_servers,
+    Totals, budget, check_returned, open_files_for, read_lines, remote_clients, remote_servers,
 };
 
 /// How long the demo waits for the peer's next line, or for it to exit.
@@ -294,19 +294,10 @@ impl Peer {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err("the peer process's stdin or stdout is not a pipe".into());
         };
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         Ok(Peer {
             child,
             stdin,
-            lines,
+            lines: read_lines(stdout),
         })
     }
 

@@ -22,10 +22,10 @@
 //!   own, answers `done` once every byte it registered came back (`failed REASON`
 //!   otherwise), and exits. Either side fails when the control connection ends early.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use tierbuf_pool::{MemlockPolicy, MemoryBudget};
@@ -37,7 +37,7 @@ use tierbuf_transport::verbs::{
 
 use super::{
     ClientLines, DemoArgs, DemoError, PeerLines, ProviderKind, Setup, Side, budget, check_returned,
-    open_files_for, remote_clients, remote_servers,
+    open_files_for, read_lines, remote_clients, remote_servers,
 };
 
 /// How long one side waits for the other's next line on the control connection.
@@ -299,18 +299,9 @@ impl Control {
         let reader = stream
             .try_clone()
             .map_err(|e| format!("the control connection to {other}: {e}"))?;
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(reader).lines() {
-                let Ok(line) = line else { break };
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
         Ok(Control {
             stream,
-            lines,
+            lines: read_lines(reader),
             other,
         })
     }
