@@ -18,10 +18,12 @@
 //!   registered byte goes back to the budget, except receive slots still held by
 //!   undropped messages, which go back when those are dropped. Handles to a removed
 //!   connection report [`TableError::Closed`].
-//! - The progress thread sleeps only after announcing it (`sleeping`) and then finding
-//!   no wake (`pending`); a waker sets `pending` before it looks at `sleeping`. With all
-//!   four steps sequentially consistent, a wake is either seen by that check or finds the
-//!   thread announced and unparks it. Sleeps are bounded all the same
+//! - A wake is never lost: a waker that sets `pending` (from clear) unparks the progress
+//!   thread, and `std::thread`'s park token makes a park that comes after that unpark
+//!   return at once; the thread takes `pending` before each sweep, so the sweep after the
+//!   wake sees the work. `pending` only spares the unpark of wakes that come while one is
+//!   already pending, and the park of a thread that is already woken. Sleeps are bounded
+//!   all the same
 //!   ([`ProgressConfig::with_max_park`]): work also arrives from peers, which cannot wake
 //!   this process's thread.
 //! - Stopping the thread ([`ConnectionTable::shutdown`], or dropping the table) sets
@@ -152,8 +154,6 @@ pub struct ProgressStats {
 struct ProgressSignal {
     /// Set by wakers, taken by the thread before each sweep.
     pending: AtomicBool,
-    /// Set by the thread while it is (about to be) asleep.
-    sleeping: AtomicBool,
     stop: AtomicBool,
     /// The progress thread, once started.
     thread: OnceLock<Thread>,
@@ -162,8 +162,7 @@ struct ProgressSignal {
 impl ProgressSignal {
     /// Tells the progress thread there may be work, waking it if it sleeps.
     fn wake(&self) {
-        self.pending.store(true, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst)
+        if !self.pending.swap(true, Ordering::AcqRel)
             && let Some(thread) = self.thread.get()
         {
             thread.unpark();
@@ -172,16 +171,14 @@ impl ProgressSignal {
 
     /// Whether a wake came since the last call.
     fn take_pending(&self) -> bool {
-        self.pending.swap(false, Ordering::SeqCst)
+        self.pending.swap(false, Ordering::AcqRel)
     }
 
     /// Sleeps for at most `timeout`, unless a wake or a stop came first.
     fn sleep(&self, timeout: Duration) {
-        self.sleeping.store(true, Ordering::SeqCst);
-        if !self.pending.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+        if !self.pending.load(Ordering::Acquire) && !self.stop.load(Ordering::SeqCst) {
             thread::park_timeout(timeout);
         }
-        self.sleeping.store(false, Ordering::SeqCst);
     }
 }
 
