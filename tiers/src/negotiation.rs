@@ -615,6 +615,11 @@ impl Negotiation {
         self.outputs.events.pop_front()
     }
 
+    /// Whether an event waits for [`Negotiation::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.outputs.events.is_empty()
+    }
+
     /// When [`Negotiation::handle_timeout`] should be called next, if a timer runs.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match (self.outbound.poll_timeout(), self.inbound.poll_timeout()) {

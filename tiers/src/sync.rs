@@ -9,12 +9,12 @@
 compile_error!("`--cfg loom` needs the `loom` feature of tierbuf-tiers (loom-tests enables it)");
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU8, AtomicU16, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU16, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU16, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex};
 

@@ -28,7 +28,9 @@ use std::ops::{Deref, DerefMut};
 use tierbuf_pool::{OwnedSlot, RegionKeys, Slot, SlotPool};
 
 use crate::reservoir::{Provenance, Reservoir, TierError};
-use crate::sync::{Arc, AtomicU8, AtomicU16, Mutex, Ordering, SwapCache, SwapCell, lock};
+use crate::sync::{
+    Arc, AtomicU8, AtomicU16, AtomicUsize, Mutex, Ordering, SwapCache, SwapCell, lock,
+};
 use crate::{RegionDescriptor, TierIndex};
 
 /// `pending` when no change is under way; otherwise it holds the target's index plus one.
@@ -51,6 +53,33 @@ impl Tier {
     /// The tier's slot pool.
     pub fn pool(&self) -> &SlotPool {
         &self.pool
+    }
+
+    /// Takes a slot of `tier` as a handle that keeps the tier alive and may cross
+    /// threads; `None` when its slots are all held or the tier has retired. For an owner
+    /// that keeps the tier in force at hand (it made the change itself), this is
+    /// [`TieredRegion::try_acquire_owned`] without the load of the tier in force.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+    /// use tierbuf_tiers::{Reservoir, Tier, TierIndex, TieredRegion, ladder::TierLadder};
+    ///
+    /// let budget = MemoryBudget::with_cap(64 << 20);
+    /// let ladder = Arc::new(TierLadder::preset("patent")?);
+    /// let reservoir = Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), ladder));
+    /// let region = TieredRegion::new(reservoir)?;
+    /// let tier = region.current();
+    /// let slot = Tier::try_acquire_owned(&tier).unwrap();
+    /// assert_eq!(slot.tier(), TierIndex::SMALLEST);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_acquire_owned(tier: &Arc<Tier>) -> Option<OwnedTierSlot> {
+        let slot = tier.pool.try_acquire_owned()?;
+        Some(OwnedTierSlot {
+            slot,
+            tier: Arc::clone(tier),
+        })
     }
 
     /// Where the peer finds this tier's region: what an ack carries.
@@ -131,6 +160,7 @@ pub struct TieredRegion {
     current_index: AtomicU8,
     pending: AtomicU16,
     replaced: Mutex<Vec<Replaced>>,
+    replaced_len: AtomicUsize,
     /// Replaced tiers kept registered when the ladder's policy retains them.
     retained: Mutex<Vec<Arc<Tier>>>,
     reservoir: std::sync::Arc<Reservoir>,
@@ -145,6 +175,7 @@ impl TieredRegion {
             current_index: AtomicU8::new(0),
             pending: AtomicU16::new(NO_CHANGE),
             replaced: Mutex::new(Vec::new()),
+            replaced_len: AtomicUsize::new(0),
             retained: Mutex::new(Vec::new()),
             reservoir,
         })
@@ -166,9 +197,7 @@ impl TieredRegion {
     /// the borrow of the region; `None` when the tier's slots are all held. Costs a
     /// reference count more than [`TierCache::try_acquire`].
     pub fn try_acquire_owned(&self) -> Option<OwnedTierSlot> {
-        let tier = self.current.load_full();
-        let slot = tier.pool.try_acquire_owned()?;
-        Some(OwnedTierSlot { slot, tier })
+        Tier::try_acquire_owned(&self.current.load_full())
     }
 
     /// The tier in force, as a reference that keeps it alive.
@@ -236,14 +265,20 @@ impl TieredRegion {
     /// back; returns how many it retired. Their regions go back to the reservoir (or are
     /// deregistered) once no cache points at them either.
     pub fn reclaim(&self) -> usize {
+        if self.replaced_len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut retired = Vec::new();
-        lock(&self.replaced).retain(|replaced| {
+        let mut replaced = lock(&self.replaced);
+        replaced.retain(|replaced| {
             let retire = !replaced.awaiting_peer && retire_pool(&replaced.tier.pool);
             if retire {
                 retired.push(Arc::clone(&replaced.tier));
             }
             !retire
         });
+        self.replaced_len.store(replaced.len(), Ordering::Release);
+        drop(replaced);
         // Dropped outside the lock: the last reference recycles or deregisters the region.
         let count = retired.len();
         drop(retired);
@@ -278,10 +313,12 @@ impl TieredRegion {
         if self.reservoir.ladder().policy().retain_replaced() {
             lock(&self.retained).push(old);
         } else {
-            lock(&self.replaced).push(Replaced {
+            let mut replaced = lock(&self.replaced);
+            replaced.push(Replaced {
                 tier: old,
                 awaiting_peer: replaced_awaits_peer,
             });
+            self.replaced_len.store(replaced.len(), Ordering::Release);
         }
         tracing::debug!(%from, to = %index, "tier installed");
         from
@@ -504,3 +541,11 @@ macro_rules! tier_slot_impls {
 
 tier_slot_impls!(TierSlot<'_>, tier => *tier);
 tier_slot_impls!(OwnedTierSlot, tier => tier.index);
+
+impl OwnedTierSlot {
+    /// Whether the slot lies in `tier` itself, not merely in a tier of the same index (a
+    /// region that left a tier and came back holds a new registration of it).
+    pub fn lies_in(&self, tier: &Tier) -> bool {
+        std::ptr::eq(&*self.tier, tier)
+    }
+}
