@@ -45,7 +45,7 @@ pub mod shm {
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::thread;
-    use tierbuf_transport::shm_segment::{Filled, PairState, PostedBuffer, Segment};
+    use tierbuf_transport::shm_segment::{Filled, PairState, PostedBuffer, PostedView, Segment};
 
     /// The receive buffer the models' receiver posts: what it names, and its bytes.
     const BUFFER: PostedBuffer = PostedBuffer {
@@ -66,42 +66,52 @@ pub mod shm {
     }
 
     /// Model 5: the receiver posts a buffer while the sender waits for it, copies a
-    /// message into it and publishes the delivery while the receiver waits for that. The
-    /// sender must see the whole posted entry once it sees the post counted, and the
-    /// receiver the whole message once it sees the delivery counted: loom reports any
-    /// read of the message bytes not ordered after their write.
+    /// message into it and publishes the delivery while the receiver waits for that;
+    /// then the same again through the same ring entry (a ring of one), with a second
+    /// message. The sender must see the whole posted entry once it sees the post counted,
+    /// and the receiver the whole message once it sees the delivery, and never the first
+    /// lap's result for the second: loom reports any read of the message bytes not
+    /// ordered after their write.
     pub fn delivery_publishes_the_whole_message() {
-        let segment = Arc::new(Segment::<2>::new_boxed());
+        const MESSAGES: [[u8; 4]; 2] = [MESSAGE, [5, 6, 7, 8]];
+        let segment = Arc::new(Segment::<1>::new_boxed());
         let receive_buffer = Arc::new(UnsafeCell::new([0u8; 4]));
         let sender = {
             let segment = Arc::clone(&segment);
             let receive_buffer = Arc::clone(&receive_buffer);
             thread::spawn(move || {
-                let posted = wait_for(|| segment.direction(0).posted(0));
-                assert_eq!(
-                    posted, BUFFER,
-                    "the sender read a posted entry before it was written"
-                );
-                assert!(segment.begin_copy(0));
-                // SAFETY: the receiver posted this buffer and reads it only after the
-                // delivery below is published (what loom checks).
-                receive_buffer.with_mut(|bytes| unsafe { *bytes = MESSAGE });
-                segment.direction(0).deliver(0, Filled::Delivered(4));
+                let mut view = PostedView::default();
+                for (lap, message) in (0u64..).zip(MESSAGES) {
+                    let posted = wait_for(|| segment.direction(0).posted(lap, &mut view));
+                    assert_eq!(
+                        posted, BUFFER,
+                        "the sender read a posted entry before it was written"
+                    );
+                    assert!(segment.begin_copy(0));
+                    // SAFETY: the receiver posted this buffer and reads it only after the
+                    // delivery below is published (what loom checks).
+                    receive_buffer.with_mut(|bytes| unsafe { *bytes = message });
+                    segment
+                        .direction(0)
+                        .deliver(lap, Filled::Delivered(lap as u32 + 1));
+                }
             })
         };
-        segment.direction(0).post(0, BUFFER);
-        let result = wait_for(|| segment.direction(0).delivered(0));
-        assert_eq!(
-            result,
-            Ok(Filled::Delivered(4)),
-            "a delivery without its result"
-        );
-        // SAFETY: the delivery was seen published, so the sender's write is done.
-        let received = receive_buffer.with(|bytes| unsafe { *bytes });
-        assert_eq!(
-            received, MESSAGE,
-            "a delivery seen without the whole message"
-        );
+        for (lap, message) in (0u64..).zip(MESSAGES) {
+            segment.direction(0).post(lap, BUFFER);
+            let result = wait_for(|| segment.direction(0).delivered(lap));
+            assert_eq!(
+                result,
+                Ok(Filled::Delivered(lap as u32 + 1)),
+                "a delivery without its result, or with an earlier lap's"
+            );
+            // SAFETY: the delivery was seen published, so the sender's write is done.
+            let received = receive_buffer.with(|bytes| unsafe { *bytes });
+            assert_eq!(
+                received, message,
+                "a delivery seen without the whole message"
+            );
+        }
         sender.join().unwrap();
     }
 

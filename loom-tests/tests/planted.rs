@@ -76,6 +76,18 @@ fn shm_publish_relaxed_is_caught() {
 }
 
 #[test]
+fn shm_clear_result_after_post_is_caught() {
+    let message = expect_caught(
+        Bug::ShmClearResultAfterPost,
+        shm::delivery_publishes_the_whole_message,
+    );
+    assert!(
+        message.contains("earlier lap") || message.contains("branches"),
+        "{message}"
+    );
+}
+
+#[test]
 fn shm_copy_gate_check_then_set_is_caught() {
     let message = expect_caught(
         Bug::ShmCopyGateCheckThenSet,

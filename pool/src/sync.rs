@@ -67,6 +67,10 @@ pub mod planted {
         /// in progress and take its buffer back while the peer still writes it
         /// (`tierbuf-transport`).
         ShmCopyGateCheckThenSet = 9,
+        /// The shared-memory receiver clears a ring entry's result after publishing the
+        /// post that reuses the entry instead of before, so the clear can wipe out the
+        /// sender's delivery into it (`tierbuf-transport`).
+        ShmClearResultAfterPost = 10,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

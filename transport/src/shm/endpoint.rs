@@ -23,16 +23,18 @@
 //!   pass the queue depths, and the receive depth never passes the ring's capacity, so the
 //!   receiver never rewrites a ring entry the sender may still read.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
+// Looked up on every post and every copy: foldhash, not the default SipHash.
+use foldhash::HashMap;
 use tierbuf_pool::{Region, SharedHostRegion};
 
 use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SocketError, receive_record, send_record,
 };
-use super::segment::{Filled, PairState, PostedBuffer, SharedSegment};
+use super::segment::{Filled, PairState, PostedBuffer, PostedView, SharedSegment};
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
@@ -93,6 +95,8 @@ pub struct ShmEndpoint {
     send_completions: VecDeque<Completion>,
     /// Peer receives filled, ever.
     sends_matched: u64,
+    /// The peer's posts as this side last read them.
+    peer_posts: PostedView,
     peer_regions: HashMap<u32, PeerRegion>,
     /// Announcements of the peer read from the socket, ever.
     announcements_read: u64,
@@ -132,13 +136,14 @@ impl ShmEndpoint {
             pending: VecDeque::new(),
             send_completions: VecDeque::new(),
             sends_matched: 0,
-            peer_regions: HashMap::new(),
+            peer_posts: PostedView::default(),
+            peer_regions: HashMap::default(),
             announcements_read: 0,
             posted: VecDeque::new(),
             recv_completions: VecDeque::new(),
             recvs_posted: 0,
             recvs_reaped: 0,
-            announced: HashMap::new(),
+            announced: HashMap::default(),
             idle_polls: 0,
             peer_gone: false,
             failure: None,
@@ -273,11 +278,14 @@ impl ShmEndpoint {
                 break;
             }
             let count = self.sends_matched;
-            let Some(buffer) = self.segment().direction(self.side).posted(count) else {
+            let mut view = self.peer_posts;
+            let posted = self.segment().direction(self.side).posted(count, &mut view);
+            self.peer_posts = view;
+            let Some(buffer) = posted else {
                 break;
             };
             if !self.peer_regions.contains_key(&buffer.remote_key)
-                || self.announcements_read < self.segment().direction(self.side).announced()
+                || self.announcements_read < self.peer_posts.announced()
             {
                 self.catch_up_with_announcements();
             }

@@ -6,26 +6,40 @@
 //! in order, copying each message straight into the receiver's buffer (which it has
 //! mapped), and reports the result in the same ring entry.
 //!
+//! Each side polls only what the other writes for it: the sender reads `posted` (and
+//! `announced`) only when it has used up the receives it last saw posted ([`PostedView`]),
+//! and the receiver polls the result word of its oldest entry, which the delivery
+//! writes last. So a message in steady flow costs the receiver one cache line of the
+//! ring, and the sender none beyond the entries it fills.
+//!
 //! # Invariants
 //!
-//! - **Single writer per word.** `posted` and `announced` and the buffer fields of an
-//!   entry are written only by the receiver; `delivered`, `copying` and the result fields
-//!   of an entry only by the sender; `state` by compare-and-swap from `OPEN` only, by
-//!   either side. Every word is an atomic, so a peer that breaks the protocol can feed us
-//!   wrong values but never a data race.
-//! - **Posting publishes the entry.** The receiver writes entry `n % N`, then stores
-//!   `posted = n + 1` with `Release`; the sender reads `posted` with `Acquire` before it
-//!   reads the entry. The receiver has at most `N` receives posted and not yet reaped, so
-//!   it never rewrites an entry the sender may still read.
+//! - **One writer per word at a time.** `posted` and `announced` and the buffer fields of
+//!   an entry are written only by the receiver; `gate` is set and cleared by the sender
+//!   and shut by the receiver, each by a read-modify-write; an entry's `byte_len` is
+//!   written only by the sender, and its `filled` by the receiver (cleared, before the
+//!   post that publishes the entry) and then by the sender (the result, after it saw that
+//!   post); `state` by compare-and-swap from `OPEN` only, by either side. Every word is an
+//!   atomic, so a peer that breaks the protocol can feed us wrong values but never a data
+//!   race.
+//! - **Posting publishes the entry.** The receiver writes entry `n % N` (its buffer, and
+//!   `filled` cleared), then stores `posted = n + 1` with `Release`; the sender reads
+//!   `posted` with `Acquire` before it reads the entry. A [`PostedView`] remembers the
+//!   last `posted` its sender read, so entries below it are read without reading `posted`
+//!   again: that read already ordered them. The receiver has at most `N` receives posted
+//!   and not yet reaped, so it never rewrites an entry the sender may still read.
 //! - **Delivering publishes the message.** The sender copies the message into the
-//!   receiver's buffer, writes the entry's result, then stores `delivered = n + 1` with
-//!   `Release`; the receiver reads `delivered` with `Acquire` before it reads the result
-//!   or the message. So a receiver never sees a delivery (the tail of the message) without
-//!   the whole message.
+//!   receiver's buffer, writes the entry's `byte_len`, then its `filled` with `Release`;
+//!   the receiver reads `filled` with `Acquire` and takes the entry as delivered once it
+//!   is not zero. So a receiver never sees a delivery (the tail of the message) without
+//!   the whole message. It never takes an earlier lap's result for this one: it cleared
+//!   `filled` itself before posting, and the sender's result comes after that post, so
+//!   after the clear in the word's modification order.
 //! - **Announcements come before the posts that need them.** The receiver sends a region's
 //!   memory file on the bootstrap socket, then bumps `announced` (`Release`), then posts
-//!   the receive naming it; a sender that reads the entry has therefore seen the bump
-//!   and drains the socket up to it before it looks the key up.
+//!   the receive naming it. A sender reads `announced` right after `posted` (both
+//!   `Acquire`), so for every entry below that `posted` it has seen the bumps made before
+//!   it, and drains the socket up to them before it looks the key up.
 //! - **No copy after shutting.** Each direction has a `gate` word with two bits: the
 //!   sender sets `COPYING` with a compare-and-swap that fails if `SHUT` is set, and clears
 //!   it (`Release`) after the copy; the receiver sets `SHUT` with a fetch-or before it
@@ -48,7 +62,7 @@ pub const RING_CAPACITY: usize = 1024;
 pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
 
 /// Marks a segment of this layout: `"tierbuf"` and the layout version.
-pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x01");
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x02");
 
 pub use crate::pair_state::PairState;
 
@@ -104,12 +118,27 @@ pub struct Direction<const N: usize> {
     posted: AtomicU64,
     /// Region announcements sent on the bootstrap socket, ever.
     announced: AtomicU64,
-    /// Receives filled, ever (the sender's ring head); on its own cache line.
-    delivered: Padded<AtomicU64>,
     /// `COPYING` while the sender may write into the receiver's memory; `SHUT` once the
-    /// receiver has taken its buffers back.
-    gate: AtomicU32,
+    /// receiver has taken its buffers back. On its own cache line: the sender changes it
+    /// on every copy, and nothing the receiver polls sits beside it.
+    gate: Padded<AtomicU32>,
     entries: [Entry; N],
+}
+
+/// What a sender has seen of the receiver's posts: the `posted` it last read and the
+/// `announced` it read right after. Entries below `posted` are readable without another
+/// look at the shared counters (module invariants).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PostedView {
+    posted: u64,
+    announced: u64,
+}
+
+impl PostedView {
+    /// The region announcements made before every post this view has seen.
+    pub fn announced(&self) -> u64 {
+        self.announced
+    }
 }
 
 /// A value on a cache line of its own.
@@ -178,7 +207,7 @@ impl<const N: usize> Segment<N> {
         if !self.state.is_open() {
             return false;
         }
-        let gate = &self.directions[side].gate;
+        let gate = &self.directions[side].gate.0;
         #[cfg(loom)]
         if tierbuf_pool::sync::planted::is_planted(
             tierbuf_pool::sync::planted::Bug::ShmCopyGateCheckThenSet,
@@ -200,7 +229,7 @@ impl<const N: usize> Segment<N> {
     /// if the sender is copying, waits until it is done. `keep_waiting` is asked between
     /// looks (it says whether the peer may still be alive); a `false` ends the wait.
     pub fn shut_incoming(&self, side: usize, mut keep_waiting: impl FnMut() -> bool) {
-        let gate = &self.directions[1 - side].gate;
+        let gate = &self.directions[1 - side].gate.0;
         let mut bits = gate.fetch_or(SHUT, Ordering::AcqRel);
         while bits & COPYING != 0 {
             if !keep_waiting() {
@@ -217,8 +246,7 @@ impl<const N: usize> Direction<N> {
         Direction {
             posted: AtomicU64::new(0),
             announced: AtomicU64::new(0),
-            delivered: Padded(AtomicU64::new(0)),
-            gate: AtomicU32::new(0),
+            gate: Padded(AtomicU32::new(0)),
             entries: std::array::from_fn(|_| Entry {
                 remote_key: AtomicU32::new(0),
                 len: AtomicU32::new(0),
@@ -234,21 +262,35 @@ impl<const N: usize> Direction<N> {
     }
 
     /// The receiver's post of its `count`-th receive (counting from 0): writes the
-    /// entry, then publishes it. The caller has fewer than `N` receives posted and not
-    /// reaped.
+    /// entry and clears its result, then publishes it. The caller has fewer than `N`
+    /// receives posted and not reaped.
     pub fn post(&self, count: u64, buffer: PostedBuffer) {
         let entry = self.entry(count);
         entry.remote_key.store(buffer.remote_key, Ordering::Relaxed);
         entry.addr.store(buffer.addr, Ordering::Relaxed);
         entry.len.store(buffer.len, Ordering::Relaxed);
+        #[cfg(loom)]
+        if tierbuf_pool::sync::planted::is_planted(
+            tierbuf_pool::sync::planted::Bug::ShmClearResultAfterPost,
+        ) {
+            self.posted.store(count + 1, publication());
+            entry.filled.store(0, Ordering::Relaxed);
+            return;
+        }
         entry.filled.store(0, Ordering::Relaxed);
         self.posted.store(count + 1, publication());
     }
 
     /// The sender's look at the `count`-th posted receive, if the receiver has posted it.
-    pub fn posted(&self, count: u64) -> Option<PostedBuffer> {
-        if self.posted.load(Ordering::Acquire) <= count {
-            return None;
+    /// Reads the shared counters (into `view`) only when `count` is past what `view` has
+    /// seen; a sender passes the same view every time.
+    pub fn posted(&self, count: u64, view: &mut PostedView) -> Option<PostedBuffer> {
+        if count >= view.posted {
+            view.posted = self.posted.load(Ordering::Acquire);
+            view.announced = self.announced.load(Ordering::Acquire);
+            if count >= view.posted {
+                return None;
+            }
         }
         let entry = self.entry(count);
         Some(PostedBuffer {
@@ -258,8 +300,8 @@ impl<const N: usize> Direction<N> {
         })
     }
 
-    /// The sender's report on the `count`-th posted receive: writes the result, reopens
-    /// the gate, then publishes the delivery (and so the message copied before).
+    /// The sender's report on the `count`-th posted receive: writes the result, which
+    /// publishes the delivery (and so the message copied before), then reopens the gate.
     pub fn deliver(&self, count: u64, filled: Filled) {
         let entry = self.entry(count);
         let (code, byte_len) = match filled {
@@ -268,20 +310,17 @@ impl<const N: usize> Direction<N> {
             Filled::Unreachable => (FILLED_UNREACHABLE, 0),
         };
         entry.byte_len.store(byte_len, Ordering::Relaxed);
-        entry.filled.store(code, Ordering::Relaxed);
-        self.gate.fetch_and(!COPYING, Ordering::Release);
-        self.delivered.0.store(count + 1, publication());
+        entry.filled.store(code, publication());
+        self.gate.0.fetch_and(!COPYING, Ordering::Release);
     }
 
-    /// The receiver's look at the result of its `count`-th receive, once delivered.
-    /// `Err` carries a result code this layout does not know: the peer broke the
-    /// protocol.
+    /// The receiver's look at the result of its `count`-th receive, once delivered; the
+    /// receive must be posted and not yet reaped. `Err` carries a result code this layout
+    /// does not know: the peer broke the protocol.
     pub fn delivered(&self, count: u64) -> Option<Result<Filled, u32>> {
-        if self.delivered.0.load(Ordering::Acquire) <= count {
-            return None;
-        }
         let entry = self.entry(count);
-        Some(match entry.filled.load(Ordering::Relaxed) {
+        Some(match entry.filled.load(Ordering::Acquire) {
+            0 => return None,
             FILLED_DELIVERED => Ok(Filled::Delivered(entry.byte_len.load(Ordering::Relaxed))),
             FILLED_TOO_LONG => Ok(Filled::TooLong),
             FILLED_UNREACHABLE => Ok(Filled::Unreachable),
@@ -335,7 +374,10 @@ mod tests {
             segment.stamp();
             assert!(segment.is_stamped());
             assert_eq!(segment.state(), PairState::Open);
-            assert_eq!(segment.direction(0).posted(0), None);
+            assert_eq!(
+                segment.direction(0).posted(0, &mut PostedView::default()),
+                None
+            );
             assert_eq!(segment.direction(1).delivered(0), None);
             std::alloc::dealloc(raw.cast(), layout);
         }
@@ -345,8 +387,9 @@ mod tests {
     fn a_post_is_seen_once_published_and_its_result_once_delivered() {
         let segment = Segment::<4>::new_boxed();
         let direction = segment.direction(0);
+        let mut view = PostedView::default();
         for count in 0..10 {
-            assert_eq!(direction.posted(count), None);
+            assert_eq!(direction.posted(count, &mut view), None);
             direction.post(
                 count,
                 PostedBuffer {
@@ -354,7 +397,10 @@ mod tests {
                     ..BUFFER
                 },
             );
-            assert_eq!(direction.posted(count).map(|b| b.len), Some(count as u32));
+            assert_eq!(
+                direction.posted(count, &mut view).map(|b| b.len),
+                Some(count as u32)
+            );
             assert_eq!(direction.delivered(count), None);
             assert!(segment.begin_copy(0));
             direction.deliver(count, Filled::Delivered(count as u32));
@@ -366,6 +412,45 @@ mod tests {
         direction.post(10, BUFFER);
         direction.deliver(10, Filled::TooLong);
         assert_eq!(direction.delivered(10), Some(Ok(Filled::TooLong)));
+    }
+
+    #[test]
+    fn a_view_reads_the_counters_only_past_what_it_saw() {
+        let segment = Segment::<4>::new_boxed();
+        let direction = segment.direction(0);
+        direction.announce();
+        for count in 0..3 {
+            direction.post(count, BUFFER);
+        }
+        let mut view = PostedView::default();
+        assert_eq!(direction.posted(0, &mut view), Some(BUFFER));
+        assert_eq!(
+            view,
+            PostedView {
+                posted: 3,
+                announced: 1
+            }
+        );
+        direction.announce();
+        direction.post(3, BUFFER);
+        assert_eq!(direction.posted(2, &mut view), Some(BUFFER));
+        assert_eq!(view.announced(), 1, "entries below 3 need no new look");
+        assert_eq!(direction.posted(3, &mut view), Some(BUFFER));
+        assert_eq!(view.announced(), 2, "entry 3 made the view look again");
+        assert_eq!(direction.posted(4, &mut view), None);
+    }
+
+    #[test]
+    fn a_reused_entry_is_not_taken_for_its_earlier_lap() {
+        let segment = Segment::<1>::new_boxed();
+        let direction = segment.direction(0);
+        direction.post(0, BUFFER);
+        direction.deliver(0, Filled::Delivered(5));
+        assert_eq!(direction.delivered(0), Some(Ok(Filled::Delivered(5))));
+        direction.post(1, BUFFER);
+        assert_eq!(direction.delivered(1), None, "lap 0's result is cleared");
+        direction.deliver(1, Filled::Delivered(6));
+        assert_eq!(direction.delivered(1), Some(Ok(Filled::Delivered(6))));
     }
 
     #[test]
@@ -400,8 +485,7 @@ mod tests {
         let segment = Segment::<4>::new_boxed();
         let direction = segment.direction(1);
         direction.post(0, BUFFER);
-        direction.entry(0).filled.store(99, Ordering::Relaxed);
-        direction.delivered.0.store(1, Ordering::Release);
+        direction.entry(0).filled.store(99, Ordering::Release);
         assert_eq!(direction.delivered(0), Some(Err(99)));
     }
 }
