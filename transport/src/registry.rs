@@ -22,11 +22,12 @@
 //!   time (or again after the region behind it was replaced); the post path is lock-free
 //!   after that.
 
-use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+// `RegionCache::known` is looked up on every post: foldhash, not the default SipHash.
+use foldhash::HashMap;
 use tierbuf_pool::{Region, RegionKeys};
 
 use crate::error::PostError;
@@ -73,7 +74,7 @@ pub(crate) struct RegionTable<R> {
 impl<R: Region> RegionTable<R> {
     pub(crate) fn new() -> RegionTable<R> {
         RegionTable {
-            by_key: Mutex::new(HashMap::new()),
+            by_key: Mutex::new(HashMap::default()),
         }
     }
 
@@ -170,7 +171,7 @@ impl<R: Region> RegionCache<R> {
     pub(crate) fn new(table: Arc<RegionTable<R>>) -> RegionCache<R> {
         RegionCache {
             table,
-            known: HashMap::new(),
+            known: HashMap::default(),
         }
     }
 

@@ -121,5 +121,12 @@ mod loom_queue {
                 .unwrap_or_else(|p| p.into_inner())
                 .pop_front()
         }
+
+        pub(crate) fn is_empty(&self) -> bool {
+            self.items
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+        }
     }
 }

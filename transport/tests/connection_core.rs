@@ -14,7 +14,7 @@ use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionCore, SendError, WorkKind, WorkRequest, WouldBlock,
+    ConnectionConfig, ConnectionCore, Message, SendError, WorkKind, WorkRequest, WouldBlock,
 };
 
 /// One side: its core and the work it posted that the executor has not finished.
@@ -23,6 +23,10 @@ struct Side {
     recvs: VecDeque<(u64, BufferRef)>,
     sends: VecDeque<(u64, BufferRef)>,
     received: Vec<Vec<u8>>,
+    /// While set, delivered messages are kept whole (holding their receive slots) in
+    /// `held` instead of being copied into `received`.
+    hold: bool,
+    held: Vec<Message>,
 }
 
 struct Pair {
@@ -61,6 +65,8 @@ impl Pair {
                 recvs: VecDeque::new(),
                 sends: VecDeque::new(),
                 received: Vec::new(),
+                hold: false,
+                held: Vec::new(),
             }
         };
         let sides = [side(&budgets[0]), side(&budgets[1])];
@@ -124,7 +130,11 @@ impl Pair {
         }
         for side in &mut self.sides {
             while let Some(message) = side.core.try_recv() {
-                side.received.push(message.to_vec());
+                if side.hold {
+                    side.held.push(message);
+                } else {
+                    side.received.push(message.to_vec());
+                }
                 moved = true;
             }
         }
@@ -339,6 +349,39 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
     pair.settle();
     assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(3000, 3));
     assert_eq!(pair.sides[0].received.last().unwrap(), &pattern(20, 4));
+}
+
+#[test]
+fn a_slot_of_an_earlier_registration_of_the_tier_is_not_reposted() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    // A message on tier 2 is held, so its receive slot stays out...
+    pair.sides[1].hold = true;
+    pair.send(0, &pattern(5000, 1));
+    pair.settle();
+    pair.sides[1].hold = false;
+    let held = pair.sides[1].held.pop().expect("the message");
+    assert!(held.is_zero_copy());
+    // ...while the connection steps down to tier 0 and is promoted to tier 2 again, on a
+    // new registration of it.
+    pair.now += Duration::from_secs(60);
+    pair.settle();
+    assert_eq!(pair.sides[1].core.stats().recv_tier, 0);
+    pair.send(0, &pattern(5000, 2));
+    pair.settle();
+    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
+    // The old slot comes back: it belongs to the replaced registration, which retires,
+    // and is not posted beside the new tier's four receives.
+    assert_eq!(&held[..], &pattern(5000, 1)[..]);
+    drop(held);
+    pair.settle();
+    let receiver = pair.sides[1].core.stats();
+    assert_eq!(receiver.posted_receives, 4, "{receiver:?}");
+    assert_eq!(
+        receiver.registered_bytes,
+        8192 * 4 + 128 * 4,
+        "tier-2 receives and tier-0 send buffers only: {receiver:?}"
+    );
+    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(5000, 2));
 }
 
 #[test]

@@ -16,8 +16,6 @@ use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_utils::Backoff;
-
 use super::sansio::{
     ConnectionCore, ConnectionError, ConnectionStats, Message, SendError, WorkKind, WorkRequest,
 };
@@ -27,11 +25,41 @@ use crate::provider::{Completion, Endpoint, Opcode};
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
 
+/// How a blocking call waits between progress passes: first `TIGHT_POLLS` passes one spin
+/// hint apart, so a message is seen within one pass of landing; after that a yield of
+/// the core before each pass, so a long wait leaves the core to other threads.
+///
+/// A backoff that lengthens its spins (crossbeam's `Backoff`) would let a message wait
+/// for the rest of the current spin, which is the whole of a small message's latency.
+#[derive(Debug, Default)]
+struct PollWait {
+    passes: u32,
+}
+
+impl PollWait {
+    /// Passes made back to back before the wait starts yielding: about a few hundred
+    /// microseconds of polling.
+    const TIGHT_POLLS: u32 = 1 << 12;
+
+    fn wait(&mut self) {
+        if self.passes < PollWait::TIGHT_POLLS {
+            self.passes += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
+    fn reset(&mut self) {
+        self.passes = 0;
+    }
+}
+
 /// One side of a connection over a provider endpoint.
 ///
 /// It makes progress whenever its owner calls [`Connection::progress`] or one of the
 /// blocking calls ([`Connection::send`], [`Connection::recv`], [`Connection::flush`]),
-/// which poll with a bounded backoff (spin, then yield) while they wait; or, kept in a
+/// which poll back to back, then between yields, while they wait; or, kept in a
 /// [`ConnectionTable`](super::ConnectionTable) with a progress thread, whenever that
 /// thread sweeps it.
 pub struct Connection<E: Endpoint> {
@@ -65,6 +93,7 @@ impl<E: Endpoint> Connection<E> {
         let now = Instant::now();
         self.core.progress(now);
         let mut done = self.post_work();
+        let mut taken = 0;
         loop {
             let ready = match self.endpoint.poll(&mut self.completions) {
                 Ok(ready) => ready,
@@ -73,7 +102,7 @@ impl<E: Endpoint> Connection<E> {
                     break;
                 }
             };
-            done += ready;
+            taken += ready;
             for completion in &self.completions[..ready] {
                 let kind = match completion.opcode {
                     Opcode::Send => WorkKind::Send,
@@ -98,8 +127,12 @@ impl<E: Endpoint> Connection<E> {
                 break;
             }
         }
-        self.core.progress(now);
-        done += self.post_work();
+        // With no completion taken the core's state is what its first pass left: a second
+        // pass would find nothing to do, and an idle wait runs this loop back to back.
+        if taken > 0 {
+            self.core.progress(now);
+            done += taken + self.post_work();
+        }
         match self.core.failure() {
             Some(error) => Err(Arc::clone(error)),
             None => Ok(done),
@@ -141,7 +174,10 @@ impl<E: Endpoint> Connection<E> {
 
     /// Offers a message without blocking; see [`ConnectionCore::try_send`].
     pub fn try_send(&mut self, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
-        let accepted = self.core.try_send(Instant::now(), message);
+        let accepted = match self.core.try_send_untimed(message) {
+            Some(accepted) => accepted,
+            None => self.core.try_send(Instant::now(), message),
+        };
         self.post_work();
         accepted
     }
@@ -150,7 +186,7 @@ impl<E: Endpoint> Connection<E> {
     /// prefixes or segments). It is then on its way; [`Connection::flush`] waits for it to
     /// leave.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
-        let backoff = Backoff::new();
+        let mut wait = PollWait::default();
         let mut offset = 0;
         loop {
             match self.try_send(&[IoSlice::new(&message[offset..])]) {
@@ -159,9 +195,9 @@ impl<E: Endpoint> Connection<E> {
                     if offset == message.len() {
                         return Ok(());
                     }
-                    backoff.reset();
+                    wait.reset();
                 }
-                Err(SendError::WouldBlock(_)) => backoff.snooze(),
+                Err(SendError::WouldBlock(_)) => wait.wait(),
                 Err(other) => return Err(other),
             }
             self.progress().map_err(SendError::Failed)?;
@@ -193,21 +229,21 @@ impl<E: Endpoint> Connection<E> {
 
     /// Waits for the next message.
     pub fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
-        let backoff = Backoff::new();
+        let mut wait = PollWait::default();
         loop {
             if let Some(message) = self.try_recv()? {
                 return Ok(message);
             }
-            backoff.snooze();
+            wait.wait();
         }
     }
 
     /// Waits until everything accepted has been posted and every send has completed.
     pub fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
-        let backoff = Backoff::new();
+        let mut wait = PollWait::default();
         while !(self.core.is_idle() && self.unposted.is_empty()) {
             self.progress()?;
-            backoff.snooze();
+            wait.wait();
         }
         Ok(())
     }

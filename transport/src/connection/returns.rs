@@ -57,8 +57,14 @@ impl ReturnedSlots {
     }
 
     /// The next slot a message gave back, to be reposted; called on the connection's
-    /// thread.
+    /// thread. A slot whose give-back is under way at this moment may be found only by
+    /// the next call.
     pub(super) fn take_returned(&self) -> Option<OwnedTierSlot> {
+        // `is_empty` is two loads; `pop` on an empty queue also pays a fence, and this is
+        // asked at every progress.
+        if self.queue.is_empty() {
+            return None;
+        }
         self.queue.pop()
     }
 

@@ -13,6 +13,13 @@
 //!   never reposted, so the tier retires once its last slot comes back. Over SEND/RECV a
 //!   peer can write only into posted receives, so "every slot back" is also "the peer can no
 //!   longer reach it": the receive region installs a new tier without waiting for a release.
+//! - `send_tier_in_force` and `recv_tier_in_force` are the tiers in force of `send_region` and
+//!   `recv_region`: the core alone changes those regions' tiers, and takes the new tier
+//!   right after each install. Slots are taken from them directly, so the hot path does
+//!   not load the regions' swap cells.
+//! - `spare_send_slots` holds send slots whose sends completed, all of the send tier in
+//!   force, for the next frames: a slot goes back to its pool only when the send tier
+//!   changes, which empties the list, so a replaced tier can still retire.
 //! - A message is delivered whole or not at all, in the order it was sent; a malformed
 //!   frame fails the connection with an error that names it, and nothing after it is
 //!   delivered.
@@ -30,7 +37,7 @@ use tierbuf_tiers::negotiation::{FailureCause, RequestStatus};
 use tierbuf_tiers::policy::DemotionTracker;
 use tierbuf_tiers::wire::{self, ControlMessage, NackReason, WireError};
 use tierbuf_tiers::{
-    Event, Negotiation, NegotiationConfig, OwnedTierSlot, Reservoir, TierError, TierIndex,
+    Event, Negotiation, NegotiationConfig, OwnedTierSlot, Reservoir, Tier, TierError, TierIndex,
     TieredRegion,
 };
 
@@ -308,12 +315,18 @@ pub struct ConnectionCore {
     config: Arc<ConnectionConfig>,
     send_region: TieredRegion,
     recv_region: TieredRegion,
+    /// `send_region`'s tier in force (module invariants).
+    send_tier_in_force: sync::Arc<Tier>,
+    /// `recv_region`'s tier in force (module invariants).
+    recv_tier_in_force: sync::Arc<Tier>,
     negotiation: Negotiation,
     credits: Credits,
     grants: PendingGrants,
     reassembly: Reassembly,
     posted: Slab<OwnedTierSlot>,
     sending: Slab<OwnedTierSlot>,
+    /// Send slots of the tier in force whose sends completed (module invariants).
+    spare_send_slots: Vec<OwnedTierSlot>,
     work: VecDeque<WorkRequest>,
     delivered: VecDeque<Message>,
     returned: sync::Arc<ReturnedSlots>,
@@ -351,12 +364,15 @@ impl ConnectionCore {
             negotiation: Negotiation::new(config.negotiation.clone()),
             reassembly: Reassembly::new(config.max_message_len),
             config,
+            send_tier_in_force: send_region.current(),
+            recv_tier_in_force: recv_region.current(),
             send_region,
             recv_region,
             credits,
             grants: PendingGrants::default(),
             posted: Slab::new(),
             sending: Slab::new(),
+            spare_send_slots: Vec::new(),
             work: VecDeque::new(),
             delivered: VecDeque::new(),
             returned: ReturnedSlots::new(),
@@ -399,7 +415,7 @@ impl ConnectionCore {
     pub fn stats(&self) -> ConnectionStats {
         ConnectionStats {
             send_tier: self.send_tier().get(),
-            recv_tier: self.recv_region.tier().get(),
+            recv_tier: self.recv_tier_in_force.index().get(),
             registered_bytes: self.send_region.registered_bytes()
                 + self.recv_region.registered_bytes(),
             posted_receives: self.posted.len() as u64,
@@ -447,6 +463,26 @@ impl ConnectionCore {
         Ok(accepted)
     }
 
+    /// [`ConnectionCore::try_send`] for a message that needs no clock, which is most
+    /// small ones: one that a frame of the smallest tier carries whole, offered while no
+    /// negotiation event waits to be handled. Such a send starts no promotion and tells
+    /// the demotion policy nothing (every tier fits it). `None` when the message needs
+    /// the time: call [`ConnectionCore::try_send`].
+    pub fn try_send_untimed(
+        &mut self,
+        message: &[IoSlice<'_>],
+    ) -> Option<Result<usize, SendError>> {
+        if self.failed.is_some() || self.negotiation.has_events() {
+            return None;
+        }
+        let total: usize = message.iter().map(|part| part.len()).sum();
+        if total > self.config.whole_capacity(TierIndex::SMALLEST) {
+            return None;
+        }
+        // Every tier's frames carry at least what the smallest tier's do.
+        Some(self.send_whole(message, total))
+    }
+
     fn offer(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
         if let Some(error) = &self.failed {
             return Err(SendError::Failed(Arc::clone(error)));
@@ -463,7 +499,7 @@ impl ConnectionCore {
         // Frames are bounded by the negotiated tier (the peer's receives) and by this
         // side's send slots, which stay smaller when its own budget refused to follow.
         let negotiated = self.send_tier();
-        let tier = negotiated.min(self.send_region.tier());
+        let tier = negotiated.min(self.send_tier_in_force.index());
         let capacity = self.config.whole_capacity(tier);
         if total <= capacity {
             return self.send_whole(message, total);
@@ -582,7 +618,10 @@ impl ConnectionCore {
     /// A send slot of at least `len` bytes: from the send tier in force, or, while that is
     /// too small (its promotion refused for memory), none.
     fn acquire_send_slot(&mut self, len: usize) -> Option<OwnedTierSlot> {
-        let slot = self.send_region.try_acquire_owned()?;
+        let slot = match self.spare_send_slots.pop() {
+            Some(slot) => slot,
+            None => Tier::try_acquire_owned(&self.send_tier_in_force)?,
+        };
         (slot.len() >= len).then_some(slot)
     }
 
@@ -596,7 +635,7 @@ impl ConnectionCore {
             let send_slot_len = self
                 .config
                 .ladder
-                .tier(self.send_region.tier())
+                .tier(self.send_tier_in_force.index())
                 .map_or(0, |spec| spec.slot_size());
             let room = self
                 .config
@@ -646,15 +685,17 @@ impl ConnectionCore {
         if self.failed.is_some() {
             return;
         }
+        // Free receive slots of the tier in force are posted when it is installed and
+        // reposted as they come back, so nothing else needs posting here.
         while let Some(slot) = self.returned.take_returned() {
             self.recycle(slot);
         }
-        self.post_receives();
         if self.negotiation.poll_timeout().is_some_and(|at| at <= now) {
             self.negotiation.handle_timeout(now);
         }
         self.handle_events(now);
         if self.negotiation.pending_request().is_none()
+            && self.send_tier() > TierIndex::SMALLEST
             && let Some(target) = self.demotion.poll(now)
             && target < self.send_tier()
             && let Err(error) = self.negotiation.request_tier(now, target)
@@ -738,6 +779,8 @@ impl ConnectionCore {
                             if let Err(error) = change.install(false) {
                                 tracing::warn!(%error, "send buffers stay on {from}");
                             }
+                            self.send_tier_in_force = self.send_region.current();
+                            self.spare_send_slots.clear();
                         }
                         Err(error) => tracing::warn!(%error, "send buffers stay on {from}"),
                     }
@@ -788,9 +831,10 @@ impl ConnectionCore {
             Ok(mut change) => {
                 let descriptor = change.provision().map_err(|error| nack_for(&error))?;
                 change.install(false).map_err(|error| nack_for(&error))?;
+                self.recv_tier_in_force = self.recv_region.current();
                 descriptor
             }
-            Err(TierError::AlreadyOn { .. }) => self.recv_region.current().descriptor(),
+            Err(TierError::AlreadyOn { .. }) => self.recv_tier_in_force.descriptor(),
             Err(error) => return Err(nack_for(&error)),
         };
         self.post_receives();
@@ -799,7 +843,7 @@ impl ConnectionCore {
 
     /// Posts every free slot of the receive tier in force as a receive.
     fn post_receives(&mut self) {
-        while let Some(slot) = self.recv_region.try_acquire_owned() {
+        while let Some(slot) = Tier::try_acquire_owned(&self.recv_tier_in_force) {
             self.post_receive(slot);
         }
     }
@@ -816,9 +860,10 @@ impl ConnectionCore {
         self.grants.posted(tier, 1);
     }
 
-    /// Reposts a receive slot that came back, unless its tier was replaced.
+    /// Reposts a receive slot that came back, unless its tier was replaced (even by a
+    /// new registration of the same index).
     fn recycle(&mut self, slot: OwnedTierSlot) {
-        if slot.tier() == self.recv_region.tier() {
+        if slot.lies_in(&self.recv_tier_in_force) {
             self.post_receive(slot);
         }
     }
@@ -836,7 +881,12 @@ impl ConnectionCore {
         }
         let outcome = match kind {
             WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
-                Some(_slot) => Ok(()),
+                Some(slot) => {
+                    if slot.lies_in(&self.send_tier_in_force) {
+                        self.spare_send_slots.push(slot);
+                    }
+                    Ok(())
+                }
                 None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
             },
             WorkKind::Recv => match self.posted.try_remove(wr_id as usize) {
