@@ -23,6 +23,13 @@
 //!   kept back), receiver on the other core; the time runs from the first `send` to the
 //!   last delivery (for `shm`, on the monotonic clock both processes share: the peer
 //!   reads it after checking the last message and sends it back).
+//!   `transport/stream/shm_in_place` (8 KiB and 64 KiB) sends the same messages
+//!   built in their registered send slots (`Connection::reserve`), so the only copy is
+//!   the provider's into the peer's receive. The message is written whole into a slot the
+//!   first time the bench meets that slot; after that each send rewrites the slot's first
+//!   64 bytes (which control and command frames may have used meanwhile) and restamps
+//!   the sequence number, leaving the rest as it stands, as an MPI or UCX bandwidth bench
+//!   sends an unchanged buffer. The peer checks every message as in `stream/shm`.
 //! - `transport/promotion`: from the first `send` of an 8 KiB message on a fresh tier-0
 //!   connection to its delivery (the promotion negotiated in-band, the new receives posted
 //!   from a filled reservoir, the old ones drained), against the same message on an
@@ -54,6 +61,7 @@
 //! Run: `cargo bench -p tierbuf-benches --bench transport`; only the shm functions:
 //! `... -- /shm/`.
 
+use std::collections::HashSet;
 use std::hint::black_box;
 use std::io::IoSlice;
 use std::panic::resume_unwind;
@@ -84,6 +92,17 @@ const ENDPOINT_SIZES: [usize; 2] = [64, 64 * 1024];
 /// The receives each side of `transport/pingpong_endpoint` keeps posted: one takes the
 /// next message while the other's buffer is being echoed.
 const ENDPOINT_RECEIVES: usize = 2;
+
+/// The messages `transport/stream/shm_in_place` builds in a send slot: from where a copy
+/// costs more than the bench's own bookkeeping, to what one frame of the ladder's top
+/// tier carries.
+const IN_PLACE_MIN: usize = 8 * 1024;
+const IN_PLACE_MAX: usize = 64 * 1024;
+
+/// The bytes at the head of a send slot that other frames (control, credit, commands)
+/// may have overwritten since the slot last carried a bench message: rewritten before
+/// every message built in place. Control frames are at most 64 bytes.
+const IN_PLACE_HEAD: usize = 64;
 
 /// The size of the `transport/promotion` message: past tier 0, within tier 1.
 const PROMOTION_SIZE: usize = 8 * 1024;
@@ -411,6 +430,34 @@ fn stream(c: &mut Criterion) {
                 done - start
             })
         });
+        if (IN_PLACE_MIN..=IN_PLACE_MAX).contains(&size) {
+            // Messages built in their send slots: see the module documentation.
+            let mut built = HashSet::new();
+            group.bench_function(BenchmarkId::new("shm_in_place", size), |bench| {
+                bench.iter_custom(|iters| {
+                    let first = session.start_batch(PeerCommand::Sink, iters);
+                    let ShmSession {
+                        connection,
+                        expected,
+                        ..
+                    } = &mut session;
+                    let start = monotonic_now();
+                    for seq in first..first + iters {
+                        let mut buffer = connection.reserve(size).expect("reserve");
+                        if built.insert(buffer.as_ptr() as usize) {
+                            buffer.copy_from_slice(expected);
+                        } else {
+                            let head = size.min(IN_PLACE_HEAD);
+                            buffer[..head].copy_from_slice(&expected[..head]);
+                        }
+                        stamp(&mut buffer, seq);
+                        buffer.send().expect("send");
+                    }
+                    let done = session.report().clock;
+                    done - start
+                })
+            });
+        }
         session.finish();
     }
     group.finish();

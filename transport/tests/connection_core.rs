@@ -395,3 +395,89 @@ fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
     assert_eq!(pair.sides[0].received, vec![big]);
     assert_eq!(pair.sides[1].core.stats().messages_sent, 1);
 }
+
+#[test]
+fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let now = pair.now;
+    let core = &mut pair.sides[0].core;
+    assert!(matches!(
+        core.commit_reserved(now),
+        Err(SendError::NothingReserved)
+    ));
+    core.try_reserve(now, 50).unwrap();
+    assert!(matches!(
+        core.try_reserve(now, 50),
+        Err(SendError::WouldBlock(WouldBlock::AlreadyReserved))
+    ));
+    core.reserved_mut()
+        .unwrap()
+        .copy_from_slice(&pattern(50, 9));
+    // Other sends spend the data credits (tier 0 has four receives, one kept back).
+    for seed in 0..3 {
+        core.try_send(now, &[IoSlice::new(&pattern(10, seed))])
+            .unwrap();
+    }
+    assert!(matches!(
+        core.commit_reserved(now),
+        Err(SendError::WouldBlock(WouldBlock::NoCredit))
+    ));
+    assert_eq!(
+        core.reserved().unwrap(),
+        &pattern(50, 9)[..],
+        "still reserved"
+    );
+    // Once the peer returns credits, the reserved message goes, after the others.
+    for _ in 0..10 {
+        pair.step();
+    }
+    pair.sides[0].core.commit_reserved(pair.now).unwrap();
+    pair.settle();
+    let received = &pair.sides[1].received;
+    assert_eq!(received.len(), 4);
+    assert_eq!(received[3], pattern(50, 9));
+    // A cancelled reservation sends nothing.
+    let now = pair.now;
+    pair.sides[0].core.try_reserve(now, 20).unwrap();
+    pair.sides[0].core.cancel_reserved();
+    assert!(pair.sides[0].core.reserved().is_none());
+    pair.settle();
+    assert_eq!(pair.sides[1].received.len(), 4);
+}
+
+#[test]
+fn a_reservation_past_the_tier_asks_for_a_promotion() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let now = pair.now;
+    assert!(matches!(
+        pair.sides[0].core.try_reserve(now, 3000),
+        Err(SendError::WouldBlock(WouldBlock::PromotionPending))
+    ));
+    let mut reserved = false;
+    for _ in 0..100 {
+        pair.step();
+        let now = pair.now;
+        if pair.sides[0].core.try_reserve(now, 3000).is_ok() {
+            reserved = true;
+            break;
+        }
+    }
+    assert!(reserved, "the promotion never came");
+    let now = pair.now;
+    let core = &mut pair.sides[0].core;
+    core.reserved_mut()
+        .unwrap()
+        .copy_from_slice(&pattern(3000, 5));
+    core.commit_reserved(now).unwrap();
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![pattern(3000, 5)]);
+    assert_eq!(pair.sides[0].core.stats().send_tier, 2);
+    let now = pair.now;
+    assert!(matches!(
+        pair.sides[0].core.try_reserve(now, 8177),
+        Err(SendError::BeyondOneFrame {
+            len: 8177,
+            max: 8176
+        })
+    ));
+}

@@ -111,3 +111,66 @@ fn a_peer_that_vanishes_mid_promotion_is_reported() {
     assert!(outcome.to_string().contains("provider"), "{outcome}");
     drop(sender);
 }
+
+#[test]
+fn messages_built_in_place_arrive_once_in_order_across_promotions() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let (mut sender, mut receiver) = pair(&budget);
+    // Up to the top tier's frame payload: its 65536-byte slots less the 16-byte header.
+    let sizes: Vec<usize> = sizes(300, 65520)
+        .into_iter()
+        .map(|len| len % 65521)
+        .collect();
+    let expected = sizes.clone();
+    let reader = std::thread::spawn(move || {
+        for (index, &len) in expected.iter().enumerate() {
+            let message = receiver.recv().expect("a message");
+            assert_eq!(message.len(), len, "message {index}");
+            assert!(
+                message[..] == pattern(len, index as u64)[..],
+                "message {index} differs"
+            );
+            assert!(message.is_zero_copy(), "message {index} was copied");
+        }
+        receiver
+    });
+    for (index, &len) in sizes.iter().enumerate() {
+        let mut buffer = sender.reserve(len).expect("reserve");
+        assert_eq!(buffer.len(), len);
+        buffer.copy_from_slice(&pattern(len, index as u64));
+        buffer.send().expect("send");
+    }
+    sender.flush().unwrap();
+    let receiver = reader.join().unwrap();
+    let stats = sender.stats();
+    assert!(stats.promotions >= 1, "{stats:?}");
+    assert_eq!(stats.messages_sent, 300);
+    assert_eq!(receiver.stats().messages_received, 300);
+    drop((sender, receiver));
+    assert_eq!(budget.in_use(), 0, "every registered byte back");
+}
+
+#[test]
+fn a_buffer_dropped_unsent_sends_nothing_and_one_past_the_top_frame_is_refused() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let (mut sender, mut receiver) = pair(&budget);
+    let mut buffer = sender.reserve(100).expect("reserve");
+    buffer.fill(0xAA);
+    drop(buffer);
+    let refused = sender.try_reserve(65521).map(drop);
+    assert!(
+        matches!(
+            refused,
+            Err(SendError::BeyondOneFrame {
+                len: 65521,
+                max: 65520
+            })
+        ),
+        "{refused:?}"
+    );
+    sender.send(b"after").unwrap();
+    assert_eq!(&receiver.recv().unwrap()[..], b"after");
+    assert_eq!(sender.stats().messages_sent, 1);
+    drop((sender, receiver));
+    assert_eq!(budget.in_use(), 0);
+}

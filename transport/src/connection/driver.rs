@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::IoSlice;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -67,6 +68,9 @@ pub struct Connection<E: Endpoint> {
     endpoint: E,
     unposted: VecDeque<WorkRequest>,
     completions: [Completion; POLL_BATCH],
+    /// The last time read from the clock, passed to the core where it does not read it
+    /// ([`ConnectionCore::needs_clock`]).
+    last_now: Instant,
 }
 
 impl<E: Endpoint> Connection<E> {
@@ -77,6 +81,7 @@ impl<E: Endpoint> Connection<E> {
             endpoint,
             unposted: VecDeque::new(),
             completions: [Completion::default(); POLL_BATCH],
+            last_now: Instant::now(),
         };
         connection.progress()?;
         Ok(connection)
@@ -91,6 +96,7 @@ impl<E: Endpoint> Connection<E> {
     /// requests posted. Zero means the connection had nothing to do.
     pub(crate) fn progress_counted(&mut self) -> Result<usize, Arc<ConnectionError>> {
         let now = Instant::now();
+        self.last_now = now;
         self.core.progress(now);
         let mut done = self.post_work();
         let mut taken = 0;
@@ -174,10 +180,9 @@ impl<E: Endpoint> Connection<E> {
 
     /// Offers a message without blocking; see [`ConnectionCore::try_send`].
     pub fn try_send(&mut self, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
-        let accepted = match self.core.try_send_untimed(message) {
-            Some(accepted) => accepted,
-            None => self.core.try_send(Instant::now(), message),
-        };
+        let total = message.iter().map(|part| part.len()).sum();
+        let now = self.clock_for(total);
+        let accepted = self.core.try_send(now, message);
         self.post_work();
         accepted
     }
@@ -202,6 +207,68 @@ impl<E: Endpoint> Connection<E> {
             }
             self.progress().map_err(SendError::Failed)?;
         }
+    }
+
+    /// Reserves a registered send buffer for a message of `len` bytes that the caller
+    /// builds in place, without blocking; sending it ([`SendBuffer::send`]) then copies
+    /// nothing on this side. Fails as [`ConnectionCore::try_reserve`] does: the message
+    /// must fit one frame of the top tier, and a larger tier is asked for and reported as
+    /// [`WouldBlock::PromotionPending`](super::WouldBlock::PromotionPending).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+    /// use tierbuf_transport::{LoopbackProvider, Provider};
+    ///
+    /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    /// let (a, b) = provider.pair(16, 16)?;
+    /// let connect = |endpoint| {
+    ///     let core = ConnectionCore::new(
+    ///         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+    ///     )?;
+    ///     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+    /// };
+    /// let (mut a, mut b) = (connect(a)?, connect(b)?);
+    ///
+    /// let mut buffer = a.reserve(5)?;
+    /// buffer.copy_from_slice(b"hello");
+    /// buffer.send()?;
+    /// assert_eq!(&b.recv()?[..], b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_reserve(&mut self, len: usize) -> Result<SendBuffer<'_, E>, SendError> {
+        let now = self.clock_for(len);
+        self.core.try_reserve(now, len)?;
+        Ok(SendBuffer { connection: self })
+    }
+
+    /// [`Connection::try_reserve`], making progress until a buffer is free (through a
+    /// promotion if the message needs one).
+    pub fn reserve(&mut self, len: usize) -> Result<SendBuffer<'_, E>, SendError> {
+        let mut wait = PollWait::default();
+        loop {
+            let now = self.clock_for(len);
+            match self.core.try_reserve(now, len) {
+                Ok(()) => return Ok(SendBuffer { connection: self }),
+                Err(SendError::WouldBlock(_)) => wait.wait(),
+                Err(other) => return Err(other),
+            }
+            self.progress().map_err(SendError::Failed)?;
+        }
+    }
+
+    /// The time for the core's send of `len` bytes: the clock's, or the last read when
+    /// the core does not read it.
+    fn clock_for(&mut self, len: usize) -> Instant {
+        if self.core.needs_clock(len) {
+            self.last_now = Instant::now();
+        }
+        self.last_now
     }
 
     /// The next delivered message, if one has arrived; makes progress first. Messages
@@ -256,6 +323,54 @@ impl<E: Endpoint> Connection<E> {
     /// The endpoint, for its limits and state.
     pub fn endpoint(&self) -> &E {
         &self.endpoint
+    }
+}
+
+/// A registered send buffer reserved on a [`Connection`] for a message built in place:
+/// it dereferences to the message's bytes. [`SendBuffer::send`] sends them; dropping it
+/// unsent gives the buffer back.
+pub struct SendBuffer<'c, E: Endpoint> {
+    connection: &'c mut Connection<E>,
+}
+
+impl<E: Endpoint> SendBuffer<'_, E> {
+    /// Sends the message as written; it is then on its way, as after
+    /// [`Connection::send`].
+    pub fn send(self) -> Result<(), SendError> {
+        let connection = &mut *self.connection;
+        let now = connection.clock_for(connection.core.reserved().map_or(0, <[u8]>::len));
+        let committed = connection.core.commit_reserved(now);
+        connection.post_work();
+        committed.map(drop)
+    }
+}
+
+impl<E: Endpoint> Deref for SendBuffer<'_, E> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.connection.core.reserved().unwrap_or_default()
+    }
+}
+
+impl<E: Endpoint> DerefMut for SendBuffer<'_, E> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.connection.core.reserved_mut().unwrap_or_default()
+    }
+}
+
+impl<E: Endpoint> Drop for SendBuffer<'_, E> {
+    fn drop(&mut self) {
+        // After `send` nothing is reserved and this does nothing.
+        self.connection.core.cancel_reserved();
+    }
+}
+
+impl<E: Endpoint> fmt::Debug for SendBuffer<'_, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendBuffer")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
     }
 }
 

@@ -11,7 +11,7 @@ mod returns;
 mod sansio;
 mod table;
 
-pub use driver::Connection;
+pub use driver::{Connection, SendBuffer};
 pub use header::{FrameKind, HEADER_LEN, HeaderError};
 pub use reassembly::ReassemblyError;
 pub use sansio::{

@@ -17,6 +17,9 @@
 //!   `recv_region`: the core alone changes those regions' tiers, and takes the new tier
 //!   right after each install. Slots are taken from them directly, so the hot path does
 //!   not load the regions' swap cells.
+//! - `reserved` holds the send slot of a message being built in place, with its length;
+//!   the slot is neither posted nor spare, and no credit is taken for it until it is
+//!   committed. The core never writes its payload.
 //! - `spare_send_slots` holds send slots whose sends completed, all of the send tier in
 //!   force, for the next frames: a slot goes back to its pool only when the send tier
 //!   changes, which empties the list, so a replaced tier can still retire.
@@ -246,6 +249,11 @@ pub enum WouldBlock {
     NoCredit,
     /// A segmented message is still being sent.
     SegmentedInFlight,
+    /// A message built in place needs a larger tier, which the peer refused for now:
+    /// retry later, or send it with `try_send`, which segments it.
+    PromotionRefused,
+    /// A message is already being built in place: commit or cancel it first.
+    AlreadyReserved,
 }
 
 /// Why a send was not accepted.
@@ -263,6 +271,17 @@ pub enum SendError {
         /// The maximum.
         max: u64,
     },
+    /// A message built in place must fit one frame of the top tier.
+    #[error("a {len}-byte message built in place passes the largest frame payload, {max} bytes")]
+    BeyondOneFrame {
+        /// The length asked for.
+        len: usize,
+        /// The top tier's frame payload.
+        max: usize,
+    },
+    /// [`ConnectionCore::commit_reserved`] was called with no message reserved.
+    #[error("no message is reserved")]
+    NothingReserved,
     /// The connection failed or was closed.
     #[error("the connection failed")]
     Failed(#[source] Arc<ConnectionError>),
@@ -327,6 +346,8 @@ pub struct ConnectionCore {
     sending: Slab<OwnedTierSlot>,
     /// Send slots of the tier in force whose sends completed (module invariants).
     spare_send_slots: Vec<OwnedTierSlot>,
+    /// The slot and length of a message being built in place (module invariants).
+    reserved: Option<(OwnedTierSlot, usize)>,
     work: VecDeque<WorkRequest>,
     delivered: VecDeque<Message>,
     returned: sync::Arc<ReturnedSlots>,
@@ -373,6 +394,7 @@ impl ConnectionCore {
             posted: Slab::new(),
             sending: Slab::new(),
             spare_send_slots: Vec::new(),
+            reserved: None,
             work: VecDeque::new(),
             delivered: VecDeque::new(),
             returned: ReturnedSlots::new(),
@@ -458,29 +480,135 @@ impl ConnectionCore {
     /// segments and delivered as one message.
     pub fn try_send(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
         let accepted = self.offer(now, message)?;
-        // The tracker learns what the send tier is needed for, so it can step down later.
-        self.demotion.record(now, accepted);
+        self.record_need(now, accepted);
         Ok(accepted)
     }
 
-    /// [`ConnectionCore::try_send`] for a message that needs no clock, which is most
-    /// small ones: one that a frame of the smallest tier carries whole, offered while no
-    /// negotiation event waits to be handled. Such a send starts no promotion and tells
-    /// the demotion policy nothing (every tier fits it). `None` when the message needs
-    /// the time: call [`ConnectionCore::try_send`].
-    pub fn try_send_untimed(
-        &mut self,
-        message: &[IoSlice<'_>],
-    ) -> Option<Result<usize, SendError>> {
-        if self.failed.is_some() || self.negotiation.has_events() {
-            return None;
+    /// Whether sending or reserving a message of `len` bytes needs the time. It does not
+    /// for a message that a frame of the smallest tier carries whole, while no negotiation
+    /// event waits: such a send starts no promotion and tells the demotion policy nothing
+    /// (every tier fits it), so [`ConnectionCore::try_send`],
+    /// [`ConnectionCore::try_reserve`] and [`ConnectionCore::commit_reserved`] do not read
+    /// their `now`, and a driver may pass the last time it read instead of reading the
+    /// clock again.
+    pub fn needs_clock(&self, len: usize) -> bool {
+        self.negotiation.has_events() || len > self.config.whole_capacity(TierIndex::SMALLEST)
+    }
+
+    /// Tells the demotion tracker that the send tier was needed for `len` bytes, so it can
+    /// step down later; a length the smallest tier carries tells it nothing.
+    fn record_need(&mut self, now: Instant, len: usize) {
+        if len > self.config.whole_capacity(TierIndex::SMALLEST) {
+            self.demotion.record(now, len);
         }
-        let total: usize = message.iter().map(|part| part.len()).sum();
-        if total > self.config.whole_capacity(TierIndex::SMALLEST) {
-            return None;
+    }
+
+    /// Reserves a registered send slot for a message of `len` bytes to be built in place
+    /// ([`ConnectionCore::reserved_mut`]) and sent by [`ConnectionCore::commit_reserved`],
+    /// saving the copy `try_send` makes. It succeeds when the message fits one frame of
+    /// the send tier in force and a data credit and a send slot are free; the credit is
+    /// taken only at the commit. A message that needs a larger tier asks for it, as
+    /// `try_send` does, and reports [`WouldBlock::PromotionPending`]; one past the top
+    /// tier's frame is refused ([`SendError::BeyondOneFrame`]).
+    pub fn try_reserve(&mut self, now: Instant, len: usize) -> Result<(), SendError> {
+        if let Some(error) = &self.failed {
+            return Err(SendError::Failed(Arc::clone(error)));
         }
-        // Every tier's frames carry at least what the smallest tier's do.
-        Some(self.send_whole(message, total))
+        if self.reserved.is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::AlreadyReserved));
+        }
+        self.handle_events(now);
+        let negotiated = self.send_tier();
+        let tier = negotiated.min(self.send_tier_in_force.index());
+        if len > self.config.whole_capacity(tier) {
+            let top = self.config.ladder.top();
+            let Some(target) = self.config.tier_for(len) else {
+                return Err(SendError::BeyondOneFrame {
+                    len,
+                    max: self.config.whole_capacity(top),
+                });
+            };
+            let refused = self
+                .refused
+                .is_some_and(|(refused, until)| refused <= target && now < until);
+            if refused || target <= negotiated {
+                // Refused by the peer, or granted but this side's own send buffers could
+                // not follow (its budget refused them).
+                return Err(SendError::WouldBlock(WouldBlock::PromotionRefused));
+            }
+            return match self.negotiation.request_tier(now, target) {
+                Ok(RequestStatus::InForce) => self.try_reserve(now, len),
+                Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
+                Err(error) => {
+                    let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
+                    self.failed = Some(Arc::clone(&error));
+                    Err(SendError::Failed(error))
+                }
+            };
+        }
+        if self.outbox.is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        if self.frame_credit(len, true).is_none() {
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        let slot = self
+            .acquire_send_slot(HEADER_LEN + len)
+            .ok_or(SendError::WouldBlock(WouldBlock::NoCredit))?;
+        self.reserved = Some((slot, len));
+        Ok(())
+    }
+
+    /// The payload of the message reserved by [`ConnectionCore::try_reserve`]; `None`
+    /// when none is reserved.
+    pub fn reserved(&self) -> Option<&[u8]> {
+        let (slot, len) = self.reserved.as_ref()?;
+        Some(&slot[HEADER_LEN..HEADER_LEN + *len])
+    }
+
+    /// The payload of the message reserved by [`ConnectionCore::try_reserve`], to be
+    /// written in place; `None` when none is reserved.
+    pub fn reserved_mut(&mut self) -> Option<&mut [u8]> {
+        let (slot, len) = self.reserved.as_mut()?;
+        Some(&mut slot[HEADER_LEN..HEADER_LEN + *len])
+    }
+
+    /// Sends the reserved message as it stands in its slot: takes the credit, writes the
+    /// header and posts it. Returns its length. The message stays reserved when the
+    /// credit was spent meanwhile ([`WouldBlock::NoCredit`]; a caller that sends nothing
+    /// else between reserving and committing never sees it).
+    pub fn commit_reserved(&mut self, now: Instant) -> Result<usize, SendError> {
+        if let Some(error) = &self.failed {
+            return Err(SendError::Failed(Arc::clone(error)));
+        }
+        let Some((_, len)) = self.reserved else {
+            return Err(SendError::NothingReserved);
+        };
+        if self.outbox.is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        if self.frame_credit(len, true).is_none() {
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        let (slot, len) = self.reserved.take().expect("checked above");
+        let header = FrameHeader {
+            kind: FrameKind::Whole,
+            grant: Grant { tier: 0, count: 0 },
+            payload_len: len as u32,
+            message_len: len as u64,
+        };
+        self.post_slot(header, slot);
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += len as u64;
+        self.record_need(now, len);
+        Ok(len)
+    }
+
+    /// Gives the reserved message's slot back unsent.
+    pub fn cancel_reserved(&mut self) {
+        if let Some((slot, _)) = self.reserved.take() {
+            self.keep_send_slot(slot);
+        }
     }
 
     fn offer(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
@@ -579,31 +707,44 @@ impl ConnectionCore {
     /// the header (with the oldest pending grant) and the payload, and queues the send.
     /// Returns false, consuming nothing, when no slot or credit is free or the payload does
     /// not fit.
-    fn post_frame(&mut self, mut header: FrameHeader, payload: &[IoSlice<'_>], data: bool) -> bool {
-        let usable = if data {
-            self.credits.has_data_credit()
-        } else {
-            self.credits.total() > 0
-        };
-        let Some(credit_tier) = self.credits.next_tier().filter(|_| usable) else {
-            return false;
-        };
+    fn post_frame(&mut self, header: FrameHeader, payload: &[IoSlice<'_>], data: bool) -> bool {
         let len = header.payload_len as usize;
-        if len > self.config.frame_capacity(credit_tier) {
+        if self.frame_credit(len, data).is_none() {
             return false;
         }
         let Some(mut slot) = self.acquire_send_slot(HEADER_LEN + len) else {
             return false;
         };
-        self.credits.take();
-        header.grant = self.grants.take();
-        header.encode(&mut slot[..HEADER_LEN]);
         let mut at = HEADER_LEN;
         for part in payload {
             let take = part.len().min(HEADER_LEN + len - at);
             slot[at..at + take].copy_from_slice(&part[..take]);
             at += take;
         }
+        self.post_slot(header, slot);
+        true
+    }
+
+    /// The tier of the credit a frame of `len` payload bytes would take (a data credit
+    /// when `data`), if one is free and its receive holds the frame.
+    fn frame_credit(&self, len: usize, data: bool) -> Option<u8> {
+        let usable = if data {
+            self.credits.has_data_credit()
+        } else {
+            self.credits.total() > 0
+        };
+        self.credits
+            .next_tier()
+            .filter(|&tier| usable && len <= self.config.frame_capacity(tier))
+    }
+
+    /// Takes the credit [`ConnectionCore::frame_credit`] found, writes `header` (with the
+    /// oldest pending grant) into `slot`, whose payload is in place, and queues the send.
+    fn post_slot(&mut self, mut header: FrameHeader, mut slot: OwnedTierSlot) {
+        let len = header.payload_len as usize;
+        self.credits.take();
+        header.grant = self.grants.take();
+        header.encode(&mut slot[..HEADER_LEN]);
         let buffer = BufferRef {
             remote_key: slot.keys().remote_key,
             addr: slot.remote_addr(),
@@ -612,7 +753,14 @@ impl ConnectionCore {
         let wr_id = self.sending.insert(slot) as u64;
         self.work.push_back(WorkRequest::PostSend { wr_id, buffer });
         self.stats.frames_sent += 1;
-        true
+    }
+
+    /// Keeps a send slot for the next frame if it lies in the send tier in force; gives it
+    /// back to its pool otherwise.
+    fn keep_send_slot(&mut self, slot: OwnedTierSlot) {
+        if slot.lies_in(&self.send_tier_in_force) {
+            self.spare_send_slots.push(slot);
+        }
     }
 
     /// A send slot of at least `len` bytes: from the send tier in force, or, while that is
@@ -882,9 +1030,7 @@ impl ConnectionCore {
         let outcome = match kind {
             WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
                 Some(slot) => {
-                    if slot.lies_in(&self.send_tier_in_force) {
-                        self.spare_send_slots.push(slot);
-                    }
+                    self.keep_send_slot(slot);
                     Ok(())
                 }
                 None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
