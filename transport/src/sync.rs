@@ -21,14 +21,14 @@ compile_error!(
 );
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
-#[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
-#[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex};
 
 #[cfg(not(loom))]
 pub(crate) use crossbeam_queue::ArrayQueue as BoundedQueue;

@@ -481,3 +481,33 @@ fn a_reservation_past_the_tier_asks_for_a_promotion() {
         })
     ));
 }
+
+#[test]
+fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let spare = |pair: &Pair, side: usize| pair.sides[side].core.stats().spare_buffer_bytes;
+    assert_eq!((spare(&pair, 0), spare(&pair, 1)), (0, 0));
+    pair.send(0, &pattern(20_000, 1));
+    pair.settle();
+    let (sender, receiver) = (spare(&pair, 0), spare(&pair, 1));
+    assert!(
+        sender >= 20_000,
+        "the sender keeps its copy's buffer: {sender}"
+    );
+    assert!(
+        receiver >= 20_000,
+        "the receiver keeps its reassembly buffer: {receiver}"
+    );
+    // The next messages of that size or less reuse them instead of growing.
+    pair.send(0, &pattern(20_000, 2));
+    pair.send(0, &pattern(15_000, 3));
+    pair.settle();
+    assert_eq!((spare(&pair, 0), spare(&pair, 1)), (sender, receiver));
+    assert_eq!(pair.sides[1].received.len(), 3);
+    assert_eq!(pair.sides[1].received[1], pattern(20_000, 2));
+    assert_eq!(pair.sides[1].received[2], pattern(15_000, 3));
+    // Idle past the ladder's `demote_after`: both are freed.
+    pair.now += Duration::from_secs(60);
+    pair.settle();
+    assert_eq!((spare(&pair, 0), spare(&pair, 1)), (0, 0));
+}

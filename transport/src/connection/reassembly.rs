@@ -73,11 +73,14 @@ impl Reassembly {
     }
 
     /// Takes one segment; returns the whole message when `kind` is `Last` and it completes.
+    /// A `First` segment gets its buffer from `buffer_for` (asked for the message length,
+    /// it returns an empty buffer with room for it).
     pub(super) fn segment(
         &mut self,
         kind: FrameKind,
         message_len: u64,
         payload: &[u8],
+        buffer_for: impl FnOnce(usize) -> Vec<u8>,
     ) -> Result<Option<Vec<u8>>, ReassemblyError> {
         match kind {
             FrameKind::First => {
@@ -88,7 +91,7 @@ impl Reassembly {
                     });
                 }
                 self.check_len(message_len)?;
-                let mut buffer = Vec::with_capacity(message_len as usize);
+                let mut buffer = buffer_for(message_len as usize);
                 buffer.extend_from_slice(payload);
                 self.open = Some((message_len, buffer));
                 Ok(None)
@@ -133,11 +136,17 @@ mod tests {
     #[test]
     fn segments_make_one_message() {
         let mut reassembly = Reassembly::new(1 << 20);
-        assert_eq!(reassembly.segment(FrameKind::First, 10, b"abcd"), Ok(None));
-        assert!(reassembly.check_whole(3).is_err(), "a message is open");
-        assert_eq!(reassembly.segment(FrameKind::Middle, 0, b"efg"), Ok(None));
         assert_eq!(
-            reassembly.segment(FrameKind::Last, 0, b"hij"),
+            reassembly.segment(FrameKind::First, 10, b"abcd", Vec::with_capacity),
+            Ok(None)
+        );
+        assert!(reassembly.check_whole(3).is_err(), "a message is open");
+        assert_eq!(
+            reassembly.segment(FrameKind::Middle, 0, b"efg", Vec::with_capacity),
+            Ok(None)
+        );
+        assert_eq!(
+            reassembly.segment(FrameKind::Last, 0, b"hij", Vec::with_capacity),
             Ok(Some(b"abcdefghij".to_vec()))
         );
         assert_eq!(reassembly.check_whole(3), Ok(()), "nothing left open");
@@ -147,21 +156,23 @@ mod tests {
     fn out_of_order_and_wrong_lengths_are_refused() {
         let mut reassembly = Reassembly::new(100);
         assert!(matches!(
-            reassembly.segment(FrameKind::Last, 0, b"x"),
+            reassembly.segment(FrameKind::Last, 0, b"x", Vec::with_capacity),
             Err(ReassemblyError::NoMessageOpen { .. })
         ));
         assert!(matches!(
-            reassembly.segment(FrameKind::First, 101, b"x"),
+            reassembly.segment(FrameKind::First, 101, b"x", Vec::with_capacity),
             Err(ReassemblyError::TooLong { len: 101, max: 100 })
         ));
         assert!(reassembly.check_whole(101).is_err());
-        reassembly.segment(FrameKind::First, 5, b"ab").unwrap();
+        reassembly
+            .segment(FrameKind::First, 5, b"ab", Vec::with_capacity)
+            .unwrap();
         assert!(matches!(
-            reassembly.segment(FrameKind::First, 5, b"ab"),
+            reassembly.segment(FrameKind::First, 5, b"ab", Vec::with_capacity),
             Err(ReassemblyError::MessageStillOpen { expected: 5, .. })
         ));
         assert!(matches!(
-            reassembly.segment(FrameKind::Last, 0, b"c"),
+            reassembly.segment(FrameKind::Last, 0, b"c", Vec::with_capacity),
             Err(ReassemblyError::LengthMismatch {
                 expected: 5,
                 received: 3
@@ -172,9 +183,11 @@ mod tests {
             Ok(()),
             "a broken message is dropped whole"
         );
-        reassembly.segment(FrameKind::First, 5, b"ab").unwrap();
+        reassembly
+            .segment(FrameKind::First, 5, b"ab", Vec::with_capacity)
+            .unwrap();
         assert!(matches!(
-            reassembly.segment(FrameKind::Middle, 0, b"cdef"),
+            reassembly.segment(FrameKind::Middle, 0, b"cdef", Vec::with_capacity),
             Err(ReassemblyError::LengthMismatch {
                 expected: 5,
                 received: 6

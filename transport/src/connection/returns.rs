@@ -22,6 +22,11 @@
 //!   a slot both as posted and as lent: posted receives plus lent slots never pass the
 //!   slots of the tier. Nothing else is ordered by the count: `Relaxed` suffices.
 //!
+//! - A reassembled message's buffer comes back the same way ([`LentBuffer`]), into
+//!   `spare_buffer` under its mutex, for the next segmented message to reuse: so a stream
+//!   of large messages does not allocate (and fault in) a fresh buffer for each. At most
+//!   one buffer is kept, of at most `spare_limit` bytes.
+//!
 //! The loom model `connection_models::returned_slots_across_threads` checks these on the
 //! shipped code, with the planted bug `Bug::LentCountLoadThenStore` as its broken variant.
 
@@ -30,21 +35,65 @@ use std::ops::Deref;
 
 use tierbuf_tiers::OwnedTierSlot;
 
-use crate::sync::{Arc, AtomicUsize, Ordering, UnboundedQueue};
+use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, UnboundedQueue};
 
-/// The queue of receive slots that messages gave back, and the count of slots lent out.
+/// The queue of receive slots that messages gave back, the count of slots lent out, and
+/// a spare buffer for reassembly.
 #[derive(Debug)]
 pub(super) struct ReturnedSlots {
     queue: UnboundedQueue<OwnedTierSlot>,
     lent: AtomicUsize,
+    /// Empty (no capacity) when there is none.
+    spare_buffer: Mutex<Vec<u8>>,
+    spare_limit: usize,
 }
 
 impl ReturnedSlots {
-    pub(super) fn new() -> Arc<ReturnedSlots> {
+    /// Returns for a connection that keeps a reassembly buffer of up to `spare_limit`
+    /// bytes for reuse.
+    pub(super) fn new(spare_limit: usize) -> Arc<ReturnedSlots> {
         Arc::new(ReturnedSlots {
             queue: UnboundedQueue::new(),
             lent: AtomicUsize::new(0),
+            spare_buffer: Mutex::new(Vec::new()),
+            spare_limit,
         })
+    }
+
+    /// An empty buffer with room for `len` bytes: the spare one if it is large enough.
+    pub(super) fn take_buffer(&self, len: usize) -> Vec<u8> {
+        let mut spare = std::mem::take(&mut *self.lock_spare());
+        if spare.capacity() >= len {
+            spare.clear();
+            spare
+        } else {
+            Vec::with_capacity(len)
+        }
+    }
+
+    /// Frees the spare buffer (the connection has been idle).
+    pub(super) fn drop_spare_buffer(&self) {
+        drop(std::mem::take(&mut *self.lock_spare()));
+    }
+
+    /// The capacity of the spare buffer kept (0 for none).
+    pub(super) fn spare_buffer_capacity(&self) -> usize {
+        self.lock_spare().capacity()
+    }
+
+    /// Lends a reassembled message's `buffer` to the message; its drop gives it back.
+    pub(super) fn lend_buffer(returns: &Arc<ReturnedSlots>, buffer: Vec<u8>) -> LentBuffer {
+        LentBuffer {
+            buffer,
+            returns: Arc::clone(returns),
+        }
+    }
+
+    fn lock_spare(&self) -> impl std::ops::DerefMut<Target = Vec<u8>> + '_ {
+        // Every critical section leaves the buffer whole before anything can panic.
+        self.spare_buffer
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Lends `slot` to a message being delivered; called on the connection's thread.
@@ -88,6 +137,37 @@ impl ReturnedSlots {
         }
         self.lent.fetch_sub(1, Ordering::Relaxed);
         self.queue.push(slot);
+    }
+}
+
+/// A reassembled message's buffer; dropping it offers the buffer back to its connection
+/// for the next segmented message.
+pub(super) struct LentBuffer {
+    buffer: Vec<u8>,
+    returns: Arc<ReturnedSlots>,
+}
+
+impl Deref for LentBuffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buffer
+    }
+}
+
+impl Drop for LentBuffer {
+    fn drop(&mut self) {
+        if self.buffer.capacity() <= self.returns.spare_limit {
+            *self.returns.lock_spare() = std::mem::take(&mut self.buffer);
+        }
+    }
+}
+
+impl fmt::Debug for LentBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LentBuffer")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
     }
 }
 

@@ -47,7 +47,7 @@ use tierbuf_tiers::{
 use super::credits::{Credits, PendingGrants};
 use super::header::{FrameHeader, FrameKind, Grant, HEADER_LEN, HeaderError};
 use super::reassembly::{Reassembly, ReassemblyError};
-use super::returns::{LentSlot, ReturnedSlots};
+use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
 use crate::provider::BufferRef;
 use crate::sync;
 
@@ -57,6 +57,7 @@ pub struct ConnectionConfig {
     ladder: Arc<TierLadder>,
     negotiation: NegotiationConfig,
     max_message_len: u64,
+    spare_buffer_limit: usize,
 }
 
 /// Why a configuration, or a connection, failed.
@@ -155,7 +156,23 @@ impl ConnectionConfig {
             ladder,
             negotiation,
             max_message_len: 64 << 20,
+            spare_buffer_limit: DEFAULT_SPARE_BUFFER_LIMIT,
         })
+    }
+
+    /// Sets the largest heap buffer a connection keeps, per direction, for reuse by the
+    /// next segmented message (the sender's copy of it, the receiver's reassembly); a
+    /// larger one is allocated for its message and freed after it. Kept buffers are freed
+    /// once the connection has seen no segmented message for the ladder's `demote_after`.
+    /// Default 4 MiB; 0 keeps none.
+    pub fn with_spare_buffer_limit(mut self, bytes: usize) -> ConnectionConfig {
+        self.spare_buffer_limit = bytes;
+        self
+    }
+
+    /// The largest heap buffer kept for reuse per direction.
+    pub fn spare_buffer_limit(&self) -> usize {
+        self.spare_buffer_limit
     }
 
     /// Sets the longest message either side may send.
@@ -209,6 +226,9 @@ impl ConnectionConfig {
             .find(|&tier| self.whole_capacity(tier) >= len)
     }
 }
+
+/// [`ConnectionConfig::spare_buffer_limit`] unless set.
+const DEFAULT_SPARE_BUFFER_LIMIT: usize = 4 << 20;
 
 /// Which queue a work request went to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,6 +341,10 @@ pub struct ConnectionStats {
     pub receives_lent: u64,
     /// Receives the peer has granted this side and it has not yet sent into.
     pub send_credits: u64,
+    /// Heap bytes kept for reuse by the next segmented message (this side's copy of one
+    /// it sends, its reassembly buffer for one it receives); see
+    /// [`ConnectionConfig::with_spare_buffer_limit`].
+    pub spare_buffer_bytes: u64,
 }
 
 /// A message in flight as segments.
@@ -353,6 +377,11 @@ pub struct ConnectionCore {
     returned: sync::Arc<ReturnedSlots>,
     control: VecDeque<ControlMessage>,
     outbox: Option<Outbox>,
+    /// A finished outbox's buffer, empty, kept for the next segmented message.
+    spare_outbox: Vec<u8>,
+    /// When a segmented message was last sent or received; spare buffers are freed after
+    /// the ladder's `demote_after` without one.
+    segmented_at: Option<Instant>,
     drains_owed: u32,
     refused: Option<(TierIndex, Instant)>,
     /// When the send tier may step down (`tiers::policy`).
@@ -374,6 +403,7 @@ impl ConnectionCore {
     ) -> Result<ConnectionCore, ConnectionError> {
         let send_region = TieredRegion::new(send_reservoir).map_err(ConnectionError::Tier)?;
         let recv_region = TieredRegion::new(recv_reservoir).map_err(ConnectionError::Tier)?;
+        let spare_buffer_limit = config.spare_buffer_limit;
         let smallest = &config.ladder.tiers()[0];
         let mut credits = Credits::default();
         credits.grant(Grant {
@@ -397,9 +427,11 @@ impl ConnectionCore {
             reserved: None,
             work: VecDeque::new(),
             delivered: VecDeque::new(),
-            returned: ReturnedSlots::new(),
+            returned: ReturnedSlots::new(spare_buffer_limit),
             control: VecDeque::new(),
             outbox: None,
+            spare_outbox: Vec::new(),
+            segmented_at: None,
             drains_owed: 0,
             refused: None,
             failed: None,
@@ -443,6 +475,8 @@ impl ConnectionCore {
             posted_receives: self.posted.len() as u64,
             receives_lent: self.returned.lent() as u64,
             send_credits: u64::from(self.credits.total()),
+            spare_buffer_bytes: (self.spare_outbox.capacity()
+                + self.returned.spare_buffer_capacity()) as u64,
             ..self.stats
         }
     }
@@ -669,10 +703,12 @@ impl ConnectionCore {
         if self.outbox.is_some() {
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
         }
-        let mut copy = Vec::with_capacity(total);
+        let mut copy = std::mem::take(&mut self.spare_outbox);
+        copy.reserve(total);
         for part in message {
             copy.extend_from_slice(part);
         }
+        self.segmented_at = Some(now);
         self.outbox = Some(Outbox {
             message: copy,
             sent: 0,
@@ -823,6 +859,10 @@ impl ConnectionCore {
                     sent: outbox.sent + chunk,
                     ..outbox
                 });
+            } else if outbox.message.capacity() <= self.config.spare_buffer_limit {
+                let mut spare = outbox.message;
+                spare.clear();
+                self.spare_outbox = spare;
             }
         }
     }
@@ -883,6 +923,15 @@ impl ConnectionCore {
         }
         self.send_region.reclaim();
         self.recv_region.reclaim();
+        let idle_for = self.config.ladder.policy().demote_after();
+        if self
+            .segmented_at
+            .is_some_and(|at| now.saturating_duration_since(at) >= idle_for)
+        {
+            self.segmented_at = None;
+            self.spare_outbox = Vec::new();
+            self.returned.drop_spare_buffer();
+        }
     }
 
     fn send_control(&mut self) {
@@ -1082,15 +1131,19 @@ impl ConnectionCore {
                 return Ok(());
             }
             FrameKind::First | FrameKind::Middle | FrameKind::Last => {
+                self.segmented_at = Some(now);
+                let returned = &self.returned;
                 let done = self
                     .reassembly
-                    .segment(header.kind, header.message_len, payload)
+                    .segment(header.kind, header.message_len, payload, |len| {
+                        returned.take_buffer(len)
+                    })
                     .map_err(ConnectionError::Reassembly)?;
                 if let Some(message) = done {
                     self.stats.messages_received += 1;
                     self.stats.bytes_received += message.len() as u64;
                     self.delivered.push_back(Message {
-                        body: Body::Copied(message),
+                        body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, message)),
                     });
                 }
             }
@@ -1129,7 +1182,7 @@ enum Body {
         slot: LentSlot,
         len: usize,
     },
-    Copied(Vec<u8>),
+    Copied(LentBuffer),
 }
 
 /// A delivered message. One that arrived in one frame is a view onto the registered
