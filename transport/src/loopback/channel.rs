@@ -180,6 +180,17 @@ impl PairShared {
         self.drive(side, false);
     }
 
+    /// [`PairShared::progress`] for a poll: tries the claim only if the channel has work
+    /// now, so that a thread polling an idle channel only reads it (trying the claim
+    /// takes its cache line from a thread copying on the other side). Work that arrives
+    /// after the look is matched by its poster, who tries the claim after pushing, or by
+    /// the holder's look after releasing (module invariants).
+    pub(crate) fn poll_progress(&self, side: usize) {
+        if self.has_work(&self.channels[side]) {
+            self.drive(side, false);
+        }
+    }
+
     /// Closes the connection on behalf of `side` and flushes both channels, waiting for
     /// a copy in progress to finish.
     pub(crate) fn close(&self, side: usize) {

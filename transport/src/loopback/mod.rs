@@ -246,8 +246,8 @@ impl Endpoint for LoopbackEndpoint {
     }
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
-        self.shared.progress(self.side);
-        self.shared.progress(self.peer());
+        self.shared.poll_progress(self.side);
+        self.shared.poll_progress(self.peer());
         let sends = self.shared.channel(self.side);
         let recvs = self.shared.channel(self.peer());
         let filled = self.outstanding.hand_out(completions, || {
