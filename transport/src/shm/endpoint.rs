@@ -273,58 +273,62 @@ impl ShmEndpoint {
     /// Returns whether any send completed.
     fn progress_sends(&mut self) -> bool {
         let mut progressed = false;
-        while !self.pending.is_empty() {
-            if self.segment().state() != PairState::Open {
+        while let Some(send) = self.pending.pop_front() {
+            if !self.try_match(&send) {
+                self.pending.push_front(send);
                 break;
             }
-            let count = self.sends_matched;
-            let mut view = self.peer_posts;
-            let posted = self.segment().direction(self.side).posted(count, &mut view);
-            self.peer_posts = view;
-            let Some(buffer) = posted else {
-                break;
-            };
-            if !self.peer_regions.contains_key(&buffer.remote_key)
-                || self.announcements_read < self.peer_posts.announced()
-            {
-                self.catch_up_with_announcements();
-            }
-            let send = self.pending.front().expect("a send is pending");
-            let status = match self.fill(send, buffer) {
-                Ok(filled) => {
-                    self.segment().direction(self.side).deliver(count, filled);
-                    match filled {
-                        Filled::Delivered(_) => CompletionStatus::Success,
-                        Filled::TooLong => {
-                            self.segment().break_connection();
-                            CompletionStatus::RemoteInvalidRequest
-                        }
-                        Filled::Unreachable => {
-                            self.segment().break_connection();
-                            CompletionStatus::RemoteOperationError
-                        }
-                    }
-                }
-                Err(NotCopied::LocalRegionGone) => {
-                    self.segment().break_connection();
-                    CompletionStatus::LocalProtectionError
-                }
-                Err(NotCopied::ConnectionDown) => break,
-            };
-            self.sends_matched += 1;
-            let send = self
-                .pending
-                .pop_front()
-                .expect("the front send was just seen");
-            self.send_completions.push_back(Completion {
-                wr_id: send.wr_id,
-                byte_len: 0,
-                status,
-                opcode: Opcode::Send,
-            });
             progressed = true;
         }
         progressed
+    }
+
+    /// Copies `send`, the oldest send not yet matched, into the peer's oldest unfilled
+    /// receive and queues its completion; `false` (nothing done) while there is no such
+    /// receive or the connection is down.
+    fn try_match(&mut self, send: &PendingSend) -> bool {
+        if self.segment().state() != PairState::Open {
+            return false;
+        }
+        let count = self.sends_matched;
+        let mut view = self.peer_posts;
+        let posted = self.segment().direction(self.side).posted(count, &mut view);
+        self.peer_posts = view;
+        let Some(buffer) = posted else {
+            return false;
+        };
+        if self.announcements_read < self.peer_posts.announced() {
+            self.catch_up_with_announcements();
+        }
+        let status = match self.fill(send, buffer) {
+            Ok(filled) => {
+                self.segment().direction(self.side).deliver(count, filled);
+                match filled {
+                    Filled::Delivered(_) => CompletionStatus::Success,
+                    Filled::TooLong => {
+                        self.segment().break_connection();
+                        CompletionStatus::RemoteInvalidRequest
+                    }
+                    Filled::Unreachable => {
+                        self.segment().break_connection();
+                        CompletionStatus::RemoteOperationError
+                    }
+                }
+            }
+            Err(NotCopied::LocalRegionGone) => {
+                self.segment().break_connection();
+                CompletionStatus::LocalProtectionError
+            }
+            Err(NotCopied::ConnectionDown) => return false,
+        };
+        self.sends_matched += 1;
+        self.send_completions.push_back(Completion {
+            wr_id: send.wr_id,
+            byte_len: 0,
+            status,
+            opcode: Opcode::Send,
+        });
+        true
     }
 
     /// Copies `send` into the peer's `buffer` if it fits and can be reached.
@@ -584,12 +588,20 @@ impl Endpoint for ShmEndpoint {
         let len = self.limits.message_len(gather)?;
         let resolved = self.local.resolve_gather::<MAX_GATHER>(gather)?;
         self.outstanding.sends += 1;
-        self.pending.push_back(PendingSend {
+        let send = PendingSend {
             wr_id,
             gather: resolved,
             len,
-        });
-        self.progress_sends();
+        };
+        // Sends are matched in order: this one goes at once only with none queued ahead.
+        if self.pending.is_empty() {
+            if !self.try_match(&send) {
+                self.pending.push_back(send);
+            }
+        } else {
+            self.pending.push_back(send);
+            self.progress_sends();
+        }
         Ok(())
     }
 
