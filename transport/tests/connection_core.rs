@@ -511,3 +511,53 @@ fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
     pair.settle();
     assert_eq!((spare(&pair, 0), spare(&pair, 1)), (0, 0));
 }
+
+#[test]
+fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    // Promotion refused is not needed: past the top tier (8176 bytes a frame) a message
+    // is segmented; on tier 0 the first offer asks for tier 2 first.
+    let message = pattern(40_000, 7);
+    let mut offset = 0;
+    let mut rounds = 0;
+    while offset < message.len() {
+        rounds += 1;
+        assert!(rounds < 10_000, "never posted");
+        let now = pair.now;
+        match pair.sides[0]
+            .core
+            .try_send_borrowed(now, &message[offset..])
+        {
+            Ok(accepted) => {
+                assert!(accepted > 0);
+                offset += accepted;
+                if offset < message.len() {
+                    // While it is being posted, nothing else may go.
+                    let other = pair.sides[0].core.try_send(now, &[IoSlice::new(b"x")]);
+                    assert!(
+                        matches!(
+                            other,
+                            Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight))
+                        ),
+                        "{other:?}"
+                    );
+                    let wrong = pair.sides[0].core.try_send_borrowed(now, &message);
+                    assert!(
+                        matches!(wrong, Err(SendError::NotTheRest { .. })),
+                        "{wrong:?}"
+                    );
+                }
+            }
+            Err(SendError::WouldBlock(_)) => {}
+            Err(other) => panic!("{other}"),
+        }
+        // Progress on both sides in between must not lose the half-posted message.
+        pair.step();
+    }
+    assert!(rounds > 1, "the message took several offers");
+    pair.send(0, b"after");
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![message, b"after".to_vec()]);
+    // Nothing was copied to the heap on the sending side.
+    assert_eq!(pair.sides[0].core.stats().spare_buffer_bytes, 0);
+}

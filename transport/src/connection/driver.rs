@@ -187,14 +187,20 @@ impl<E: Endpoint> Connection<E> {
         accepted
     }
 
-    /// Sends `message` whole, making progress until it is accepted (through promotion,
-    /// prefixes or segments). It is then on its way; [`Connection::flush`] waits for it to
-    /// leave.
+    /// Sends `message` whole, making progress until it is posted (through promotion or
+    /// segments). It is then on its way; [`Connection::flush`] waits for it to leave. A
+    /// segmented message is posted straight from `message`
+    /// ([`ConnectionCore::try_send_borrowed`]), not copied to the heap first as
+    /// [`Connection::try_send`] must.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
         let mut wait = PollWait::default();
         let mut offset = 0;
         loop {
-            match self.try_send(&[IoSlice::new(&message[offset..])]) {
+            let rest = &message[offset..];
+            let now = self.clock_for(rest.len());
+            let accepted = self.core.try_send_borrowed(now, rest);
+            self.post_work();
+            match accepted {
                 Ok(accepted) => {
                     offset += accepted;
                     if offset == message.len() {

@@ -302,6 +302,15 @@ pub enum SendError {
     /// [`ConnectionCore::commit_reserved`] was called with no message reserved.
     #[error("no message is reserved")]
     NothingReserved,
+    /// [`ConnectionCore::try_send_borrowed`] was offered something other than the rest of
+    /// the segmented message it is posting.
+    #[error("{offered} bytes offered where the rest of a segmented message is {expected}")]
+    NotTheRest {
+        /// The bytes of the message not yet posted.
+        expected: usize,
+        /// The bytes offered.
+        offered: usize,
+    },
     /// The connection failed or was closed.
     #[error("the connection failed")]
     Failed(#[source] Arc<ConnectionError>),
@@ -349,8 +358,27 @@ pub struct ConnectionStats {
 
 /// A message in flight as segments.
 struct Outbox {
-    message: Vec<u8>,
+    message: OutboxBytes,
+    /// Bytes of it already posted.
     sent: usize,
+}
+
+/// Where a segmented message's bytes are.
+enum OutboxBytes {
+    /// Copied by `try_send`; the core posts the segments as credits allow.
+    Owned(Vec<u8>),
+    /// Left with the caller of `try_send_borrowed`, who offers the rest of this many
+    /// bytes again until all are posted.
+    Borrowed(usize),
+}
+
+impl Outbox {
+    fn len(&self) -> usize {
+        match &self.message {
+            OutboxBytes::Owned(bytes) => bytes.len(),
+            OutboxBytes::Borrowed(len) => *len,
+        }
+    }
 }
 
 /// One side of a connection, driven by its owner.
@@ -513,8 +541,50 @@ impl ConnectionCore {
     /// larger than the top tier, or one whose promotion the peer refused, is sent in
     /// segments and delivered as one message.
     pub fn try_send(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
-        let accepted = self.offer(now, message)?;
+        let accepted = self.offer(now, message, false)?;
         self.record_need(now, accepted);
+        Ok(accepted)
+    }
+
+    /// [`ConnectionCore::try_send`] for a message in one slice that is not copied if it
+    /// has to be segmented: the segments are posted straight from `message` as credits
+    /// and send slots allow, and the bytes posted are returned; the caller offers the rest
+    /// (`&message[accepted..]`) in later calls until all of it is posted. Until then the
+    /// message holds the send order: [`ConnectionCore::try_send`] and
+    /// [`ConnectionCore::try_reserve`] report [`WouldBlock::SegmentedInFlight`], and the
+    /// core's progress does not post its segments (it does not have the bytes). A call
+    /// that offers anything but the rest fails with [`SendError::NotTheRest`]; one that
+    /// can post nothing now reports [`WouldBlock::NoCredit`] (offer the same rest again).
+    /// A message sent in one frame is posted whole, as by `try_send`.
+    pub fn try_send_borrowed(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
+        if let Some(error) = &self.failed {
+            return Err(SendError::Failed(Arc::clone(error)));
+        }
+        let accepted = match &self.outbox {
+            Some(Outbox {
+                message: OutboxBytes::Borrowed(len),
+                sent,
+            }) => {
+                let rest = len - sent;
+                if message.len() != rest {
+                    return Err(SendError::NotTheRest {
+                        expected: rest,
+                        offered: message.len(),
+                    });
+                }
+                self.post_borrowed_segments(message)
+            }
+            _ => {
+                let accepted = self.offer(now, &[IoSlice::new(message)], true)?;
+                // The need is the whole message's, recorded once, however it is posted.
+                self.record_need(now, message.len());
+                accepted
+            }
+        };
+        if accepted == 0 && !message.is_empty() {
+            // A segmented message taken on with no segment posted yet: offer it again.
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
         Ok(accepted)
     }
 
@@ -645,7 +715,14 @@ impl ConnectionCore {
         }
     }
 
-    fn offer(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
+    /// The send decision of `try_send` (`borrow` false) and `try_send_borrowed` (`borrow`
+    /// true, `message` one slice): whole, a prefix, a promotion, or segments.
+    fn offer(
+        &mut self,
+        now: Instant,
+        message: &[IoSlice<'_>],
+        borrow: bool,
+    ) -> Result<usize, SendError> {
         if let Some(error) = &self.failed {
             return Err(SendError::Failed(Arc::clone(error)));
         }
@@ -688,7 +765,7 @@ impl ConnectionCore {
             .is_some_and(|(refused, until)| refused <= target && now < until);
         if target > negotiated && !refused {
             return match self.negotiation.request_tier(now, target) {
-                Ok(RequestStatus::InForce) => self.offer(now, message),
+                Ok(RequestStatus::InForce) => self.offer(now, message, borrow),
                 Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
                 Err(error) => {
                     let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
@@ -703,18 +780,26 @@ impl ConnectionCore {
         if self.outbox.is_some() {
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
         }
+        self.segmented_at = Some(now);
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += total as u64;
+        if borrow {
+            self.outbox = Some(Outbox {
+                message: OutboxBytes::Borrowed(total),
+                sent: 0,
+            });
+            let whole = message.first().map_or(&[][..], |part| &part[..]);
+            return Ok(self.post_borrowed_segments(whole));
+        }
         let mut copy = std::mem::take(&mut self.spare_outbox);
         copy.reserve(total);
         for part in message {
             copy.extend_from_slice(part);
         }
-        self.segmented_at = Some(now);
         self.outbox = Some(Outbox {
-            message: copy,
+            message: OutboxBytes::Owned(copy),
             sent: 0,
         });
-        self.stats.messages_sent += 1;
-        self.stats.bytes_sent += total as u64;
         self.send_segments();
         Ok(total)
     }
@@ -809,12 +894,61 @@ impl ConnectionCore {
         (slot.len() >= len).then_some(slot)
     }
 
-    /// Sends as many segments of the outbox as credits allow.
+    /// Sends as many segments of an owned outbox as credits allow.
     fn send_segments(&mut self) {
-        while let Some(outbox) = self.outbox.take() {
+        if !matches!(
+            self.outbox,
+            Some(Outbox {
+                message: OutboxBytes::Owned(_),
+                ..
+            })
+        ) {
+            return;
+        }
+        let Some(Outbox {
+            message: OutboxBytes::Owned(bytes),
+            sent,
+        }) = self.outbox.take()
+        else {
+            unreachable!("an owned outbox was just seen");
+        };
+        let sent = sent + self.post_segments(&bytes[sent..], sent, bytes.len());
+        if sent < bytes.len() {
+            self.outbox = Some(Outbox {
+                message: OutboxBytes::Owned(bytes),
+                sent,
+            });
+        } else if bytes.capacity() <= self.config.spare_buffer_limit {
+            let mut spare = bytes;
+            spare.clear();
+            self.spare_outbox = spare;
+        }
+    }
+
+    /// Posts segments of the borrowed outbox from `rest`, its bytes not yet posted, as
+    /// credits allow; returns how many bytes were posted.
+    fn post_borrowed_segments(&mut self, rest: &[u8]) -> usize {
+        let Some(outbox) = &self.outbox else {
+            return 0;
+        };
+        let (sent, total) = (outbox.sent, outbox.len());
+        let posted = self.post_segments(rest, sent, total);
+        if sent + posted == total {
+            self.outbox = None;
+        } else if let Some(outbox) = &mut self.outbox {
+            outbox.sent += posted;
+        }
+        posted
+    }
+
+    /// Posts segments of a `total`-byte message of which `sent` bytes are posted, from
+    /// `rest` (the bytes after those), while credits and send slots allow; returns how
+    /// many bytes it posted.
+    fn post_segments(&mut self, rest: &[u8], sent: usize, total: usize) -> usize {
+        let mut posted = 0;
+        while sent + posted < total {
             let Some(credit_tier) = self.credits.next_tier() else {
-                self.outbox = Some(outbox);
-                return;
+                break;
             };
             let send_slot_len = self
                 .config
@@ -825,8 +959,8 @@ impl ConnectionCore {
                 .config
                 .frame_capacity(credit_tier)
                 .min(send_slot_len - HEADER_LEN);
-            let remaining = outbox.message.len() - outbox.sent;
-            let first = outbox.sent == 0;
+            let remaining = total - sent - posted;
+            let first = sent + posted == 0;
             // A first segment leaves at least one byte for a later one: a message that
             // fits one frame goes out whole, never as a lone first segment.
             let chunk = if first {
@@ -843,28 +977,15 @@ impl ConnectionCore {
                 kind,
                 grant: Grant { tier: 0, count: 0 },
                 payload_len: chunk as u32,
-                message_len: if first {
-                    outbox.message.len() as u64
-                } else {
-                    0
-                },
+                message_len: if first { total as u64 } else { 0 },
             };
-            let segment = &outbox.message[outbox.sent..outbox.sent + chunk];
+            let segment = &rest[posted..posted + chunk];
             if !self.post_frame(header, &[IoSlice::new(segment)], true) {
-                self.outbox = Some(outbox);
-                return;
+                break;
             }
-            if kind != FrameKind::Last {
-                self.outbox = Some(Outbox {
-                    sent: outbox.sent + chunk,
-                    ..outbox
-                });
-            } else if outbox.message.capacity() <= self.config.spare_buffer_limit {
-                let mut spare = outbox.message;
-                spare.clear();
-                self.spare_outbox = spare;
-            }
+            posted += chunk;
         }
+        posted
     }
 
     /// Runs the connection's own work: reposts returned receive slots, fires timers, acts
