@@ -561,3 +561,31 @@ fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
     // Nothing was copied to the heap on the sending side.
     assert_eq!(pair.sides[0].core.stats().spare_buffer_bytes, 0);
 }
+
+#[test]
+fn a_reservation_whose_promotion_the_peer_refused_is_reported() {
+    // The receiver's budget holds its tier-0 buffers and nothing larger.
+    let mut pair = Pair::new([1 << 20, 128 * 4 * 2]);
+    let now = pair.now;
+    assert!(matches!(
+        pair.sides[0].core.try_reserve(now, 3000),
+        Err(SendError::WouldBlock(WouldBlock::PromotionPending))
+    ));
+    pair.settle();
+    assert_eq!(pair.sides[0].core.stats().nacks, 1);
+    let now = pair.now;
+    assert!(matches!(
+        pair.sides[0].core.try_reserve(now, 3000),
+        Err(SendError::WouldBlock(WouldBlock::PromotionRefused))
+    ));
+    // A message the tier in force carries is still reserved and sent.
+    pair.sides[0].core.try_reserve(now, 100).unwrap();
+    pair.sides[0]
+        .core
+        .reserved_mut()
+        .unwrap()
+        .copy_from_slice(&pattern(100, 1));
+    pair.sides[0].core.commit_reserved(now).unwrap();
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![pattern(100, 1)]);
+}

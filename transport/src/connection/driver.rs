@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use super::sansio::{
     ConnectionCore, ConnectionError, ConnectionStats, Message, SendError, WorkKind, WorkRequest,
+    WouldBlock,
 };
 use crate::error::PostError;
 use crate::provider::{Completion, Endpoint, Opcode};
@@ -254,13 +255,21 @@ impl<E: Endpoint> Connection<E> {
     }
 
     /// [`Connection::try_reserve`], making progress until a buffer is free (through a
-    /// promotion if the message needs one).
+    /// promotion if the message needs one). A promotion the peer refused (or this side's
+    /// budget could not follow) is reported, not waited out:
+    /// [`WouldBlock::PromotionRefused`](super::WouldBlock::PromotionRefused); send such a
+    /// message with [`Connection::send`], which segments it.
     pub fn reserve(&mut self, len: usize) -> Result<SendBuffer<'_, E>, SendError> {
         let mut wait = PollWait::default();
         loop {
             let now = self.clock_for(len);
             match self.core.try_reserve(now, len) {
                 Ok(()) => return Ok(SendBuffer { connection: self }),
+                Err(
+                    error @ SendError::WouldBlock(
+                        WouldBlock::PromotionRefused | WouldBlock::AlreadyReserved,
+                    ),
+                ) => return Err(error),
                 Err(SendError::WouldBlock(_)) => wait.wait(),
                 Err(other) => return Err(other),
             }
