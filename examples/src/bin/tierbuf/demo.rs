@@ -458,14 +458,38 @@ fn read_lines(reader: impl std::io::Read + Send + 'static) -> std::sync::mpsc::R
 /// The line channel to the process that runs the servers: the shm peer's standard
 /// streams, or the verbs control connection.
 trait PeerLines {
-    /// Waits for the next line.
-    fn next_line(&mut self) -> Result<String, DemoError>;
-    /// The next line, if one has come.
-    fn try_line(&mut self) -> Result<Option<String>, DemoError>;
+    /// How long [`PeerLines::next_line`] waits for a line.
+    const PATIENCE: Duration;
+    /// The other process's lines, read on a thread of their own ([`read_lines`]).
+    fn lines(&self) -> &std::sync::mpsc::Receiver<String>;
+    /// The error for the other process saying nothing for [`PeerLines::PATIENCE`].
+    fn silent(&self) -> DemoError;
+    /// The error for lines that ended: the other process is gone.
+    fn gone(&mut self) -> DemoError;
     /// The error for a line that does not belong where it came.
     fn unexpected(&self, line: &str) -> DemoError;
     /// Asks the other process for its figures (its `report` line).
     fn ask_for_report(&mut self) -> Result<(), DemoError>;
+
+    /// Waits for the next line.
+    fn next_line(&mut self) -> Result<String, DemoError> {
+        use std::sync::mpsc::RecvTimeoutError;
+        match self.lines().recv_timeout(Self::PATIENCE) {
+            Ok(line) => Ok(line),
+            Err(RecvTimeoutError::Timeout) => Err(self.silent()),
+            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
+        }
+    }
+
+    /// The next line, if one has come.
+    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
+        use std::sync::mpsc::TryRecvError;
+        match self.lines().try_recv() {
+            Ok(line) => Ok(Some(line)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(self.gone()),
+        }
+    }
 
     /// Asks for the other process's figures and waits for them.
     fn report(&mut self) -> Result<Figures, DemoError> {

@@ -31,7 +31,7 @@ use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
@@ -314,18 +314,6 @@ impl Peer {
         Ok(())
     }
 
-    /// The error for a peer that stopped writing: its exit status.
-    fn gone(&mut self) -> DemoError {
-        match self.exit_status() {
-            Ok(status) => format!(
-                "the peer process (PID {}) ended early ({status}); its error, if any, is above",
-                self.pid()
-            )
-            .into(),
-            Err(error) => error,
-        }
-    }
-
     /// Waits up to [`PEER_TIMEOUT`] for the peer to exit.
     fn exit_status(&mut self) -> Result<ExitStatus, DemoError> {
         let deadline = Instant::now() + PEER_TIMEOUT;
@@ -346,23 +334,29 @@ impl Peer {
 }
 
 impl PeerLines for Peer {
-    fn next_line(&mut self) -> Result<String, DemoError> {
-        match self.lines.recv_timeout(PEER_TIMEOUT) {
-            Ok(line) => Ok(line),
-            Err(RecvTimeoutError::Timeout) => Err(format!(
-                "the peer process (PID {}) said nothing for {PEER_TIMEOUT:?}",
-                self.pid()
-            )
-            .into()),
-            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
-        }
+    const PATIENCE: Duration = PEER_TIMEOUT;
+
+    fn lines(&self) -> &Receiver<String> {
+        &self.lines
     }
 
-    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
-        match self.lines.try_recv() {
-            Ok(line) => Ok(Some(line)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.gone()),
+    fn silent(&self) -> DemoError {
+        format!(
+            "the peer process (PID {}) said nothing for {PEER_TIMEOUT:?}",
+            self.pid()
+        )
+        .into()
+    }
+
+    /// Its exit status, once it has stopped writing.
+    fn gone(&mut self) -> DemoError {
+        match self.exit_status() {
+            Ok(status) => format!(
+                "the peer process (PID {}) ended early ({status}); its error, if any, is above",
+                self.pid()
+            )
+            .into(),
+            Err(error) => error,
         }
     }
 

@@ -25,7 +25,7 @@
 use std::io::Write;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use tierbuf_pool::{MemlockPolicy, MemoryBudget};
@@ -317,34 +317,26 @@ impl Control {
             .write_all(format!("{line}\n").as_bytes())
             .map_err(|e| format!("writing to {}: {e}", self.other).into())
     }
+}
 
-    /// The error for a connection the other side ended.
-    fn gone(&self) -> DemoError {
+impl PeerLines for Control {
+    const PATIENCE: Duration = CONTROL_TIMEOUT;
+
+    fn lines(&self) -> &Receiver<String> {
+        &self.lines
+    }
+
+    fn silent(&self) -> DemoError {
+        format!("{} said nothing for {CONTROL_TIMEOUT:?}", self.other).into()
+    }
+
+    /// The other side ended the connection.
+    fn gone(&mut self) -> DemoError {
         format!(
             "{} closed the control connection early; its error, if any, is on its stderr",
             self.other
         )
         .into()
-    }
-}
-
-impl PeerLines for Control {
-    fn next_line(&mut self) -> Result<String, DemoError> {
-        match self.lines.recv_timeout(CONTROL_TIMEOUT) {
-            Ok(line) => Ok(line),
-            Err(RecvTimeoutError::Timeout) => {
-                Err(format!("{} said nothing for {CONTROL_TIMEOUT:?}", self.other).into())
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(self.gone()),
-        }
-    }
-
-    fn try_line(&mut self) -> Result<Option<String>, DemoError> {
-        match self.lines.try_recv() {
-            Ok(line) => Ok(Some(line)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.gone()),
-        }
     }
 
     fn unexpected(&self, line: &str) -> DemoError {
