@@ -54,7 +54,13 @@ pub(crate) use loom_queue::{BoundedQueue, UnboundedQueue};
 mod loom_queue {
     use std::collections::VecDeque;
 
-    use loom::sync::Mutex;
+    use loom::sync::{Mutex, MutexGuard};
+
+    /// Locks a stand-in's items, taking those of a poisoned lock: every critical
+    /// section leaves the queue whole.
+    fn lock<T>(items: &Mutex<VecDeque<T>>) -> MutexGuard<'_, VecDeque<T>> {
+        items.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
     /// A bounded FIFO queue with `ArrayQueue`'s operations, for loom models.
     #[derive(Debug)]
@@ -72,7 +78,7 @@ mod loom_queue {
         }
 
         pub(crate) fn push(&self, item: T) -> Result<(), T> {
-            let mut items = self.items.lock().unwrap_or_else(|p| p.into_inner());
+            let mut items = lock(&self.items);
             if items.len() == self.capacity {
                 return Err(item);
             }
@@ -81,17 +87,11 @@ mod loom_queue {
         }
 
         pub(crate) fn pop(&self) -> Option<T> {
-            self.items
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front()
+            lock(&self.items).pop_front()
         }
 
         pub(crate) fn is_empty(&self) -> bool {
-            self.items
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
+            lock(&self.items).is_empty()
         }
     }
 
@@ -109,24 +109,15 @@ mod loom_queue {
         }
 
         pub(crate) fn push(&self, item: T) {
-            self.items
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(item);
+            lock(&self.items).push_back(item);
         }
 
         pub(crate) fn pop(&self) -> Option<T> {
-            self.items
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front()
+            lock(&self.items).pop_front()
         }
 
         pub(crate) fn is_empty(&self) -> bool {
-            self.items
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
+            lock(&self.items).is_empty()
         }
     }
 }

@@ -49,23 +49,37 @@ fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<Loop
     )
 }
 
-#[test]
-fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
-    let budget = MemoryBudget::with_cap(64 << 20);
-    let (mut sender, mut receiver) = pair(&budget);
-    let sizes = sizes(400, 65536);
-    let expected = sizes.clone();
-    let reader = std::thread::spawn(move || {
-        for (index, &len) in expected.iter().enumerate() {
+/// Receives on a thread of its own a message of each of `sizes`, in order, and checks
+/// each against `pattern(len, index)` (and, with `zero_copy`, that it was not copied);
+/// hands the connection back.
+fn check_on_another_thread(
+    mut receiver: Connection<LoopbackEndpoint>,
+    sizes: Vec<usize>,
+    zero_copy: bool,
+) -> std::thread::JoinHandle<Connection<LoopbackEndpoint>> {
+    std::thread::spawn(move || {
+        for (index, &len) in sizes.iter().enumerate() {
             let message = receiver.recv().expect("a message");
             assert_eq!(message.len(), len, "message {index}");
             assert!(
                 message[..] == pattern(len, index as u64)[..],
                 "message {index} differs"
             );
+            assert!(
+                !zero_copy || message.is_zero_copy(),
+                "message {index} was copied"
+            );
         }
         receiver
-    });
+    })
+}
+
+#[test]
+fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let (mut sender, receiver) = pair(&budget);
+    let sizes = sizes(400, 65536);
+    let reader = check_on_another_thread(receiver, sizes.clone(), false);
     for (index, &len) in sizes.iter().enumerate() {
         sender.send(&pattern(len, index as u64)).expect("send");
     }
@@ -115,25 +129,13 @@ fn a_peer_that_vanishes_mid_promotion_is_reported() {
 #[test]
 fn messages_built_in_place_arrive_once_in_order_across_promotions() {
     let budget = MemoryBudget::with_cap(64 << 20);
-    let (mut sender, mut receiver) = pair(&budget);
+    let (mut sender, receiver) = pair(&budget);
     // Up to the top tier's frame payload: its 65536-byte slots less the 16-byte header.
     let sizes: Vec<usize> = sizes(300, 65520)
         .into_iter()
         .map(|len| len % 65521)
         .collect();
-    let expected = sizes.clone();
-    let reader = std::thread::spawn(move || {
-        for (index, &len) in expected.iter().enumerate() {
-            let message = receiver.recv().expect("a message");
-            assert_eq!(message.len(), len, "message {index}");
-            assert!(
-                message[..] == pattern(len, index as u64)[..],
-                "message {index} differs"
-            );
-            assert!(message.is_zero_copy(), "message {index} was copied");
-        }
-        receiver
-    });
+    let reader = check_on_another_thread(receiver, sizes.clone(), true);
     for (index, &len) in sizes.iter().enumerate() {
         let mut buffer = sender.reserve(len).expect("reserve");
         assert_eq!(buffer.len(), len);
