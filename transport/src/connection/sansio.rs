@@ -632,23 +632,13 @@ impl ConnectionCore {
                     max: self.config.whole_capacity(top),
                 });
             };
-            let refused = self
-                .refused
-                .is_some_and(|(refused, until)| refused <= target && now < until);
-            if refused || target <= negotiated {
+            if self.refusal_holds(now, target) || target <= negotiated {
                 // Refused by the peer, or granted but this side's own send buffers could
                 // not follow (its budget refused them).
                 return Err(SendError::WouldBlock(WouldBlock::PromotionRefused));
             }
-            return match self.negotiation.request_tier(now, target) {
-                Ok(RequestStatus::InForce) => self.try_reserve(now, len),
-                Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
-                Err(error) => {
-                    let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
-                    self.failed = Some(Arc::clone(&error));
-                    Err(SendError::Failed(error))
-                }
-            };
+            self.request_promotion(now, target)?;
+            return self.try_reserve(now, len);
         }
         if self.outbox.is_some() {
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
@@ -760,19 +750,9 @@ impl ConnectionCore {
             .config
             .tier_for(first)
             .unwrap_or(self.config.ladder.top());
-        let refused = self
-            .refused
-            .is_some_and(|(refused, until)| refused <= target && now < until);
-        if target > negotiated && !refused {
-            return match self.negotiation.request_tier(now, target) {
-                Ok(RequestStatus::InForce) => self.offer(now, message, borrow),
-                Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
-                Err(error) => {
-                    let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
-                    self.failed = Some(Arc::clone(&error));
-                    Err(SendError::Failed(error))
-                }
-            };
+        if target > negotiated && !self.refusal_holds(now, target) {
+            self.request_promotion(now, target)?;
+            return self.offer(now, message, borrow);
         }
         if self.negotiation.pending_request().is_some() {
             return Err(SendError::WouldBlock(WouldBlock::PromotionPending));
@@ -802,6 +782,27 @@ impl ConnectionCore {
         });
         self.send_segments();
         Ok(total)
+    }
+
+    /// Whether the peer's refusal of `target` (or a smaller tier) still holds at `now`.
+    fn refusal_holds(&self, now: Instant, target: TierIndex) -> bool {
+        self.refused
+            .is_some_and(|(refused, until)| refused <= target && now < until)
+    }
+
+    /// Asks the peer for `target` to send on. `Ok` when it is in force already (offer the
+    /// message again); [`WouldBlock::PromotionPending`] once asked; a request the
+    /// negotiation rejects fails the connection.
+    fn request_promotion(&mut self, now: Instant, target: TierIndex) -> Result<(), SendError> {
+        match self.negotiation.request_tier(now, target) {
+            Ok(RequestStatus::InForce) => Ok(()),
+            Ok(_) => Err(SendError::WouldBlock(WouldBlock::PromotionPending)),
+            Err(error) => {
+                let error = Arc::new(ConnectionError::ProtocolViolation(error.to_string()));
+                self.failed = Some(Arc::clone(&error));
+                Err(SendError::Failed(error))
+            }
+        }
     }
 
     /// Sends `len` bytes of `parts` as one whole frame, if a data credit whose receive
