@@ -68,10 +68,11 @@ pub mod shm {
     /// Model 5: the receiver posts a buffer while the sender waits for it, copies a
     /// message into it and publishes the delivery while the receiver waits for that;
     /// then the same again through the same ring entry (a ring of one), with a second
-    /// message. The sender must see the whole posted entry once it sees the post counted,
-    /// and the receiver the whole message once it sees the delivery, and never the first
-    /// lap's result for the second: loom reports any read of the message bytes not
-    /// ordered after their write.
+    /// message that travels inline in the entry. The sender must see the whole posted
+    /// entry once it sees the post counted, and the receiver the whole message once it
+    /// sees the delivery, and never the first lap's result for the second: loom reports
+    /// any read of the copied bytes not ordered after their write, and the inline words
+    /// read stale are a different message.
     pub fn delivery_publishes_the_whole_message() {
         const MESSAGES: [[u8; 4]; 2] = [MESSAGE, [5, 6, 7, 8]];
         let segment = Arc::new(Segment::<1>::new_boxed());
@@ -88,25 +89,38 @@ pub mod shm {
                         "the sender read a posted entry before it was written"
                     );
                     assert!(segment.begin_copy(0));
-                    // SAFETY: the receiver posted this buffer and reads it only after the
-                    // delivery below is published (what loom checks).
-                    receive_buffer.with_mut(|bytes| unsafe { *bytes = message });
-                    segment
-                        .direction(0)
-                        .deliver(lap, Filled::Delivered(lap as u32 + 1));
+                    if lap == 0 {
+                        // SAFETY: the receiver posted this buffer and reads it only after
+                        // the delivery below is published (what loom checks).
+                        receive_buffer.with_mut(|bytes| unsafe { *bytes = message });
+                        segment.direction(0).deliver(lap, Filled::Delivered(4));
+                    } else {
+                        segment.direction(0).deliver_inline(lap, &message);
+                    }
                 }
             })
         };
         for (lap, message) in (0u64..).zip(MESSAGES) {
             segment.direction(0).post(lap, BUFFER);
             let result = wait_for(|| segment.direction(0).delivered(lap));
+            let expected = if lap == 0 {
+                Filled::Delivered(4)
+            } else {
+                Filled::Inline(4)
+            };
             assert_eq!(
                 result,
-                Ok(Filled::Delivered(lap as u32 + 1)),
+                Ok(expected),
                 "a delivery without its result, or with an earlier lap's"
             );
-            // SAFETY: the delivery was seen published, so the sender's write is done.
-            let received = receive_buffer.with(|bytes| unsafe { *bytes });
+            let received = if lap == 0 {
+                // SAFETY: the delivery was seen published, so the sender's write is done.
+                receive_buffer.with(|bytes| unsafe { *bytes })
+            } else {
+                let mut inline = [0u8; 4];
+                segment.direction(0).inline_message(lap, &mut inline);
+                inline
+            };
             assert_eq!(
                 received, message,
                 "a delivery seen without the whole message"

@@ -4,13 +4,15 @@
 //!
 //! - **Sends are copied by their sender, in order.** A posted send waits in `pending`
 //!   until the peer has posted a receive for it (receiver not ready waits); the endpoint's
-//!   own `progress` then copies it straight into the peer's buffer through the peer's
-//!   announced memory file and reports the delivery in the ring (see `segment`). Sends
-//!   are matched with the peer's receives strictly in posting order on both sides.
+//!   own `progress` then writes it into the ring entry (a message of at most
+//!   [`INLINE_CAPACITY`] bytes, which the receiver copies into its buffer) or straight
+//!   into the peer's buffer through the peer's announced memory file, and reports the
+//!   delivery in the ring (see `segment`). Sends are matched with the peer's receives
+//!   strictly in posting order on both sides.
 //! - **Receives are reaped in order.** `posted` holds this side's receives in posting
 //!   order with the regions they name; the front one is reaped (turned into a completion)
 //!   once the peer reports it delivered, or flushed once the connection is down and the
-//!   peer cannot be copying any more.
+//!   peer cannot be delivering any more.
 //! - **Every buffer a request names stays mapped until the request completes**: the
 //!   request holds a strong reference to its region (see `registry`). The peer's mapping
 //!   of an announced region is undone only on a `Forget`, which this side sends once the
@@ -34,7 +36,9 @@ use tierbuf_pool::{Region, SharedHostRegion};
 use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SocketError, receive_record, send_record,
 };
-use super::segment::{Filled, PairState, PostedBuffer, PostedView, SharedSegment};
+use super::segment::{
+    Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, SharedSegment, prefetch,
+};
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
@@ -302,9 +306,13 @@ impl ShmEndpoint {
         }
         let status = match self.fill(send, buffer) {
             Ok(filled) => {
-                self.segment().direction(self.side).deliver(count, filled);
+                if let Filled::Inline(len) = filled {
+                    self.deliver_inline(count, send, len);
+                } else {
+                    self.segment().direction(self.side).deliver(count, filled);
+                }
                 match filled {
-                    Filled::Delivered(_) => CompletionStatus::Success,
+                    Filled::Delivered(_) | Filled::Inline(_) => CompletionStatus::Success,
                     Filled::TooLong => {
                         self.segment().break_connection();
                         CompletionStatus::RemoteInvalidRequest
@@ -331,39 +339,51 @@ impl ShmEndpoint {
         true
     }
 
-    /// Copies `send` into the peer's `buffer` if it fits and can be reached.
+    /// Copies `send` into the peer's `buffer` if it fits and can be reached; a send short
+    /// enough to travel inline is left to [`ShmEndpoint::deliver_inline`] and reported as
+    /// [`Filled::Inline`]. The peer checked an inline message's buffer when it posted it
+    /// (it is the one that writes it). Either way the gate is passed, and the delivery
+    /// reopens it.
     fn fill(&self, send: &PendingSend, buffer: PostedBuffer) -> Result<Filled, NotCopied> {
-        let Some(destination) = self.peer_buffer(buffer) else {
-            return Ok(Filled::Unreachable);
+        let inline = send.len as usize <= INLINE_CAPACITY && send.len <= buffer.len;
+        let destination = if inline {
+            None
+        } else {
+            let Some(destination) = self.peer_buffer(buffer) else {
+                return Ok(Filled::Unreachable);
+            };
+            if send.len > buffer.len {
+                return Ok(Filled::TooLong);
+            }
+            Some(destination)
         };
-        if send.len > buffer.len {
-            return Ok(Filled::TooLong);
-        }
         if !send.gather.iter().flatten().all(|s| s.region.is_live()) {
             return Err(NotCopied::LocalRegionGone);
         }
         if !self.segment().begin_copy(self.side) {
             return Err(NotCopied::ConnectionDown);
         }
-        let mut written = 0usize;
-        for segment in send.gather.iter().flatten() {
-            // SAFETY: the source lies inside its live local region (checked when posted,
-            // and the request holds the region); the poster promised not to write it until
-            // the completion. The destination range `written .. written + len` lies inside
-            // the peer's buffer, which `peer_buffer` found inside a mapping of ours,
-            // because the segments add up to `send.len <= buffer.len`. The peer promised
-            // the buffer to this send (it is the oldest posted receive) and, closing,
-            // shuts its gate and waits for the copy `begin_copy` admitted.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    segment.region.byte_at(segment.offset).as_ptr(),
-                    destination.as_ptr().add(written),
-                    segment.len as usize,
-                );
-            }
-            written += segment.len as usize;
-        }
+        let Some(destination) = destination else {
+            return Ok(Filled::Inline(send.len));
+        };
+        // SAFETY: `destination` starts the peer's buffer, which `peer_buffer` found inside
+        // a mapping of ours with `send.len <= buffer.len` bytes to spare. The peer promised
+        // the buffer to this send (it is the oldest posted receive) and, closing, shuts
+        // its gate and waits for the copy `begin_copy` admitted.
+        unsafe { gather(send, destination.as_ptr()) };
         Ok(Filled::Delivered(send.len))
+    }
+
+    /// Delivers `send`, `len` bytes that [`ShmEndpoint::fill`] found short enough (and
+    /// passed the gate for), inline in the ring entry of the peer's `count`-th receive.
+    fn deliver_inline(&self, count: u64, send: &PendingSend, len: u32) {
+        let mut message = [0u8; INLINE_CAPACITY];
+        // SAFETY: the segments add up to `len <= INLINE_CAPACITY` bytes, the length of
+        // `message`, which nothing else reaches.
+        unsafe { gather(send, message.as_mut_ptr()) };
+        self.segment()
+            .direction(self.side)
+            .deliver_inline(count, &message[..len as usize]);
     }
 
     /// The first byte of the peer's `buffer` in this process, if it lies inside a region
@@ -379,6 +399,23 @@ impl ShmEndpoint {
         Some(unsafe { region.mapping.base().add(offset) })
     }
 
+    /// Asks the core to fetch what the peer's delivery into `front`, the receive polled
+    /// for, will write, while this side polls its result word: the tail of an inline
+    /// message, and the head of the buffer, which a copied message fills. The lines then
+    /// travel alongside the result word instead of after it.
+    fn prefetch_delivery(&self, front: &PostedRecv) {
+        self.segment()
+            .direction(self.peer())
+            .prefetch_inline_tail(self.recvs_reaped);
+        // SAFETY: `offset` lies within the region (checked when the receive was posted, and
+        // the request holds the region), so the pointer is in bounds.
+        let head = unsafe { front.buffer.region.byte_at(front.buffer.offset) };
+        prefetch(head.as_ptr());
+        if front.buffer.len as usize > INLINE_CAPACITY {
+            prefetch(head.as_ptr().wrapping_add(64));
+        }
+    }
+
     /// Turns the peer's reports on this side's receives into completions, in order.
     /// Returns whether any receive completed.
     fn reap_receives(&mut self) -> bool {
@@ -389,7 +426,7 @@ impl ShmEndpoint {
                 .direction(self.peer())
                 .delivered(self.recvs_reaped)
             else {
-                prefetch_head(&front.buffer);
+                self.prefetch_delivery(front);
                 break;
             };
             let (status, byte_len) = match report {
@@ -401,7 +438,34 @@ impl ShmEndpoint {
                         (CompletionStatus::LocalProtectionError, 0)
                     }
                 }
-                Ok(Filled::Delivered(len)) => {
+                Ok(Filled::Inline(len))
+                    if len <= front.buffer.len && len as usize <= INLINE_CAPACITY =>
+                {
+                    if front.buffer.region.is_live() {
+                        let mut message = [0u8; INLINE_CAPACITY];
+                        let message = &mut message[..len as usize];
+                        self.segment()
+                            .direction(self.peer())
+                            .inline_message(self.recvs_reaped, message);
+                        // SAFETY: the buffer `offset .. offset + len` lies inside the
+                        // live region the receive holds (checked when posted), and it is
+                        // this side's to write: the peer does not write a buffer it
+                        // delivered to inline, and the poster reads it only after this
+                        // completion.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                message.as_ptr(),
+                                front.buffer.region.byte_at(front.buffer.offset).as_ptr(),
+                                message.len(),
+                            );
+                        }
+                        (CompletionStatus::Success, len)
+                    } else {
+                        self.segment().break_connection();
+                        (CompletionStatus::LocalProtectionError, 0)
+                    }
+                }
+                Ok(Filled::Delivered(len) | Filled::Inline(len)) => {
                     let posted = front.buffer.len;
                     self.violation(format!(
                         "the peer delivered {len} bytes into a receive of {posted}"
@@ -459,7 +523,7 @@ impl ShmEndpoint {
             !peer_gone
         });
         self.peer_gone = peer_gone;
-        // A copy that was in progress has been delivered meanwhile.
+        // A delivery that was in progress has been made meanwhile.
         self.reap_receives();
         let flushed = |wr_id, opcode| Completion {
             wr_id,
@@ -532,6 +596,30 @@ impl ShmEndpoint {
             },
         );
         Ok(())
+    }
+}
+
+/// Copies the bytes of `send`'s gather list, in order, to `destination`.
+///
+/// # Safety
+///
+/// `destination` is valid for writes of `send.len` bytes that nothing else reads or
+/// writes meanwhile. The sources need nothing more: each lies inside its live local
+/// region (checked when posted, and the request holds the region), and the poster
+/// promised not to write it until the send's completion.
+unsafe fn gather(send: &PendingSend, destination: *mut u8) {
+    let mut written = 0usize;
+    for segment in send.gather.iter().flatten() {
+        // SAFETY: the source as the function's doc says; the segments add up to
+        // `send.len`, so `written .. written + len` stays within what the caller promised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                segment.region.byte_at(segment.offset).as_ptr(),
+                destination.add(written),
+                segment.len as usize,
+            );
+        }
+        written += segment.len as usize;
     }
 }
 
@@ -640,32 +728,6 @@ impl Endpoint for ShmEndpoint {
         self.segment().close(self.side);
         self.flush();
     }
-}
-
-/// Asks the core to fetch the first cache lines of a posted receive the peer is about to
-/// fill, while this side polls for the delivery: the message's lines then travel
-/// alongside the result word instead of after it. A prefetch reads nothing the program
-/// sees and cannot fault, so it needs no ordering with the peer's writes.
-#[inline]
-fn prefetch_head(buffer: &Resolved<SharedHostRegion>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: `offset` lies within the region (checked when the receive was posted,
-        // and the request holds the region), so the pointer is in bounds.
-        let head = unsafe { buffer.region.byte_at(buffer.offset) };
-        let head = head.as_ptr().cast::<i8>().cast_const();
-        // SAFETY: `sse` is part of every x86_64 target, and a prefetch of any address
-        // neither reads program-visible memory nor faults.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(head);
-            if buffer.len > 64 {
-                _mm_prefetch::<_MM_HINT_T0>(head.wrapping_add(64));
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = buffer;
 }
 
 impl Drop for ShmEndpoint {

@@ -3,8 +3,10 @@
 //!
 //! One [`Direction`] carries messages from one side (the sender) to the other (the
 //! receiver). Its ring holds the receiver's posted receive buffers; the sender fills them
-//! in order, copying each message straight into the receiver's buffer (which it has
-//! mapped), and reports the result in the same ring entry.
+//! in order and reports the result in the same ring entry. A message of at most
+//! [`INLINE_CAPACITY`] bytes travels in the entry itself, on the cache lines of its result
+//! word, and the receiver copies it into its buffer; a larger one the sender copies
+//! straight into the receiver's buffer, which it has mapped.
 //!
 //! Each side polls only what the other writes for it: the sender reads `posted` (and
 //! `announced`) only when it has used up the receives it last saw posted ([`PostedView`]),
@@ -16,39 +18,42 @@
 //!
 //! - **One writer per word at a time.** `posted` and `announced` and the buffer fields of
 //!   an entry are written only by the receiver; `gate` is set and cleared by the sender
-//!   and shut by the receiver, each by a read-modify-write; an entry's `byte_len` is
-//!   written only by the sender, and its `filled` by the receiver (cleared, before the
-//!   post that publishes the entry) and then by the sender (the result, after it saw that
-//!   post); `state` by compare-and-swap from `OPEN` only, by either side. Every word is an
-//!   atomic, so a peer that breaks the protocol can feed us wrong values but never a data
-//!   race.
+//!   and shut by the receiver, each by a read-modify-write; an entry's `byte_len` and
+//!   `inline` words are written only by the sender, and its `filled` by the receiver
+//!   (cleared, before the post that publishes the entry) and then by the sender (the
+//!   result, after it saw that post); `state` by compare-and-swap from `OPEN` only, by
+//!   either side. Every word is an atomic, so a peer that breaks the protocol can feed us
+//!   wrong values but never a data race.
 //! - **Posting publishes the entry.** The receiver writes entry `n % N` (its buffer, and
 //!   `filled` cleared), then stores `posted = n + 1` with `Release`; the sender reads
 //!   `posted` with `Acquire` before it reads the entry. A [`PostedView`] remembers the
 //!   last `posted` its sender read, so entries below it are read without reading `posted`
 //!   again: that read already ordered them. The receiver has at most `N` receives posted
 //!   and not yet reaped, so it never rewrites an entry the sender may still read.
-//! - **Delivering publishes the message.** The sender copies the message into the
-//!   receiver's buffer, writes the entry's `byte_len`, then its `filled` with `Release`;
-//!   the receiver reads `filled` with `Acquire` and takes the entry as delivered once it
-//!   is not zero. So a receiver never sees a delivery (the tail of the message) without
-//!   the whole message. It never takes an earlier lap's result for this one: it cleared
-//!   `filled` itself before posting, and the sender's result comes after that post, so
-//!   after the clear in the word's modification order.
+//! - **Delivering publishes the message.** The sender writes the message (into the
+//!   entry's `inline` words, or into the receiver's buffer), then the entry's `byte_len`,
+//!   then its `filled` with `Release`; the receiver reads `filled` with `Acquire` and takes
+//!   the entry as delivered once it is not zero. So a receiver never sees a delivery (the
+//!   tail of the message) without the whole message. It never takes an earlier lap's
+//!   result for this one: it cleared `filled` itself before posting, and the sender's
+//!   result comes after that post, so after the clear in the word's modification order.
 //! - **Announcements come before the posts that need them.** The receiver sends a region's
 //!   memory file on the bootstrap socket, then bumps `announced` (`Release`), then posts
 //!   the receive naming it. A sender reads `announced` right after `posted` (both
 //!   `Acquire`), so for every entry below that `posted` it has seen the bumps made before
 //!   it, and drains the socket up to them before it looks the key up.
-//! - **No copy after shutting.** Each direction has a `gate` word with two bits: the
+//! - **No delivery after shutting.** Each direction has a `gate` word with two bits: the
 //!   sender sets `COPYING` with a compare-and-swap that fails if `SHUT` is set, and clears
-//!   it (`Release`) after the copy; the receiver sets `SHUT` with a fetch-or before it
-//!   gives its posted buffers back (closing, or flushing a broken connection) and, if the
-//!   fetch-or found `COPYING`, waits (`Acquire`) until it clears. Both are read-modify-
-//!   writes of one word, so they are ordered: either the sender's swap comes first (and
-//!   the receiver waits for the copy, whose writes then happen before its wait ends) or
-//!   the receiver's (and the sender does not copy). So once the receiver has shut its
-//!   gate, the peer writes none of its buffers again.
+//!   it (`Release`) after the delivery, copied or inline; the receiver sets `SHUT` with a
+//!   fetch-or before it gives its posted buffers back (closing, or flushing a broken
+//!   connection) and, if the fetch-or found `COPYING`, waits (`Acquire`) until it clears.
+//!   Both are read-modify-writes of one word, so they are ordered: either the sender's
+//!   swap comes first (and the receiver waits for the delivery, whose writes then happen
+//!   before its wait ends, so it reaps it) or the receiver's (and the sender delivers
+//!   nothing). So once the receiver has shut its gate, the peer writes none of its buffers
+//!   again and no message is counted as sent by the one side and lost by the other.
+//!   The gate word is on a line of the sender's own: passing it costs the sender no
+//!   transfer between the cores.
 
 use crate::pair_state::StateWord;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -62,15 +67,25 @@ pub const RING_CAPACITY: usize = 1024;
 pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
 
 /// Marks a segment of this layout: `"tierbuf"` and the layout version.
-pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x02");
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x03");
+
+/// Words of message an entry carries inline.
+const INLINE_WORDS: usize = 13;
+
+/// The longest message a ring entry carries inline: the entry's two cache lines less its
+/// other fields. A frame of a 64-byte payload and the connection's 16-byte header fits.
+pub const INLINE_CAPACITY: usize = INLINE_WORDS * 8;
 
 pub use crate::pair_state::PairState;
 
 /// How the sender filled a posted receive, as written into its ring entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filled {
-    /// The message was copied; this many bytes.
+    /// The message was copied into the receiver's buffer; this many bytes.
     Delivered(u32),
+    /// The message, this many bytes, is in the entry; the receiver copies it out
+    /// ([`Direction::inline_message`]).
+    Inline(u32),
     /// The message was longer than the buffer; nothing was written.
     TooLong,
     /// The sender could not reach the buffer (an unknown key or a buffer outside its
@@ -85,6 +100,7 @@ const SHUT: u32 = 2;
 const FILLED_DELIVERED: u32 = 1;
 const FILLED_TOO_LONG: u32 = 2;
 const FILLED_UNREACHABLE: u32 = 3;
+const FILLED_INLINE: u32 = 4;
 
 /// A receive buffer as the receiver posts it: the region's remote key, the address of
 /// the first byte and the length.
@@ -146,8 +162,9 @@ impl PostedView {
 #[derive(Debug)]
 struct Padded<T>(T);
 
-/// One ring entry.
-#[repr(C)]
+/// One ring entry: two cache lines, the first holding the result word and the head of an
+/// inline message, so a small message reaches the receiver with the result.
+#[repr(C, align(128))]
 #[derive(Debug)]
 struct Entry {
     remote_key: AtomicU32,
@@ -155,6 +172,7 @@ struct Entry {
     addr: AtomicU64,
     filled: AtomicU32,
     byte_len: AtomicU32,
+    inline: [AtomicU64; INLINE_WORDS],
 }
 
 impl<const N: usize> Segment<N> {
@@ -253,6 +271,7 @@ impl<const N: usize> Direction<N> {
                 addr: AtomicU64::new(0),
                 filled: AtomicU32::new(0),
                 byte_len: AtomicU32::new(0),
+                inline: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         }
     }
@@ -302,16 +321,81 @@ impl<const N: usize> Direction<N> {
 
     /// The sender's report on the `count`-th posted receive: writes the result, which
     /// publishes the delivery (and so the message copied before), then reopens the gate.
+    ///
+    /// # Panics
+    ///
+    /// On [`Filled::Inline`]: an inline message goes through [`Direction::deliver_inline`].
     pub fn deliver(&self, count: u64, filled: Filled) {
         let entry = self.entry(count);
         let (code, byte_len) = match filled {
             Filled::Delivered(byte_len) => (FILLED_DELIVERED, byte_len),
+            Filled::Inline(_) => panic!("an inline message is delivered by `deliver_inline`"),
             Filled::TooLong => (FILLED_TOO_LONG, 0),
             Filled::Unreachable => (FILLED_UNREACHABLE, 0),
         };
         entry.byte_len.store(byte_len, Ordering::Relaxed);
         entry.filled.store(code, publication());
         self.gate.0.fetch_and(!COPYING, Ordering::Release);
+    }
+
+    /// The sender's delivery of `message` (at most [`INLINE_CAPACITY`] bytes) in the
+    /// `count`-th posted receive's entry, which it must have seen posted, after it passed
+    /// the gate ([`Segment::begin_copy`]): writes the message and its length, then the
+    /// result, which publishes them, then reopens the gate.
+    ///
+    /// The words go in from the last: the tail on the entry's second cache line, then
+    /// the first line's words and the result back to back, so the receiver's polls of the
+    /// first line do not take it away between the sender's stores to it.
+    ///
+    /// # Panics
+    ///
+    /// If `message` is longer than [`INLINE_CAPACITY`].
+    pub fn deliver_inline(&self, count: u64, message: &[u8]) {
+        let entry = self.entry(count);
+        let words = message.chunks(8);
+        assert!(
+            words.len() <= INLINE_WORDS,
+            "an inline message past its capacity"
+        );
+        for (word, bytes) in entry.inline.iter().zip(words).rev() {
+            let mut padded = [0u8; 8];
+            padded[..bytes.len()].copy_from_slice(bytes);
+            word.store(u64::from_ne_bytes(padded), Ordering::Relaxed);
+        }
+        entry
+            .byte_len
+            .store(message.len() as u32, Ordering::Relaxed);
+        entry.filled.store(FILLED_INLINE, publication());
+        self.gate.0.fetch_and(!COPYING, Ordering::Release);
+    }
+
+    /// The inline message of the receiver's `count`-th receive, into `out` (as long as
+    /// the message): call it once [`Direction::delivered`] reported
+    /// [`Filled::Inline`], which ordered the sender's writes before these reads.
+    ///
+    /// # Panics
+    ///
+    /// If `out` is longer than [`INLINE_CAPACITY`].
+    pub fn inline_message(&self, count: u64, out: &mut [u8]) {
+        let entry = self.entry(count);
+        let words = out.chunks_mut(8);
+        assert!(
+            words.len() <= INLINE_WORDS,
+            "an inline message past its capacity"
+        );
+        for (word, bytes) in entry.inline.iter().zip(words) {
+            let value = word.load(Ordering::Relaxed).to_ne_bytes();
+            bytes.copy_from_slice(&value[..bytes.len()]);
+        }
+    }
+
+    /// Asks the core to fetch the second cache line of the `count`-th entry, which holds
+    /// the tail of an inline message, while the receiver polls the first: see
+    /// [`prefetch`].
+    #[cfg(not(loom))]
+    pub(crate) fn prefetch_inline_tail(&self, count: u64) {
+        let entry: *const Entry = self.entry(count);
+        prefetch(entry.cast::<u8>().wrapping_add(64));
     }
 
     /// The receiver's look at the result of its `count`-th receive, once delivered; the
@@ -322,6 +406,7 @@ impl<const N: usize> Direction<N> {
         Some(match entry.filled.load(Ordering::Acquire) {
             0 => return None,
             FILLED_DELIVERED => Ok(Filled::Delivered(entry.byte_len.load(Ordering::Relaxed))),
+            FILLED_INLINE => Ok(Filled::Inline(entry.byte_len.load(Ordering::Relaxed))),
             FILLED_TOO_LONG => Ok(Filled::TooLong),
             FILLED_UNREACHABLE => Ok(Filled::Unreachable),
             unknown => Err(unknown),
@@ -339,6 +424,23 @@ impl<const N: usize> Direction<N> {
     pub(crate) fn announced(&self) -> u64 {
         self.announced.load(Ordering::Acquire)
     }
+}
+
+/// Asks the core to fetch the cache line at `address` ahead of a read. A prefetch reads
+/// nothing the program sees and cannot fault, so any address will do and it needs no
+/// ordering with the peer's writes; where the target has no prefetch, it does nothing.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn prefetch(address: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sse` is part of every x86_64 target, and a prefetch of any address neither
+    // reads program-visible memory nor faults.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(address.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
 }
 
 /// The ordering of the stores that publish an entry or a delivery.
@@ -451,6 +553,36 @@ mod tests {
         assert_eq!(direction.delivered(1), None, "lap 0's result is cleared");
         direction.deliver(1, Filled::Delivered(6));
         assert_eq!(direction.delivered(1), Some(Ok(Filled::Delivered(6))));
+    }
+
+    #[test]
+    fn inline_messages_of_every_length_come_out_as_they_went_in() {
+        let segment = Segment::<1>::new_boxed();
+        let direction = segment.direction(0);
+        let sent: Vec<u8> = (1..=INLINE_CAPACITY as u8).collect();
+        for (lap, len) in (0u64..).zip(0..=INLINE_CAPACITY) {
+            direction.post(lap, BUFFER);
+            assert!(segment.begin_copy(0));
+            direction.deliver_inline(lap, &sent[..len]);
+            assert_eq!(
+                direction.delivered(lap),
+                Some(Ok(Filled::Inline(len as u32)))
+            );
+            let mut received = vec![0u8; len];
+            direction.inline_message(lap, &mut received);
+            assert_eq!(received, sent[..len], "lap {lap}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "past its capacity")]
+    fn an_inline_message_past_the_capacity_is_refused() {
+        let segment = Segment::<1>::new_boxed();
+        segment.direction(0).post(0, BUFFER);
+        assert!(segment.begin_copy(0));
+        segment
+            .direction(0)
+            .deliver_inline(0, &[0u8; INLINE_CAPACITY + 1]);
     }
 
     #[test]
