@@ -175,6 +175,10 @@ struct Entry {
     inline: [AtomicU64; INLINE_WORDS],
 }
 
+// The entry is the two cache lines its documentation and `prefetch_inline_tail` assume.
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<Entry>() == 128);
+
 impl<const N: usize> Segment<N> {
     /// An empty segment on the heap (the loom models' segment, and tests').
     pub fn new_boxed() -> Box<Segment<N>> {
@@ -333,9 +337,7 @@ impl<const N: usize> Direction<N> {
             Filled::TooLong => (FILLED_TOO_LONG, 0),
             Filled::Unreachable => (FILLED_UNREACHABLE, 0),
         };
-        entry.byte_len.store(byte_len, Ordering::Relaxed);
-        entry.filled.store(code, publication());
-        self.gate.0.fetch_and(!COPYING, Ordering::Release);
+        self.publish(entry, code, byte_len);
     }
 
     /// The sender's delivery of `message` (at most [`INLINE_CAPACITY`] bytes) in the
@@ -362,10 +364,14 @@ impl<const N: usize> Direction<N> {
             padded[..bytes.len()].copy_from_slice(bytes);
             word.store(u64::from_ne_bytes(padded), Ordering::Relaxed);
         }
-        entry
-            .byte_len
-            .store(message.len() as u32, Ordering::Relaxed);
-        entry.filled.store(FILLED_INLINE, publication());
+        self.publish(entry, FILLED_INLINE, message.len() as u32);
+    }
+
+    /// Writes `entry`'s length, then its result word, which publishes the delivery, then
+    /// reopens the gate.
+    fn publish(&self, entry: &Entry, code: u32, byte_len: u32) {
+        entry.byte_len.store(byte_len, Ordering::Relaxed);
+        entry.filled.store(code, publication());
         self.gate.0.fetch_and(!COPYING, Ordering::Release);
     }
 
