@@ -106,6 +106,26 @@ pub trait Endpoint: Send + fmt::Debug {
     /// endpoint names any of them. An error return ends this at once: nothing was posted.
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError>;
 
+    /// Whether [`Endpoint::try_post_send_copied`] can ever take a send: a software
+    /// provider that copies messages itself can copy one from the caller's memory; a verbs
+    /// NIC reads only registered memory.
+    fn copies_from_caller(&self) -> bool {
+        false
+    }
+
+    /// Sends the concatenation of `parts` (at most [`EndpointLimits::max_gather`]) from
+    /// the caller's own memory, registered or not, if the provider can copy it into a
+    /// receive the peer has posted at once, with no send of this endpoint waiting ahead of
+    /// it: `Ok(true)` when it has, and the send completes as any other (its completion
+    /// carries `wr_id`); `Ok(false)` when it cannot now, having taken nothing (post it
+    /// from registered memory instead). Nothing of `parts` is read after the call.
+    ///
+    /// The default, for providers that read only registered memory, takes nothing.
+    fn try_post_send_copied(&mut self, parts: &[&[u8]], wr_id: u64) -> Result<bool, PostError> {
+        let _ = (parts, wr_id);
+        Ok(false)
+    }
+
     /// Makes progress and moves up to `completions.len()` completions into
     /// `completions`, returning how many; never blocks. Each completion ends the
     /// obligation its post took on.
@@ -195,13 +215,21 @@ impl EndpointLimits {
     /// The length of the message `gather` sends, after checking the gather limit and
     /// that the buffers add up to what one message carries.
     pub(crate) fn message_len(self, gather: &[BufferRef]) -> Result<u32, PostError> {
-        if gather.len() > self.max_gather {
+        self.checked_len(gather.iter().map(|buffer| u64::from(buffer.len)))
+    }
+
+    /// [`EndpointLimits::message_len`] of a message given by the lengths of its parts.
+    pub(crate) fn checked_len(
+        self,
+        parts: impl ExactSizeIterator<Item = u64>,
+    ) -> Result<u32, PostError> {
+        if parts.len() > self.max_gather {
             return Err(PostError::TooManyBuffers {
-                given: gather.len(),
+                given: parts.len(),
                 max: self.max_gather,
             });
         }
-        let total: u64 = gather.iter().map(|buffer| u64::from(buffer.len)).sum();
+        let total: u64 = parts.sum();
         match u32::try_from(total) {
             Ok(len) if len <= self.max_message => Ok(len),
             _ => Err(PostError::MessageTooLong {

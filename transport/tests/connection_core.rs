@@ -17,16 +17,36 @@ use tierbuf_transport::connection::{
     ConnectionConfig, ConnectionCore, Message, SendError, WorkKind, WorkRequest, WouldBlock,
 };
 
+/// A send the executor has not finished: from a send slot, or copied from the caller's
+/// message when it was handed out (`try_send_copied`).
+enum Outgoing {
+    Slot(BufferRef),
+    Copied(Vec<u8>),
+}
+
 /// One side: its core and the work it posted that the executor has not finished.
 struct Side {
     core: ConnectionCore,
     recvs: VecDeque<(u64, BufferRef)>,
-    sends: VecDeque<(u64, BufferRef)>,
+    sends: VecDeque<(u64, Outgoing)>,
     received: Vec<Vec<u8>>,
     /// While set, delivered messages are kept whole (holding their receive slots) in
     /// `held` instead of being copied into `received`.
     hold: bool,
     held: Vec<Message>,
+}
+
+impl Side {
+    /// Takes a receive or a send from a slot to carry out.
+    fn take(&mut self, work: WorkRequest) {
+        match work {
+            WorkRequest::PostRecv { wr_id, buffer } => self.recvs.push_back((wr_id, buffer)),
+            WorkRequest::PostSend { wr_id, buffer } => {
+                self.sends.push_back((wr_id, Outgoing::Slot(buffer)))
+            }
+            other => panic!("{other:?} outside the call that gave its message"),
+        }
+    }
 }
 
 struct Pair {
@@ -86,14 +106,7 @@ impl Pair {
             side.core.progress(self.now);
             while let Some(work) = side.core.poll_work() {
                 moved = true;
-                match work {
-                    WorkRequest::PostRecv { wr_id, buffer } => {
-                        side.recvs.push_back((wr_id, buffer))
-                    }
-                    WorkRequest::PostSend { wr_id, buffer } => {
-                        side.sends.push_back((wr_id, buffer))
-                    }
-                }
+                side.take(work);
             }
         }
         for from in 0..2 {
@@ -101,29 +114,29 @@ impl Pair {
             while !self.sides[from].sends.is_empty() && !self.sides[to].recvs.is_empty() {
                 let (send_id, send) = self.sides[from].sends.pop_front().unwrap();
                 let (recv_id, recv) = self.sides[to].recvs.pop_front().unwrap();
+                let (source, len) = match &send {
+                    Outgoing::Slot(buffer) => (buffer.addr as *const u8, buffer.len),
+                    Outgoing::Copied(bytes) => (bytes.as_ptr(), bytes.len() as u32),
+                };
                 assert!(
-                    send.len <= recv.len,
-                    "a frame of {} bytes overran a {}-byte receive",
-                    send.len,
+                    len <= recv.len,
+                    "a frame of {len} bytes overran a {}-byte receive",
                     recv.len
                 );
-                // SAFETY: both buffers are slots the cores hold while their work requests
-                // are posted; they are distinct regions of this process.
+                // SAFETY: the receive buffer is a slot its core holds while the work
+                // request is posted, and so is a send slot; a copied send's bytes are the
+                // executor's own. They are distinct memory of this process.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        send.addr as *const u8,
-                        recv.addr as *mut u8,
-                        send.len as usize,
-                    );
+                    std::ptr::copy_nonoverlapping(source, recv.addr as *mut u8, len as usize);
                 }
                 let now = self.now;
                 self.sides[from]
                     .core
-                    .handle_completion(now, WorkKind::Send, send_id, send.len)
+                    .handle_completion(now, WorkKind::Send, send_id, len)
                     .unwrap();
                 self.sides[to]
                     .core
-                    .handle_completion(now, WorkKind::Recv, recv_id, send.len)
+                    .handle_completion(now, WorkKind::Recv, recv_id, len)
                     .unwrap();
                 moved = true;
             }
@@ -143,12 +156,54 @@ impl Pair {
 
     /// Sends `message` from side `from`, stepping until it is wholly accepted.
     fn send(&mut self, from: usize, message: &[u8]) {
+        self.send_by(message, |pair, rest| {
+            let now = pair.now;
+            pair.sides[from].core.try_send(now, &[IoSlice::new(rest)])
+        });
+    }
+
+    /// Sends `message` from side `from` as a provider that copies from the caller's
+    /// memory would (`try_send_copied`), stepping until it is wholly accepted. Each frame
+    /// handed out to be copied is settled at once: `copies` says, frame by frame, whether
+    /// the provider took it (its bytes are then copied out of the message) or left it to
+    /// be written into its send slot.
+    fn send_copied(&mut self, from: usize, message: &[u8], copies: &mut impl FnMut() -> bool) {
+        self.send_by(message, |pair, rest| {
+            let now = pair.now;
+            let side = &mut pair.sides[from];
+            let accepted = side.core.try_send_copied(now, rest);
+            while let Some(work) = side.core.poll_work() {
+                let WorkRequest::PostSendCopied(frame) = work else {
+                    side.take(work);
+                    continue;
+                };
+                if copies() {
+                    let settled = side.core.settle_copied(&frame, rest, true);
+                    assert_eq!(settled, None, "a copied send posts nothing more");
+                    let bytes = [&frame.header[..], frame.payload(rest)].concat();
+                    side.sends.push_back((frame.wr_id, Outgoing::Copied(bytes)));
+                } else {
+                    let settled = side.core.settle_copied(&frame, rest, false);
+                    assert!(
+                        matches!(settled, Some(WorkRequest::PostSend { wr_id, .. }) if wr_id == frame.wr_id),
+                        "a send not copied is posted from its slot: {settled:?}"
+                    );
+                    side.take(settled.unwrap());
+                }
+            }
+            accepted
+        });
+    }
+
+    /// Offers the rest of `message` with `offer`, stepping until it is wholly accepted.
+    fn send_by(
+        &mut self,
+        message: &[u8],
+        mut offer: impl FnMut(&mut Pair, &[u8]) -> Result<usize, SendError>,
+    ) {
         let mut offset = 0;
         for _ in 0..10_000 {
-            match self.sides[from]
-                .core
-                .try_send(self.now, &[IoSlice::new(&message[offset..])])
-            {
+            match offer(self, &message[offset..]) {
                 Ok(accepted) => {
                     offset += accepted;
                     if offset == message.len() {
@@ -270,6 +325,36 @@ fn every_registered_byte_comes_back() {
     assert_eq!(budgets.map(|b| b.in_use()), [0, 0]);
 }
 
+/// Sends messages of `sizes` (each with its direction: `true` from side 1) through `send`
+/// on a fresh pair, and checks that each side received the other's once, in order, byte
+/// for byte. Returns the pair, settled.
+fn exchange(
+    sizes: &[(usize, bool)],
+    mut send: impl FnMut(&mut Pair, usize, &[u8]),
+) -> Result<Pair, TestCaseError> {
+    let mut pair = Pair::new([4 << 20, 4 << 20]);
+    let mut expected: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
+    for (i, &(len, backwards)) in sizes.iter().enumerate() {
+        let from = usize::from(backwards);
+        let message = pattern(len, i as u8);
+        send(&mut pair, from, &message);
+        expected[1 - from].push(message);
+    }
+    pair.settle();
+    for (side, expected) in pair.sides.iter().zip(&expected) {
+        prop_assert_eq!(side.received.len(), expected.len());
+        for (got, want) in side.received.iter().zip(expected) {
+            prop_assert!(
+                got == want,
+                "message differs: {} vs {} bytes",
+                got.len(),
+                want.len()
+            );
+        }
+    }
+    Ok(pair)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
@@ -277,21 +362,23 @@ proptest! {
     /// every message once, in order, byte for byte.
     #[test]
     fn random_sizes_arrive_once_in_order(sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40)) {
-        let mut pair = Pair::new([4 << 20, 4 << 20]);
-        let mut expected: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
-        for (i, &(len, backwards)) in sizes.iter().enumerate() {
-            let from = usize::from(backwards);
-            let message = pattern(len, i as u8);
-            pair.send(from, &message);
-            expected[1 - from].push(message);
-        }
-        pair.settle();
-        for (side, expected) in pair.sides.iter().zip(&expected) {
-            prop_assert_eq!(side.received.len(), expected.len());
-            for (got, want) in side.received.iter().zip(expected) {
-                prop_assert!(got == want, "message differs: {} vs {} bytes", got.len(), want.len());
-            }
-        }
+        exchange(&sizes, Pair::send)?;
+    }
+
+    /// The same with the senders' data frames copied from their messages by the
+    /// "provider" or, as it decides frame by frame, written into send slots after all:
+    /// every message once, in order, byte for byte, and every send slot comes back.
+    #[test]
+    fn copied_sends_arrive_once_in_order_whether_taken_or_not(
+        sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40),
+        taken in prop::collection::vec(any::<bool>(), 1..16),
+    ) {
+        let mut decisions = taken.iter().copied().cycle();
+        let mut copies = || decisions.next().unwrap_or(true);
+        let pair = exchange(&sizes, |pair, from, message| pair.send_copied(from, message, &mut copies))?;
+        let budgets = pair.budgets.clone();
+        drop(pair);
+        prop_assert_eq!(budgets.map(|b| b.in_use()), [0, 0]);
     }
 }
 

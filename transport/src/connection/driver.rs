@@ -9,6 +9,11 @@
 //!   `Endpoint::post_send` ask of their callers.
 //! - Work the endpoint refuses for a full queue is kept, in order, and posted first at the
 //!   next progress; work refused for any other reason fails the connection.
+//! - A send the core hands out to be copied from the caller's message
+//!   ([`WorkRequest::PostSendCopied`]) is settled within the call that gave the message:
+//!   posted from the message if the endpoint takes it at once, otherwise written into its
+//!   reserved send slot and posted (or kept) as any send. None is left once the call
+//!   returns, so nothing refers to the caller's message after it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -152,35 +157,82 @@ impl<E: Endpoint> Connection<E> {
 
     /// Posts the work the endpoint takes; returns how many requests were posted.
     fn post_work(&mut self) -> usize {
+        self.post_work_from(&[])
+    }
+
+    /// [`Connection::post_work`] right after the core was given `message` to send
+    /// (`ConnectionCore::try_send_copied`), whose frames may be copied from it: every one
+    /// is settled before this returns (module invariants).
+    fn post_work_from(&mut self, message: &[u8]) -> usize {
         let mut posted_count = 0;
         while let Some(work) = self.unposted.pop_front().or_else(|| self.core.poll_work()) {
-            // SAFETY: the buffer is a slot the core holds until the completion naming
-            // `wr_id` comes back through `progress`, and the core touches it only as the
-            // module invariants say; if the endpoint is dropped first, the core's slots
-            // outlive nothing the endpoint can still reach (closing flushes everything).
-            let posted = unsafe {
-                match work {
-                    WorkRequest::PostRecv { wr_id, buffer } => {
-                        self.endpoint.post_recv(buffer, wr_id)
-                    }
-                    WorkRequest::PostSend { wr_id, buffer } => {
-                        self.endpoint.post_send(&[buffer], wr_id)
-                    }
-                }
-            };
-            match posted {
+            match self.post_one(work, message) {
                 Ok(()) => posted_count += 1,
-                Err(PostError::QueueFull { .. }) => {
-                    self.unposted.push_front(work);
+                Err((PostError::QueueFull { .. }, kept)) => {
+                    self.unposted.push_front(kept);
                     break;
                 }
-                Err(error) => {
+                Err((error, _)) => {
                     self.core.fail(ConnectionError::Provider(error.to_string()));
                     break;
                 }
             }
         }
+        // What is left waits for the next progress, written into send slots.
+        while let Some(work) = self.core.poll_work() {
+            let work = self.settle_uncopied(work, message);
+            self.unposted.push_back(work);
+        }
         posted_count
+    }
+
+    /// Posts one work request; on an error, hands back the request to keep in its place.
+    fn post_one(
+        &mut self,
+        work: WorkRequest,
+        message: &[u8],
+    ) -> Result<(), (PostError, WorkRequest)> {
+        let work = match work {
+            WorkRequest::PostSendCopied(frame) => {
+                let parts = [&frame.header[..], frame.payload(message)];
+                match self.endpoint.try_post_send_copied(&parts, frame.wr_id) {
+                    Ok(true) => {
+                        self.core.settle_copied(&frame, message, true);
+                        return Ok(());
+                    }
+                    Ok(false) => self.settle_uncopied(work, message),
+                    Err(error) => return Err((error, self.settle_uncopied(work, message))),
+                }
+            }
+            other => other,
+        };
+        // SAFETY: the buffer is a slot the core holds until the completion naming `wr_id`
+        // comes back through `progress`, and the core touches it only as the module
+        // invariants say; if the endpoint is dropped first, the core's slots outlive
+        // nothing the endpoint can still reach (closing flushes everything).
+        let posted = unsafe {
+            match work {
+                WorkRequest::PostRecv { wr_id, buffer } => self.endpoint.post_recv(buffer, wr_id),
+                WorkRequest::PostSend { wr_id, buffer } => {
+                    self.endpoint.post_send(&[buffer], wr_id)
+                }
+                WorkRequest::PostSendCopied(_) => {
+                    unreachable!("settled above into a send from its slot")
+                }
+            }
+        };
+        posted.map_err(|error| (error, work))
+    }
+
+    /// A send to be copied from `message`, written into its send slot instead: the
+    /// request to post in its place. Any other request comes back as it is.
+    fn settle_uncopied(&mut self, work: WorkRequest, message: &[u8]) -> WorkRequest {
+        let WorkRequest::PostSendCopied(frame) = work else {
+            return work;
+        };
+        self.core
+            .settle_copied(&frame, message, false)
+            .expect("a send not copied is posted from its slot")
     }
 
     /// Offers a message without blocking; see [`ConnectionCore::try_send`].
@@ -196,15 +248,25 @@ impl<E: Endpoint> Connection<E> {
     /// segments). It is then on its way; [`Connection::flush`] waits for it to leave. A
     /// segmented message is posted straight from `message`
     /// ([`ConnectionCore::try_send_borrowed`]), not copied to the heap first as
-    /// [`Connection::try_send`] must.
+    /// [`Connection::try_send`] must. Over an endpoint that copies from the caller's
+    /// memory (`Endpoint::copies_from_caller`, the shared-memory provider), each frame
+    /// the peer has a receive posted for is copied by the provider straight from
+    /// `message` into that receive ([`ConnectionCore::try_send_copied`]), so this side
+    /// makes no copy of its own; a frame the endpoint cannot take at once is written into
+    /// a send slot and posted as usual.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
         let mut wait = PollWait::default();
         let mut offset = 0;
+        let copies_from_caller = self.endpoint.copies_from_caller();
         loop {
             let rest = &message[offset..];
             let now = self.clock_for(rest.len());
-            let accepted = self.core.try_send_borrowed(now, rest);
-            self.post_work();
+            let accepted = if copies_from_caller {
+                self.core.try_send_copied(now, rest)
+            } else {
+                self.core.try_send_borrowed(now, rest)
+            };
+            self.post_work_from(rest);
             match accepted {
                 Ok(accepted) => {
                     offset += accepted;

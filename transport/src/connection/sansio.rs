@@ -9,7 +9,9 @@
 //! - Every frame is posted against a credit, and is no longer than the receive that credit
 //!   stands for (`Credits`, rule 1): a frame can never overrun the peer's buffer.
 //! - Every posted receive holds its slot in `posted` until its completion; every posted
-//!   send holds its slot in `sending` until its completion. A slot of a replaced tier is
+//!   send holds its slot in `sending` until its completion. A send the provider copied
+//!   straight from the caller's message ([`ConnectionCore::try_send_copied`]) holds no
+//!   slot there, only its place until its completion. A slot of a replaced tier is
 //!   never reposted, so the tier retires once its last slot comes back. Over SEND/RECV a
 //!   peer can write only into posted receives, so "every slot back" is also "the peer can no
 //!   longer reach it": the receive region installs a new tier without waiting for a release.
@@ -20,6 +22,11 @@
 //! - `reserved` holds the send slot of a message being built in place, with its length;
 //!   the slot is neither posted nor spare, and no credit is taken for it until it is
 //!   committed. The core never writes its payload.
+//! - `copied_from` is set only during [`ConnectionCore::try_send_copied`]: a data frame
+//!   whose payload lies in that message is handed out as
+//!   [`WorkRequest::PostSendCopied`] with its send slot reserved in `sending` and unwritten,
+//!   and the driver settles it ([`ConnectionCore::settle_copied`]) before the message is
+//!   gone: the slot goes back to the spares, or the frame is written into it and posted.
 //! - `spare_send_slots` holds send slots whose sends completed, all of the send tier in
 //!   force, for the next frames: a slot goes back to its pool only when the send tier
 //!   changes, which empties the list, so a replaced tier can still retire.
@@ -241,6 +248,7 @@ pub enum WorkKind {
 
 /// What the core asks its provider endpoint to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WorkRequest {
     /// Post `buffer` as a receive.
     PostRecv {
@@ -256,6 +264,34 @@ pub enum WorkRequest {
         /// The bytes to send.
         buffer: BufferRef,
     },
+    /// Send the frame, copied by the provider from the message given to
+    /// [`ConnectionCore::try_send_copied`] (`Endpoint::try_post_send_copied`); then settle
+    /// it with [`ConnectionCore::settle_copied`], before that message is gone, whether or
+    /// not the provider took it. Only `try_send_copied` hands these out.
+    PostSendCopied(CopiedFrame),
+}
+
+/// A frame whose payload lies in the caller's message ([`WorkRequest::PostSendCopied`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopiedFrame {
+    /// The id its completion will carry.
+    pub wr_id: u64,
+    /// The frame's header, to send first.
+    pub header: [u8; HEADER_LEN],
+    payload_at: usize,
+    payload_len: usize,
+}
+
+impl CopiedFrame {
+    /// The frame's payload in `message`, the message given to
+    /// [`ConnectionCore::try_send_copied`].
+    ///
+    /// # Panics
+    ///
+    /// If `message` is shorter than that message.
+    pub fn payload<'m>(&self, message: &'m [u8]) -> &'m [u8] {
+        &message[self.payload_at..self.payload_at + self.payload_len]
+    }
 }
 
 /// Why `try_send` accepted nothing.
@@ -395,7 +431,12 @@ pub struct ConnectionCore {
     grants: PendingGrants,
     reassembly: Reassembly,
     posted: Slab<OwnedTierSlot>,
-    sending: Slab<OwnedTierSlot>,
+    /// The slot of each send posted and not completed; `None` for one copied from the
+    /// caller's message (module invariants).
+    sending: Slab<Option<OwnedTierSlot>>,
+    /// The address and length of the message `try_send_copied` is sending (module
+    /// invariants).
+    copied_from: Option<(usize, usize)>,
     /// Send slots of the tier in force whose sends completed (module invariants).
     spare_send_slots: Vec<OwnedTierSlot>,
     /// The slot and length of a message being built in place (module invariants).
@@ -451,6 +492,7 @@ impl ConnectionCore {
             grants: PendingGrants::default(),
             posted: Slab::new(),
             sending: Slab::new(),
+            copied_from: None,
             spare_send_slots: Vec::new(),
             reserved: None,
             work: VecDeque::new(),
@@ -837,6 +879,10 @@ impl ConnectionCore {
         let Some(mut slot) = self.acquire_send_slot(HEADER_LEN + len) else {
             return false;
         };
+        if let Some(payload_at) = self.copied_range(payload) {
+            self.post_copied(header, slot, payload_at);
+            return true;
+        }
         let mut at = HEADER_LEN;
         for part in payload {
             let take = part.len().min(HEADER_LEN + len - at);
@@ -872,9 +918,90 @@ impl ConnectionCore {
             addr: slot.remote_addr(),
             len: (HEADER_LEN + len) as u32,
         };
-        let wr_id = self.sending.insert(slot) as u64;
+        let wr_id = self.sending.insert(Some(slot)) as u64;
         self.work.push_back(WorkRequest::PostSend { wr_id, buffer });
         self.stats.frames_sent += 1;
+    }
+
+    /// Where `payload` lies in the message `try_send_copied` is sending, if it is one
+    /// part of it.
+    /// Returns where it starts.
+    fn copied_range(&self, payload: &[IoSlice<'_>]) -> Option<usize> {
+        let (message, message_len) = self.copied_from?;
+        let [part] = payload else {
+            return None;
+        };
+        let start = (part.as_ptr() as usize).checked_sub(message)?;
+        (start.checked_add(part.len())? <= message_len).then_some(start)
+    }
+
+    /// [`ConnectionCore::post_slot`] for a frame whose payload the provider may copy from
+    /// the caller's message, where it starts at `payload_at`: takes the credit, encodes
+    /// the header, and reserves `slot` (unwritten) until [`ConnectionCore::settle_copied`].
+    fn post_copied(&mut self, mut header: FrameHeader, slot: OwnedTierSlot, payload_at: usize) {
+        self.credits.take();
+        header.grant = self.grants.take();
+        let mut encoded = [0u8; HEADER_LEN];
+        header.encode(&mut encoded);
+        let wr_id = self.sending.insert(Some(slot)) as u64;
+        self.work
+            .push_back(WorkRequest::PostSendCopied(CopiedFrame {
+                wr_id,
+                header: encoded,
+                payload_at,
+                payload_len: header.payload_len as usize,
+            }));
+        self.stats.frames_sent += 1;
+    }
+
+    /// Sends `message` as [`ConnectionCore::try_send_borrowed`] does, but hands out its
+    /// data frames as [`WorkRequest::PostSendCopied`], for a provider that can copy them
+    /// straight from `message` into the peer's receives (saving the copy into a send
+    /// slot). The caller settles every one of them ([`ConnectionCore::settle_copied`])
+    /// before it lets go of `message`.
+    pub fn try_send_copied(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
+        self.copied_from = Some((message.as_ptr() as usize, message.len()));
+        let accepted = self.try_send_borrowed(now, message);
+        self.copied_from = None;
+        accepted
+    }
+
+    /// Settles a [`WorkRequest::PostSendCopied`] of `frame`, with `message` the message
+    /// given to [`ConnectionCore::try_send_copied`]: when the provider `copied` it, its
+    /// reserved send slot goes back to the spares; when it did not, the frame is written
+    /// into that slot, and the send to post instead is returned.
+    ///
+    /// # Panics
+    ///
+    /// If `frame` was already settled, or `message` is not the one its payload lies in.
+    pub fn settle_copied(
+        &mut self,
+        frame: &CopiedFrame,
+        message: &[u8],
+        copied: bool,
+    ) -> Option<WorkRequest> {
+        let wr_id = frame.wr_id;
+        let reserved = self
+            .sending
+            .get_mut(wr_id as usize)
+            .and_then(Option::take)
+            .expect("a copied send settled once, while outstanding");
+        if copied {
+            self.keep_send_slot(reserved);
+            return None;
+        }
+        let mut slot = reserved;
+        let payload = frame.payload(message);
+        let len = HEADER_LEN + payload.len();
+        slot[..HEADER_LEN].copy_from_slice(&frame.header);
+        slot[HEADER_LEN..len].copy_from_slice(payload);
+        let buffer = BufferRef {
+            remote_key: slot.keys().remote_key,
+            addr: slot.remote_addr(),
+            len: len as u32,
+        };
+        self.sending[wr_id as usize] = Some(slot);
+        Some(WorkRequest::PostSend { wr_id, buffer })
     }
 
     /// Keeps a send slot for the next frame if it lies in the send tier in force; gives it
@@ -1201,7 +1328,10 @@ impl ConnectionCore {
         let outcome = match kind {
             WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
                 Some(slot) => {
-                    self.keep_send_slot(slot);
+                    // A send copied from the caller's message holds no slot.
+                    if let Some(slot) = slot {
+                        self.keep_send_slot(slot);
+                    }
                     Ok(())
                 }
                 None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),

@@ -61,6 +61,58 @@ struct PendingSend {
     len: u32,
 }
 
+/// The bytes of a send: a posted send's gather list, or the caller's own memory for a
+/// send copied at once ([`Endpoint::try_post_send_copied`]).
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Posted(&'a PendingSend),
+    Caller(&'a [&'a [u8]]),
+}
+
+impl Source<'_> {
+    /// Whether every region the bytes lie in is still registered.
+    fn is_live(self) -> bool {
+        match self {
+            Source::Posted(send) => send.gather.iter().flatten().all(|s| s.region.is_live()),
+            Source::Caller(_) => true,
+        }
+    }
+
+    /// Copies the bytes, in order, to `destination`.
+    ///
+    /// # Safety
+    ///
+    /// `destination` is valid for writes of the source's length (what `try_match` was
+    /// given) that nothing else reads or writes meanwhile. The sources need nothing more:
+    /// a posted send's buffers lie inside their live local regions (checked when posted,
+    /// and the request holds the regions), and the poster promised not to write them
+    /// until the send's completion; the caller's parts are borrowed for the call.
+    unsafe fn copy_to(self, destination: *mut u8) {
+        let mut written = 0usize;
+        let mut copy = |from: *const u8, len: usize| {
+            // SAFETY: the source as the function's doc says; the parts add up to the
+            // source's length, so `written .. written + len` stays within what the
+            // caller promised.
+            unsafe { std::ptr::copy_nonoverlapping(from, destination.add(written), len) };
+            written += len;
+        };
+        match self {
+            Source::Posted(send) => {
+                for segment in send.gather.iter().flatten() {
+                    // SAFETY: `offset` lies within the region (checked when posted).
+                    let from = unsafe { segment.region.byte_at(segment.offset) };
+                    copy(from.as_ptr(), segment.len as usize);
+                }
+            }
+            Source::Caller(parts) => {
+                for part in parts {
+                    copy(part.as_ptr(), part.len());
+                }
+            }
+        }
+    }
+}
+
 /// A posted receive, holding its region.
 #[derive(Debug)]
 struct PostedRecv {
@@ -278,36 +330,44 @@ impl ShmEndpoint {
     fn progress_sends(&mut self) -> bool {
         let mut progressed = false;
         while let Some(send) = self.pending.pop_front() {
-            if !self.try_match(&send) {
+            let Some(status) = self.try_match(Source::Posted(&send), send.len) else {
                 self.pending.push_front(send);
                 break;
-            }
+            };
+            self.complete_send(send.wr_id, status);
             progressed = true;
         }
         progressed
     }
 
-    /// Copies `send`, the oldest send not yet matched, into the peer's oldest unfilled
-    /// receive and queues its completion; `false` (nothing done) while there is no such
-    /// receive or the connection is down.
-    fn try_match(&mut self, send: &PendingSend) -> bool {
+    fn complete_send(&mut self, wr_id: u64, status: CompletionStatus) {
+        self.send_completions.push_back(Completion {
+            wr_id,
+            byte_len: 0,
+            status,
+            opcode: Opcode::Send,
+        });
+    }
+
+    /// Delivers `source`, `len` bytes of the oldest send not yet matched, into the peer's
+    /// oldest unfilled receive and returns the status its completion gets; `None`
+    /// (nothing done) while there is no such receive or the connection is down.
+    fn try_match(&mut self, source: Source<'_>, len: u32) -> Option<CompletionStatus> {
         if self.segment().state() != PairState::Open {
-            return false;
+            return None;
         }
         let count = self.sends_matched;
         let mut view = self.peer_posts;
         let posted = self.segment().direction(self.side).posted(count, &mut view);
         self.peer_posts = view;
-        let Some(buffer) = posted else {
-            return false;
-        };
+        let buffer = posted?;
         if self.announcements_read < self.peer_posts.announced() {
             self.catch_up_with_announcements();
         }
-        let status = match self.fill(send, buffer) {
+        let status = match self.fill(source, len, buffer) {
             Ok(filled) => {
                 if let Filled::Inline(len) = filled {
-                    self.deliver_inline(count, send, len);
+                    self.deliver_inline(count, source, len);
                 } else {
                     self.segment().direction(self.side).deliver(count, filled);
                 }
@@ -327,16 +387,10 @@ impl ShmEndpoint {
                 self.segment().break_connection();
                 CompletionStatus::LocalProtectionError
             }
-            Err(NotCopied::ConnectionDown) => return false,
+            Err(NotCopied::ConnectionDown) => return None,
         };
         self.sends_matched += 1;
-        self.send_completions.push_back(Completion {
-            wr_id: send.wr_id,
-            byte_len: 0,
-            status,
-            opcode: Opcode::Send,
-        });
-        true
+        Some(status)
     }
 
     /// Copies `send` into the peer's `buffer` if it fits and can be reached; a send short
@@ -344,43 +398,48 @@ impl ShmEndpoint {
     /// [`Filled::Inline`]. The peer checked an inline message's buffer when it posted it
     /// (it is the one that writes it). Either way the gate is passed, and the delivery
     /// reopens it.
-    fn fill(&self, send: &PendingSend, buffer: PostedBuffer) -> Result<Filled, NotCopied> {
-        let inline = send.len as usize <= INLINE_CAPACITY && send.len <= buffer.len;
+    fn fill(
+        &self,
+        source: Source<'_>,
+        len: u32,
+        buffer: PostedBuffer,
+    ) -> Result<Filled, NotCopied> {
+        let inline = len as usize <= INLINE_CAPACITY && len <= buffer.len;
         let destination = if inline {
             None
         } else {
             let Some(destination) = self.peer_buffer(buffer) else {
                 return Ok(Filled::Unreachable);
             };
-            if send.len > buffer.len {
+            if len > buffer.len {
                 return Ok(Filled::TooLong);
             }
             Some(destination)
         };
-        if !send.gather.iter().flatten().all(|s| s.region.is_live()) {
+        if !source.is_live() {
             return Err(NotCopied::LocalRegionGone);
         }
         if !self.segment().begin_copy(self.side) {
             return Err(NotCopied::ConnectionDown);
         }
         let Some(destination) = destination else {
-            return Ok(Filled::Inline(send.len));
+            return Ok(Filled::Inline(len));
         };
         // SAFETY: `destination` starts the peer's buffer, which `peer_buffer` found inside
-        // a mapping of ours with `send.len <= buffer.len` bytes to spare. The peer promised
-        // the buffer to this send (it is the oldest posted receive) and, closing, shuts
-        // its gate and waits for the copy `begin_copy` admitted.
-        unsafe { gather(send, destination.as_ptr()) };
-        Ok(Filled::Delivered(send.len))
+        // a mapping of ours with `len <= buffer.len` bytes to spare. The peer promised the
+        // buffer to this send (it is the oldest posted receive) and, closing, shuts its
+        // gate and waits for the copy `begin_copy` admitted.
+        unsafe { source.copy_to(destination.as_ptr()) };
+        Ok(Filled::Delivered(len))
     }
 
     /// Delivers `send`, `len` bytes that [`ShmEndpoint::fill`] found short enough (and
     /// passed the gate for), inline in the ring entry of the peer's `count`-th receive.
-    fn deliver_inline(&self, count: u64, send: &PendingSend, len: u32) {
+    fn deliver_inline(&self, count: u64, source: Source<'_>, len: u32) {
         let mut message = [0u8; INLINE_CAPACITY];
-        // SAFETY: the segments add up to `len <= INLINE_CAPACITY` bytes, the length of
-        // `message`, which nothing else reaches.
-        unsafe { gather(send, message.as_mut_ptr()) };
+        // SAFETY: the source is `len <= INLINE_CAPACITY` bytes, the length of `message`,
+        // which nothing else reaches.
+        unsafe { source.copy_to(message.as_mut_ptr()) };
         self.segment()
             .direction(self.side)
             .deliver_inline(count, &message[..len as usize]);
@@ -599,30 +658,6 @@ impl ShmEndpoint {
     }
 }
 
-/// Copies the bytes of `send`'s gather list, in order, to `destination`.
-///
-/// # Safety
-///
-/// `destination` is valid for writes of `send.len` bytes that nothing else reads or
-/// writes meanwhile. The sources need nothing more: each lies inside its live local
-/// region (checked when posted, and the request holds the region), and the poster
-/// promised not to write it until the send's completion.
-unsafe fn gather(send: &PendingSend, destination: *mut u8) {
-    let mut written = 0usize;
-    for segment in send.gather.iter().flatten() {
-        // SAFETY: the source as the function's doc says; the segments add up to
-        // `send.len`, so `written .. written + len` stays within what the caller promised.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                segment.region.byte_at(segment.offset).as_ptr(),
-                destination.add(written),
-                segment.len as usize,
-            );
-        }
-        written += segment.len as usize;
-    }
-}
-
 /// Why a send was not copied.
 enum NotCopied {
     /// A region of the send's gather list was deregistered.
@@ -683,14 +718,37 @@ impl Endpoint for ShmEndpoint {
         };
         // Sends are matched in order: this one goes at once only with none queued ahead.
         if self.pending.is_empty() {
-            if !self.try_match(&send) {
-                self.pending.push_back(send);
+            match self.try_match(Source::Posted(&send), len) {
+                Some(status) => self.complete_send(wr_id, status),
+                None => self.pending.push_back(send),
             }
         } else {
             self.pending.push_back(send);
             self.progress_sends();
         }
         Ok(())
+    }
+
+    fn copies_from_caller(&self) -> bool {
+        true
+    }
+
+    fn try_post_send_copied(&mut self, parts: &[&[u8]], wr_id: u64) -> Result<bool, PostError> {
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        let len = self
+            .limits
+            .checked_len(parts.iter().map(|part| part.len() as u64))?;
+        // Sends are matched in order: one queued ahead goes first.
+        if !self.pending.is_empty() {
+            return Ok(false);
+        }
+        let Some(status) = self.try_match(Source::Caller(parts), len) else {
+            return Ok(false);
+        };
+        self.outstanding.sends += 1;
+        self.complete_send(wr_id, status);
+        Ok(true)
     }
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {

@@ -664,6 +664,74 @@ pub(crate) fn closing_during_traffic_completes_every_request_exactly_once<P: Tes
     }
 }
 
+/// A send copied from the caller's memory goes at once, behind nothing, or takes nothing:
+/// not with no receive posted, not behind a send waiting for one; once taken it is
+/// delivered byte for byte, in order with sends from registered memory, and completes as
+/// they do. A provider that cannot copy from the caller's memory takes none.
+pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothing<
+    P: TestProvider,
+>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 8, 4, 4);
+    let message: Vec<u8> = (0..200).map(|offset| pattern(1, offset)).collect();
+    let (head, tail) = message.split_at(150);
+    assert!(
+        !a.try_post_send_copied(&[head, tail], 1).unwrap(),
+        "no receive posted"
+    );
+    assert_eq!(a.outstanding(), Outstanding::default(), "nothing taken");
+    let inboxes: Vec<OwnedSlot> = (0..3).map(|_| pool.try_acquire_owned().unwrap()).collect();
+    recv(&mut b, BufferRef::from(&inboxes[0]), 10).unwrap();
+    if !a.copies_from_caller() {
+        assert!(!a.try_post_send_copied(&[head, tail], 1).unwrap());
+        assert_eq!(a.outstanding(), Outstanding::default());
+        return;
+    }
+    assert!(a.try_post_send_copied(&[head, tail], 1).unwrap());
+    // A registered send waits for a receive; a copied one may not pass it.
+    let mut registered = pool.try_acquire_owned().unwrap();
+    fill_message(&mut registered, 2, 64);
+    send(
+        &mut a,
+        &[BufferRef::from(&registered).prefix(64).unwrap()],
+        2,
+    )
+    .unwrap();
+    let small = [pattern(3, 0), pattern(3, 1)];
+    assert!(
+        !a.try_post_send_copied(&[&small], 3).unwrap(),
+        "a send waits ahead"
+    );
+    recv(&mut b, BufferRef::from(&inboxes[1]), 11).unwrap();
+    assert_eq!(
+        poll_all(&mut a),
+        vec![
+            completion(1, 0, SUCCESS, Opcode::Send),
+            completion(2, 0, SUCCESS, Opcode::Send)
+        ]
+    );
+    assert!(
+        !a.try_post_send_copied(&[&small], 3).unwrap(),
+        "nothing ahead, but no receive posted"
+    );
+    recv(&mut b, BufferRef::from(&inboxes[2]), 12).unwrap();
+    assert!(a.try_post_send_copied(&[&small], 3).unwrap());
+    assert_eq!(
+        poll_all(&mut a),
+        vec![completion(3, 0, SUCCESS, Opcode::Send)]
+    );
+    assert_eq!(
+        poll_all(&mut b),
+        vec![
+            completion(10, 200, SUCCESS, Opcode::Recv),
+            completion(11, 64, SUCCESS, Opcode::Recv),
+            completion(12, 2, SUCCESS, Opcode::Recv),
+        ]
+    );
+    assert_eq!(&inboxes[0][..200], &message[..]);
+    assert!(is_message(&inboxes[1][..64], 2));
+    assert_eq!(&inboxes[2][..2], &small);
+}
+
 /// Instantiates every rule above as a `#[test]` for the provider type given.
 #[macro_export]
 macro_rules! provider_rules {
@@ -715,6 +783,10 @@ macro_rules! provider_rules {
         #[test]
         fn a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages() {
             provider_rules::a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages::<$provider>();
+        }
+        #[test]
+        fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothing() {
+            provider_rules::a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothing::<$provider>();
         }
         #[test]
         fn closing_during_traffic_completes_every_request_exactly_once() {
