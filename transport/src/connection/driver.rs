@@ -119,7 +119,8 @@ impl<E: Endpoint> Connection<E> {
                 }
             };
             taken += ready;
-            for completion in &self.completions[..ready] {
+            for index in 0..ready {
+                let completion = self.completions[index];
                 let kind = match completion.opcode {
                     Opcode::Send => WorkKind::Send,
                     Opcode::Recv => WorkKind::Recv,
@@ -132,6 +133,13 @@ impl<E: Endpoint> Connection<E> {
                         completion.wr_id,
                         completion.byte_len,
                     );
+                    // Receives reposted while reassembling a large message are granted
+                    // back at once, not after the whole batch: the peer goes on sending
+                    // while this side copies.
+                    if self.core.owes_credit() {
+                        self.core.progress(now);
+                        done += self.post_work();
+                    }
                 } else {
                     self.core.fail(ConnectionError::Provider(format!(
                         "{kind:?} work request {} completed with {:?}",

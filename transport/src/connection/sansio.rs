@@ -1156,10 +1156,7 @@ impl ConnectionCore {
             self.drains_owed -= 1;
         }
         self.send_segments();
-        let threshold = (self.posted.len() as u32 / 2).max(2);
-        while self.grants.total() >= threshold
-            || (self.grants.total() > 0 && self.credits.total() == 1)
-        {
+        while self.owes_credit() {
             let header = FrameHeader {
                 kind: FrameKind::Credit,
                 grant: Grant { tier: 0, count: 0 },
@@ -1181,6 +1178,17 @@ impl ConnectionCore {
             self.spare_outbox = Vec::new();
             self.returned.drop_spare_buffer();
         }
+    }
+
+    /// Whether receives posted since the peer last heard of them are enough to send a
+    /// credit frame for: half the receives posted (at least two), or any while this
+    /// side's last credit is the one the frame would take. [`ConnectionCore::progress`]
+    /// sends it; a driver that takes many completions in a row (segments of a large
+    /// message) runs `progress` as soon as this says so, so the peer can go on sending
+    /// while this side reassembles.
+    pub fn owes_credit(&self) -> bool {
+        let threshold = (self.posted.len() as u32 / 2).max(2);
+        self.grants.total() >= threshold || (self.grants.total() > 0 && self.credits.total() == 1)
     }
 
     fn send_control(&mut self) {
