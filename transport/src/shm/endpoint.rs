@@ -105,13 +105,31 @@ impl Source<'_> {
                 }
             }
             Source::Caller(parts) => {
-                for part in parts {
-                    copy(part.as_ptr(), part.len());
+                // The first cache line goes whole, gathered on the stack, so that the bulk
+                // after it is stored line by line: the caller's parts are a frame header
+                // and a payload, and a payload copied 16 bytes into a line would split
+                // every store over two lines of the peer's buffer.
+                let mut head = [0u8; HEAD];
+                let mut gathered = 0;
+                for part in parts.iter() {
+                    let take = (HEAD - gathered).min(part.len());
+                    head[gathered..gathered + take].copy_from_slice(&part[..take]);
+                    gathered += take;
+                }
+                copy(head.as_ptr(), gathered);
+                let mut at = 0;
+                for part in parts.iter() {
+                    let skip = gathered.saturating_sub(at).min(part.len());
+                    copy(part[skip..].as_ptr(), part.len() - skip);
+                    at += part.len();
                 }
             }
         }
     }
 }
+
+/// The bytes a copy from the caller's memory gathers before the rest: one cache line.
+const HEAD: usize = 64;
 
 /// A posted receive, holding its region.
 #[derive(Debug)]
