@@ -121,6 +121,25 @@ pub trait Endpoint: Send + fmt::Debug {
     /// from registered memory instead). Nothing of `parts` is read after the call.
     ///
     /// The default, for providers that read only registered memory, takes nothing.
+    ///
+    /// ```
+    /// use tierbuf_pool::{MemoryBudget, SlotPool};
+    /// use tierbuf_transport::{BufferRef, Completion, Endpoint, Provider, ShmProvider};
+    /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// let pool = SlotPool::new(&*provider.registrar(), 256, 1)?;
+    /// let (mut client, mut server) = provider.pair(4, 4)?;
+    /// assert!(client.copies_from_caller());
+    /// // No receive posted yet: nothing is taken.
+    /// assert!(!client.try_post_send_copied(&[b"he", b"llo"], 1)?);
+    /// let inbox = pool.try_acquire_owned().unwrap();
+    /// // SAFETY: the inbox is read only after its completion is polled.
+    /// unsafe { server.post_recv(BufferRef::from(&inbox), 2)? };
+    /// assert!(client.try_post_send_copied(&[b"he", b"llo"], 1)?);
+    /// let mut completions = [Completion::default(); 4];
+    /// assert_eq!(server.poll(&mut completions)?, 1);
+    /// assert_eq!(&inbox[..5], b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn try_post_send_copied(&mut self, parts: &[&[u8]], wr_id: u64) -> Result<bool, PostError> {
         let _ = (parts, wr_id);
         Ok(false)

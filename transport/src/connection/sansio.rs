@@ -969,6 +969,36 @@ impl ConnectionCore {
     /// straight from `message` into the peer's receives (saving the copy into a send
     /// slot). The caller settles every one of them ([`ConnectionCore::settle_copied`])
     /// before it lets go of `message`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+    /// use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// use tierbuf_transport::connection::{
+    ///     COPIED_MIN, ConnectionConfig, ConnectionCore, WorkRequest,
+    /// };
+    ///
+    /// let ladder = TierLadder::builder().tier(8192, 4, 8000).build()?;
+    /// let config = Arc::new(ConnectionConfig::new(Arc::new(ladder))?);
+    /// let registrar = Arc::new(HostRegistrar::new(MemoryBudget::with_cap(1 << 20)));
+    /// let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
+    /// let now = Instant::now();
+    /// let mut core =
+    ///     ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now)?;
+    /// while core.poll_work().is_some() {} // the first receives, posted elsewhere
+    ///
+    /// let message = vec![7u8; COPIED_MIN];
+    /// assert_eq!(core.try_send_copied(now, &message)?, message.len());
+    /// let Some(WorkRequest::PostSendCopied(frame)) = core.poll_work() else {
+    ///     panic!("a frame to copy from the message");
+    /// };
+    /// assert_eq!(frame.payload(&message), &message[..]);
+    /// // The provider could not take it now: the frame goes through its send slot.
+    /// let send = core.settle_copied(&frame, &message, false);
+    /// assert!(matches!(send, Some(WorkRequest::PostSend { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_send_copied(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
         self.copied_from = Some((message.as_ptr() as usize, message.len()));
         let accepted = self.try_send_borrowed(now, message);

@@ -106,9 +106,9 @@ impl Source<'_> {
             }
             Source::Caller(parts) => {
                 // The first cache line goes whole, gathered on the stack, so that the bulk
-                // after it is stored line by line: the caller's parts are a frame header
-                // and a payload, and a payload copied 16 bytes into a line would split
-                // every store over two lines of the peer's buffer.
+                // after it is stored line by line: a connection's parts are a frame
+                // header and a payload, and a payload copied 16 bytes into a line would
+                // split every store over two lines of the peer's buffer.
                 let mut head = [0u8; HEAD];
                 let mut gathered = 0;
                 for part in parts.iter() {
@@ -358,6 +358,7 @@ impl ShmEndpoint {
         progressed
     }
 
+    /// Queues the completion of send `wr_id` with `status`.
     fn complete_send(&mut self, wr_id: u64, status: CompletionStatus) {
         self.send_completions.push_back(Completion {
             wr_id,
@@ -411,8 +412,8 @@ impl ShmEndpoint {
         Some(status)
     }
 
-    /// Copies `send` into the peer's `buffer` if it fits and can be reached; a send short
-    /// enough to travel inline is left to [`ShmEndpoint::deliver_inline`] and reported as
+    /// Copies `source`, `len` bytes, into the peer's `buffer` if it fits and can be
+    /// reached; a send short enough to travel inline is left to [`ShmEndpoint::deliver_inline`] and reported as
     /// [`Filled::Inline`]. The peer checked an inline message's buffer when it posted it
     /// (it is the one that writes it). Either way the gate is passed, and the delivery
     /// reopens it.
