@@ -13,43 +13,42 @@ fn tierbuf(args: &[&str]) -> std::process::Output {
         .expect("run tierbuf")
 }
 
-#[test]
-fn a_small_demo_runs_promotes_demotes_and_reports() {
-    let output = tierbuf(&[
-        "demo",
-        "--connections",
-        "16",
-        "--messages",
-        "30",
-        "--large-every",
-        "3",
-    ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
+/// Runs `tierbuf demo` with `args`, checks that it succeeds and prints every one of
+/// `lines`, and returns what it printed.
+fn demo_reporting(args: &[&str], lines: &[&str]) -> String {
+    let output = tierbuf(&[&["demo"], args].concat());
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    for line in [
-        "16 connection pairs on loopback, ladder preset patent",
-        "static top tier up front (from the ladder)",
-        "tiered, peak during traffic (measured)",
-        "small (tier 0)",
-    ] {
+    for line in lines {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
     }
-    let changes = stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("promotions"))
-        .expect("a tier-change line");
-    let numbers: Vec<u64> = changes
-        .split_whitespace()
-        .filter_map(|word| word.parse().ok())
-        .collect();
-    assert!(
-        numbers[0] > 0 && numbers[1] > 0,
-        "no promotions or demotions: {changes}"
+    stdout
+}
+
+#[test]
+fn a_small_demo_runs_promotes_demotes_and_reports() {
+    let stdout = demo_reporting(
+        &[
+            "--connections",
+            "16",
+            "--messages",
+            "30",
+            "--large-every",
+            "3",
+        ],
+        &[
+            "16 connection pairs on loopback, ladder preset patent",
+            "static top tier up front (from the ladder)",
+            "tiered, peak during traffic (measured)",
+            "small (tier 0)",
+        ],
     );
+    assert!(number_after(&stdout, "promotions ") > 0, "{stdout}");
+    assert!(number_after(&stdout, "demotions ") > 0, "{stdout}");
     assert!(
         stdout.contains("after the quiet phase: 0 send directions"),
         "every connection steps back down:\n{stdout}"
@@ -84,31 +83,24 @@ fn process_gone(pid: u64) -> bool {
 
 #[test]
 fn a_small_shm_demo_runs_in_two_processes_and_reports() {
-    let output = tierbuf(&[
-        "demo",
-        "--provider",
-        "shm",
-        "--connections",
-        "8",
-        "--messages",
-        "30",
-        "--large-every",
-        "3",
-    ]);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = demo_reporting(
+        &[
+            "--provider",
+            "shm",
+            "--connections",
+            "8",
+            "--messages",
+            "30",
+            "--large-every",
+            "3",
+        ],
+        &[
+            "8 connection pairs on shm, ladder preset patent",
+            "(16 endpoints, 8 in each process)",
+            "this process   peer process",
+            "tiered, peak during traffic (measured)",
+        ],
     );
-    for line in [
-        "8 connection pairs on shm, ladder preset patent",
-        "(16 endpoints, 8 in each process)",
-        "this process   peer process",
-        "tiered, peak during traffic (measured)",
-    ] {
-        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
-    }
     assert!(number_after(&stdout, "promotions ") > 0, "{stdout}");
     assert_eq!(number_after(&stdout, "traffic: "), 2 * 8 * 30, "{stdout}");
     let demo = number_after(&stdout, "clients in this process (PID ");

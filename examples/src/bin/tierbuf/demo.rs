@@ -282,6 +282,24 @@ impl Setup {
         Ok(reservoir)
     }
 
+    /// A side of `count` connections over the endpoints `connect` makes, connection `i`
+    /// over endpoint `connect(i)`, their tiers drawn from `reservoir`.
+    fn connect_side<E: Endpoint>(
+        &self,
+        reservoir: &Arc<Reservoir>,
+        count: usize,
+        mut connect: impl FnMut(usize) -> Result<E, DemoError>,
+    ) -> Result<Side<E>, DemoError> {
+        let now = Instant::now();
+        let mut side = Side::with_capacity(count);
+        for index in 0..count {
+            let endpoint = connect(index)?;
+            side.connections
+                .push(self.connection(reservoir, endpoint, now)?);
+        }
+        Ok(side)
+    }
+
     /// One side of a connection over `endpoint`, its regions from `reservoir`.
     fn connection<E: Endpoint>(
         &self,

@@ -40,8 +40,8 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::{RING_CAPACITY, ShmProvider};
 
 use super::{
-    ClientLines, DemoArgs, DemoError, Figures, PeerLines, ProviderKind, Registered, Setup, Side,
-    Totals, budget, check_returned, open_files_for, read_lines, remote_clients, remote_servers,
+    ClientLines, DemoArgs, DemoError, Figures, PeerLines, ProviderKind, Registered, Setup, Totals,
+    budget, check_returned, open_files_for, read_lines, remote_clients, remote_servers,
 };
 
 /// How long the demo waits for the peer's next line, or for it to exit.
@@ -74,16 +74,11 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let budget = budget(MemlockPolicy::Ignore)?;
     let provider = ShmProvider::new(budget.clone());
     let reservoir = setup.reservoir(&provider)?;
-    let now = Instant::now();
-    let mut clients = Side::with_capacity(args.connections);
-    for index in 0..args.connections {
-        let endpoint = provider
+    let mut clients = setup.connect_side(&reservoir, args.connections, |index| {
+        provider
             .connect(&socket, setup.depth, setup.depth)
-            .map_err(|e| format!("connection {index} to the peer process: {e}"))?;
-        clients
-            .connections
-            .push(setup.connection(&reservoir, endpoint, now)?);
-    }
+            .map_err(|e| format!("connection {index} to the peer process: {e}").into())
+    })?;
     // Every connection has its own socket now: with the directory gone, nothing is left
     // behind even if this process is killed.
     drop(dir);
@@ -128,16 +123,11 @@ fn peer(args: &PeerArgs) -> Result<(), DemoError> {
     let reservoir = setup.reservoir(&provider)?;
     let listener = provider.listen(&args.socket)?;
     tell_the_demo("listening")?;
-    let now = Instant::now();
-    let mut servers = Side::with_capacity(demo.connections);
-    for index in 0..demo.connections {
-        let endpoint = listener
+    let mut servers = setup.connect_side(&reservoir, demo.connections, |index| {
+        listener
             .accept(setup.depth, setup.depth)
-            .map_err(|e| format!("connection {index} from the demo: {e}"))?;
-        servers
-            .connections
-            .push(setup.connection(&reservoir, endpoint, now)?);
-    }
+            .map_err(|e| format!("connection {index} from the demo: {e}").into())
+    })?;
     drop(listener);
     remote_servers(
         demo.messages,

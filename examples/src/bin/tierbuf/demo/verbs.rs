@@ -26,7 +26,7 @@ use std::io::Write;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tierbuf_pool::{MemlockPolicy, MemoryBudget};
 use tierbuf_tiers::Reservoir;
@@ -36,7 +36,7 @@ use tierbuf_transport::verbs::{
 };
 
 use super::{
-    ClientLines, DemoArgs, DemoError, PeerLines, ProviderKind, Setup, Side, budget, check_returned,
+    ClientLines, DemoArgs, DemoError, PeerLines, ProviderKind, Setup, budget, check_returned,
     open_files_for, read_lines, remote_clients, remote_servers,
 };
 
@@ -181,16 +181,11 @@ fn listening_side(
 
     let listener = provider.listen((control.local_ip()?, 0), endpoint_options(setup))?;
     control.send(&format!("listening {}", listener.local_addr()?.port()))?;
-    let now = Instant::now();
-    let mut servers = Side::with_capacity(args.connections);
-    for index in 0..args.connections {
-        let endpoint = listener
+    let mut servers = setup.connect_side(&reservoir, args.connections, |index| {
+        listener
             .accept()
-            .map_err(|e| format!("connection {index} from the client at {client}: {e}"))?;
-        servers
-            .connections
-            .push(setup.connection(&reservoir, endpoint, now)?);
-    }
+            .map_err(|e| format!("connection {index} from the client at {client}: {e}").into())
+    })?;
     drop(listener);
     remote_servers(
         args.messages,
@@ -248,16 +243,11 @@ fn client_side(args: &DemoArgs, setup: &Setup, device: &str, addr: &str) -> Resu
 
     let rdma_addr = SocketAddr::new(peer.ip(), port);
     let options = endpoint_options(setup);
-    let now = Instant::now();
-    let mut clients = Side::with_capacity(args.connections);
-    for index in 0..args.connections {
-        let endpoint = provider
-            .connect(rdma_addr, &options)
-            .map_err(|e| format!("connection {index} to the listening side at {rdma_addr}: {e}"))?;
-        clients
-            .connections
-            .push(setup.connection(&reservoir, endpoint, now)?);
-    }
+    let mut clients = setup.connect_side(&reservoir, args.connections, |index| {
+        provider.connect(rdma_addr, &options).map_err(|e| {
+            format!("connection {index} to the listening side at {rdma_addr}: {e}").into()
+        })
+    })?;
     let placement = format!(
         "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs",
         std::process::id(),
