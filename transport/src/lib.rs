@@ -42,8 +42,8 @@ pub mod verbs;
 pub use error::{PostError, QueueKind, TransportError};
 pub use loopback::{LoopbackEndpoint, LoopbackProvider, LoopbackRegistrar, MAX_QUEUE_DEPTH};
 pub use provider::{
-    BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
-    Outstanding, Provider,
+    BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState,
+    Opcode, Outstanding, Provider,
 };
 pub use shm::RING_CAPACITY;
 /// The shared-memory provider's queue protocol, public for the loom models of

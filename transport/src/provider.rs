@@ -106,11 +106,13 @@ pub trait Endpoint: Send + fmt::Debug {
     /// endpoint names any of them. An error return ends this at once: nothing was posted.
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError>;
 
-    /// Whether [`Endpoint::try_post_send_copied`] can ever take a send: a software
-    /// provider that copies messages itself can copy one from the caller's memory; a verbs
-    /// NIC reads only registered memory.
-    fn copies_from_caller(&self) -> bool {
-        false
+    /// The sends, by length, that are better given to [`Endpoint::try_post_send_copied`]
+    /// than copied into a registered buffer and posted: a software provider that copies
+    /// messages itself can copy one from the caller's memory, and says for which lengths
+    /// that costs less; a verbs NIC reads only registered memory
+    /// ([`CallerCopies::NONE`], the default).
+    fn caller_copies(&self) -> CallerCopies {
+        CallerCopies::NONE
     }
 
     /// Sends the concatenation of `parts` (at most [`EndpointLimits::max_gather`]) from
@@ -128,7 +130,7 @@ pub trait Endpoint: Send + fmt::Debug {
     /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
     /// let pool = SlotPool::new(&*provider.registrar(), 256, 1)?;
     /// let (mut client, mut server) = provider.pair(4, 4)?;
-    /// assert!(client.copies_from_caller());
+    /// assert!(client.caller_copies().takes(5));
     /// // No receive posted yet: nothing is taken.
     /// assert!(!client.try_post_send_copied(&[b"he", b"llo"], 1)?);
     /// let inbox = pool.try_acquire_owned().unwrap();
@@ -154,6 +156,49 @@ pub trait Endpoint: Send + fmt::Debug {
     /// [`CompletionStatus::Flushed`] (or has already completed), and when this returns the
     /// provider touches none of this endpoint's buffers again. Closing twice does nothing.
     fn close(&mut self);
+}
+
+/// The lengths of the sends an endpoint is better given from the caller's own memory
+/// ([`Endpoint::try_post_send_copied`]) than from a registered buffer
+/// ([`Endpoint::post_send`]): those of at most a small bound, and those of at least a
+/// large one. Between the two, or for a provider that does not copy from the caller at
+/// all, a sender copies into a registered buffer and posts that. It is advice measured per
+/// provider: `try_post_send_copied` takes a send of any length it can.
+///
+/// ```
+/// use tierbuf_transport::CallerCopies;
+/// let copies = CallerCopies::new(Some(104), Some(4096));
+/// assert!(copies.takes(80) && copies.takes(65536));
+/// assert!(!copies.takes(1024));
+/// assert!(!CallerCopies::NONE.takes(80));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallerCopies {
+    small_up_to: Option<usize>,
+    large_from: Option<usize>,
+}
+
+impl CallerCopies {
+    /// No send is better copied from the caller's memory.
+    pub const NONE: CallerCopies = CallerCopies {
+        small_up_to: None,
+        large_from: None,
+    };
+
+    /// Sends of at most `small_up_to` bytes and of at least `large_from` bytes (`None`
+    /// for no such sends).
+    pub const fn new(small_up_to: Option<usize>, large_from: Option<usize>) -> CallerCopies {
+        CallerCopies {
+            small_up_to,
+            large_from,
+        }
+    }
+
+    /// Whether a send of `len` bytes is better copied from the caller's memory.
+    pub fn takes(self, len: usize) -> bool {
+        self.small_up_to.is_some_and(|up_to| len <= up_to)
+            || self.large_from.is_some_and(|from| len >= from)
+    }
 }
 
 /// The limits of an endpoint's queues and messages (verbs `max_send_wr`, `max_recv_wr`,

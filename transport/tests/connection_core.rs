@@ -12,10 +12,10 @@ use proptest::prelude::*;
 use tierbuf_pool::{HostRegistrar, MemoryBudget};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
     ConnectionConfig, ConnectionCore, Message, SendError, WorkKind, WorkRequest, WouldBlock,
 };
+use tierbuf_transport::{BufferRef, CallerCopies};
 
 /// A send the executor has not finished: from a send slot, or copied from the caller's
 /// message when it was handed out (`try_send_copied`).
@@ -163,21 +163,31 @@ impl Pair {
     }
 
     /// Sends `message` from side `from` as a provider that copies from the caller's
-    /// memory would (`try_send_copied`), stepping until it is wholly accepted. Each frame
-    /// handed out to be copied is settled at once: `copies` says, frame by frame, whether
-    /// the provider took it (its bytes are then copied out of the message) or left it to
-    /// be written into its send slot.
-    fn send_copied(&mut self, from: usize, message: &[u8], copies: &mut impl FnMut() -> bool) {
+    /// memory would (`try_send_copied`, taking the frame lengths `copies` names), stepping
+    /// until it is wholly accepted. Each frame handed out to be copied is settled at once:
+    /// `takes` says, frame by frame, whether the provider took it (its bytes are then
+    /// copied out of the message) or left it to be written into its send slot.
+    fn send_copied(
+        &mut self,
+        from: usize,
+        message: &[u8],
+        copies: CallerCopies,
+        takes: &mut impl FnMut() -> bool,
+    ) {
         self.send_by(message, |pair, rest| {
             let now = pair.now;
             let side = &mut pair.sides[from];
-            let accepted = side.core.try_send_copied(now, rest);
+            let accepted = side.core.try_send_copied(now, rest, copies);
             while let Some(work) = side.core.poll_work() {
                 let WorkRequest::PostSendCopied(frame) = work else {
                     side.take(work);
                     continue;
                 };
-                if copies() {
+                assert!(
+                    copies.takes(frame.header.len() + frame.payload(rest).len()),
+                    "a frame handed out to be copied at a length not taken"
+                );
+                if takes() {
                     let settled = side.core.settle_copied(&frame, rest, true);
                     assert_eq!(settled, None, "a copied send posts nothing more");
                     let bytes = [&frame.header[..], frame.payload(rest)].concat();
@@ -365,21 +375,51 @@ proptest! {
         exchange(&sizes, Pair::send)?;
     }
 
-    /// The same with the senders' data frames copied from their messages by the
-    /// "provider" or, as it decides frame by frame, written into send slots after all:
-    /// every message once, in order, byte for byte, and every send slot comes back.
+    /// The same with the senders' data frames, at the lengths a "provider" takes from the
+    /// caller's memory, copied from their messages by it or, as it decides frame by frame,
+    /// written into send slots after all: every message once, in order, byte for byte,
+    /// and every send slot comes back.
     #[test]
     fn copied_sends_arrive_once_in_order_whether_taken_or_not(
         sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40),
+        small_up_to in prop::option::of(0usize..300),
+        large_from in prop::option::of(0usize..3 * 8192),
         taken in prop::collection::vec(any::<bool>(), 1..16),
     ) {
+        let copies = CallerCopies::new(small_up_to, large_from);
         let mut decisions = taken.iter().copied().cycle();
-        let mut copies = || decisions.next().unwrap_or(true);
-        let pair = exchange(&sizes, |pair, from, message| pair.send_copied(from, message, &mut copies))?;
+        let mut takes = || decisions.next().unwrap_or(true);
+        let pair = exchange(&sizes, |pair, from, message| {
+            pair.send_copied(from, message, copies, &mut takes)
+        })?;
         let budgets = pair.budgets.clone();
         drop(pair);
         prop_assert_eq!(budgets.map(|b| b.in_use()), [0, 0]);
     }
+}
+
+#[test]
+fn only_frames_of_the_lengths_the_provider_takes_are_handed_out_to_be_copied() {
+    // Frames of at most a 64-byte payload, and of at least a 1000-byte one.
+    let copies = CallerCopies::new(Some(16 + 64), Some(16 + 1000));
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.settle();
+    let sent = [(64, 1), (65, 0), (999, 0), (1000, 1), (0, 1), (8000, 1)];
+    for (seq, &(len, handed_out)) in sent.iter().enumerate() {
+        let mut count = 0;
+        pair.send_copied(0, &pattern(len, seq as u8), copies, &mut || {
+            count += 1;
+            true
+        });
+        pair.settle();
+        assert_eq!(count, handed_out, "frames of a {len}-byte message copied");
+    }
+    let expected: Vec<Vec<u8>> = sent
+        .iter()
+        .enumerate()
+        .map(|(seq, &(len, _))| pattern(len, seq as u8))
+        .collect();
+    assert_eq!(pair.sides[1].received, expected);
 }
 
 #[test]

@@ -27,7 +27,7 @@ use super::sansio::{
     WouldBlock,
 };
 use crate::error::PostError;
-use crate::provider::{Completion, Endpoint, Opcode};
+use crate::provider::{CallerCopies, Completion, Endpoint, Opcode};
 
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
@@ -257,20 +257,20 @@ impl<E: Endpoint> Connection<E> {
     /// segmented message is posted straight from `message`
     /// ([`ConnectionCore::try_send_borrowed`]), not copied to the heap first as
     /// [`Connection::try_send`] must. Over an endpoint that copies from the caller's
-    /// memory (`Endpoint::copies_from_caller`, the shared-memory provider), each frame
-    /// the peer has a receive posted for is copied by the provider straight from
-    /// `message` into that receive ([`ConnectionCore::try_send_copied`]), so this side
-    /// makes no copy of its own; a frame the endpoint cannot take at once is written into
-    /// a send slot and posted as usual.
+    /// memory (`Endpoint::caller_copies`, the shared-memory provider), each frame of a
+    /// length it takes that way, for which the peer has a receive posted, is copied by
+    /// the provider straight from `message` ([`ConnectionCore::try_send_copied`]), so this
+    /// side makes no copy of its own; any other frame is written into a send slot and
+    /// posted as usual.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
         let mut wait = PollWait::default();
         let mut offset = 0;
-        let copies_from_caller = self.endpoint.copies_from_caller();
+        let copies = self.endpoint.caller_copies();
         loop {
             let rest = &message[offset..];
             let now = self.clock_for(rest.len());
-            let accepted = if copies_from_caller {
-                self.core.try_send_copied(now, rest)
+            let accepted = if copies != CallerCopies::NONE {
+                self.core.try_send_copied(now, rest, copies)
             } else {
                 self.core.try_send_borrowed(now, rest)
             };

@@ -15,8 +15,8 @@ pub use driver::{Connection, SendBuffer};
 pub use header::{FrameKind, HEADER_LEN, HeaderError};
 pub use reassembly::ReassemblyError;
 pub use sansio::{
-    COPIED_MIN, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, CopiedFrame,
-    Message, SendError, WorkKind, WorkRequest, WouldBlock,
+    ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, CopiedFrame, Message,
+    SendError, WorkKind, WorkRequest, WouldBlock,
 };
 pub use table::{
     ConnectionGuard, ConnectionId, ConnectionTable, ProgressConfig, ProgressStats,

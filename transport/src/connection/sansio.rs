@@ -23,7 +23,8 @@
 //!   the slot is neither posted nor spare, and no credit is taken for it until it is
 //!   committed. The core never writes its payload.
 //! - `copied_from` is set only during [`ConnectionCore::try_send_copied`]: a data frame
-//!   whose payload lies in that message is handed out as
+//!   whose payload lies in that message, of a length the provider takes from the caller's
+//!   memory, is handed out as
 //!   [`WorkRequest::PostSendCopied`] with its send slot reserved in `sending` and unwritten,
 //!   and the driver settles it ([`ConnectionCore::settle_copied`]) before the message is
 //!   gone: the slot goes back to the spares, or the frame is written into it and posted.
@@ -55,15 +56,8 @@ use super::credits::{Credits, PendingGrants};
 use super::header::{FrameHeader, FrameKind, Grant, HEADER_LEN, HeaderError};
 use super::reassembly::{Reassembly, ReassemblyError};
 use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
-use crate::provider::BufferRef;
+use crate::provider::{BufferRef, CallerCopies};
 use crate::sync;
-
-/// The shortest payload [`ConnectionCore::try_send_copied`] hands out to be copied from
-/// the caller's message. Below it the copy into a send slot costs less than it saves: on
-/// the shm pingpong and stream, copying from the caller's message was as fast at 64 B,
-/// slower at 1 KiB (stream 399–401 ns per message against 342–345 ns through a slot), and
-/// faster from 8 KiB (stream 489 against 657 ns; 64 KiB 1.81 against 3.31 µs).
-pub const COPIED_MIN: usize = 4096;
 
 /// How a connection is set up; both sides must use the same ladder.
 #[derive(Debug, Clone)]
@@ -424,6 +418,15 @@ impl Outbox {
     }
 }
 
+/// The message [`ConnectionCore::try_send_copied`] is sending: where it lies, and which
+/// frames the provider takes from the caller's memory.
+#[derive(Debug, Clone, Copy)]
+struct CopiedFrom {
+    addr: usize,
+    len: usize,
+    copies: CallerCopies,
+}
+
 /// One side of a connection, driven by its owner.
 pub struct ConnectionCore {
     config: Arc<ConnectionConfig>,
@@ -441,9 +444,8 @@ pub struct ConnectionCore {
     /// The slot of each send posted and not completed; `None` for one copied from the
     /// caller's message (module invariants).
     sending: Slab<Option<OwnedTierSlot>>,
-    /// The address and length of the message `try_send_copied` is sending (module
-    /// invariants).
-    copied_from: Option<(usize, usize)>,
+    /// The message `try_send_copied` is sending (module invariants).
+    copied_from: Option<CopiedFrom>,
     /// Send slots of the tier in force whose sends completed (module invariants).
     spare_send_slots: Vec<OwnedTierSlot>,
     /// The slot and length of a message being built in place (module invariants).
@@ -931,17 +933,17 @@ impl ConnectionCore {
     }
 
     /// Where `payload` starts in the message `try_send_copied` is sending, if it is one
-    /// part of it and at least [`COPIED_MIN`] bytes.
+    /// part of it and its frame has a length the provider takes from the caller's memory.
     fn copied_range(&self, payload: &[IoSlice<'_>]) -> Option<usize> {
-        let (message, message_len) = self.copied_from?;
+        let copied = self.copied_from?;
         let [part] = payload else {
             return None;
         };
-        if part.len() < COPIED_MIN {
+        if !copied.copies.takes(HEADER_LEN + part.len()) {
             return None;
         }
-        let start = (part.as_ptr() as usize).checked_sub(message)?;
-        (start.checked_add(part.len())? <= message_len).then_some(start)
+        let start = (part.as_ptr() as usize).checked_sub(copied.addr)?;
+        (start.checked_add(part.len())? <= copied.len).then_some(start)
     }
 
     /// [`ConnectionCore::post_slot`] for a frame whose payload the provider may copy from
@@ -964,20 +966,19 @@ impl ConnectionCore {
     }
 
     /// Sends `message` as [`ConnectionCore::try_send_borrowed`] does, but hands out its
-    /// data frames of at least [`COPIED_MIN`] bytes of payload as
-    /// [`WorkRequest::PostSendCopied`], for a provider that can copy them
-    /// straight from `message` into the peer's receives (saving the copy into a send
-    /// slot). The caller settles every one of them ([`ConnectionCore::settle_copied`])
-    /// before it lets go of `message`.
+    /// data frames whose length (header and payload) `copies` takes as
+    /// [`WorkRequest::PostSendCopied`], for a provider that can copy them straight from
+    /// `message` into the peer's receives (saving the copy into a send slot):
+    /// `copies` is the provider's `Endpoint::caller_copies`. The caller settles every one
+    /// of them ([`ConnectionCore::settle_copied`]) before it lets go of `message`.
     ///
     /// ```
     /// use std::sync::Arc;
     /// use std::time::Instant;
     /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
     /// use tierbuf_tiers::{Reservoir, ladder::TierLadder};
-    /// use tierbuf_transport::connection::{
-    ///     COPIED_MIN, ConnectionConfig, ConnectionCore, WorkRequest,
-    /// };
+    /// use tierbuf_transport::CallerCopies;
+    /// use tierbuf_transport::connection::{ConnectionConfig, ConnectionCore, WorkRequest};
     ///
     /// let ladder = TierLadder::builder().tier(8192, 4, 8000).build()?;
     /// let config = Arc::new(ConnectionConfig::new(Arc::new(ladder))?);
@@ -988,8 +989,9 @@ impl ConnectionCore {
     ///     ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now)?;
     /// while core.poll_work().is_some() {} // the first receives, posted elsewhere
     ///
-    /// let message = vec![7u8; COPIED_MIN];
-    /// assert_eq!(core.try_send_copied(now, &message)?, message.len());
+    /// let copies = CallerCopies::new(None, Some(4096));
+    /// let message = vec![7u8; 4096];
+    /// assert_eq!(core.try_send_copied(now, &message, copies)?, message.len());
     /// let Some(WorkRequest::PostSendCopied(frame)) = core.poll_work() else {
     ///     panic!("a frame to copy from the message");
     /// };
@@ -999,8 +1001,17 @@ impl ConnectionCore {
     /// assert!(matches!(send, Some(WorkRequest::PostSend { .. })));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn try_send_copied(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
-        self.copied_from = Some((message.as_ptr() as usize, message.len()));
+    pub fn try_send_copied(
+        &mut self,
+        now: Instant,
+        message: &[u8],
+        copies: CallerCopies,
+    ) -> Result<usize, SendError> {
+        self.copied_from = Some(CopiedFrom {
+            addr: message.as_ptr() as usize,
+            len: message.len(),
+            copies,
+        });
         let accepted = self.try_send_borrowed(now, message);
         self.copied_from = None;
         accepted

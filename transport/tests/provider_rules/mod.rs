@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use tierbuf_pool::{HostRegistrar, MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_transport::{
-    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Outstanding,
-    PostError, Provider, QueueKind,
+    BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointState, Opcode,
+    Outstanding, PostError, Provider, QueueKind,
 };
 
 const SUCCESS: CompletionStatus = CompletionStatus::Success;
@@ -681,7 +681,7 @@ pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothin
     assert_eq!(a.outstanding(), Outstanding::default(), "nothing taken");
     let inboxes: Vec<OwnedSlot> = (0..3).map(|_| pool.try_acquire_owned().unwrap()).collect();
     recv(&mut b, BufferRef::from(&inboxes[0]), 10).unwrap();
-    if !a.copies_from_caller() {
+    if a.caller_copies() == CallerCopies::NONE {
         assert!(!a.try_post_send_copied(&[head, tail], 1).unwrap());
         assert_eq!(a.outstanding(), Outstanding::default());
         return;
