@@ -41,24 +41,26 @@ fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<Loop
     )
 }
 
-/// A delivered zero-copy message is dropped on another thread while the receiving
-/// connection makes progress on its own: it reposts what came back and takes the next
-/// message, which lends out another slot at the same time. Whatever the interleaving, the
+/// Two delivered zero-copy messages are dropped at once, one on another thread and one
+/// on the receiving connection's thread, which then makes progress on its own: it
+/// reposts what came back so far and reports its counts. Whatever the interleaving, the
 /// receiver never counts more receives than it has slots, every slot comes back exactly
-/// once and is posted again, the count of lent slots ends at zero, and the sender ends
-/// holding a credit for every receive: none was lost.
+/// once and is posted again, no give-back is lost from the count (it ends at zero lent),
+/// and the sender ends holding a credit for every receive: none was lost.
 pub fn returned_slots_across_threads() {
     let budget = MemoryBudget::with_cap(1 << 20);
     let (mut sender, mut receiver) = pair(&budget);
     sender.send(b"first").expect("send the first message");
     let first = receiver.recv().expect("the first message");
     assert!(first.is_zero_copy());
-    // Lands in a posted receive; its completion waits for the receiver's next progress.
     sender.send(b"second").expect("send the second message");
+    let second = receiver.recv().expect("the second message");
     let dropper = thread::spawn(move || {
         assert_eq!(&first[..], b"first");
         drop(first);
     });
+    assert_eq!(&second[..], b"second");
+    drop(second);
     receiver.progress().expect("progress");
     let during = receiver.stats();
     assert!(
@@ -66,12 +68,6 @@ pub fn returned_slots_across_threads() {
         "more receives posted or lent than slots: {during:?}"
     );
     dropper.join().unwrap();
-    let second = receiver
-        .try_recv()
-        .expect("progress")
-        .expect("the second message");
-    assert_eq!(&second[..], b"second");
-    drop(second);
     receiver.progress().expect("progress");
     let after = receiver.stats();
     assert_eq!(

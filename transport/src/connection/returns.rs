@@ -14,13 +14,17 @@
 //! - The queue (crossbeam's `SegQueue`, a loom stand-in under `cfg(loom)`, both behind
 //!   `crate::sync`) hands a slot over with happens-before, so its repost, and the peer's
 //!   next write into it, are ordered after the message's last read.
-//! - [`ReturnedSlots::lent`] counts the slots held by messages not yet dropped. It is
-//!   raised on the connection's thread when a message is made and lowered by the drop on
-//!   any thread, each as one atomic read-modify-write, so no update is lost and the count
-//!   never goes below zero. A drop lowers it *before* queuing the slot, and the queue
-//!   orders the two for the thread that takes the slot off, so that thread never counts
-//!   a slot both as posted and as lent: posted receives plus lent slots never pass the
-//!   slots of the tier. Nothing else is ordered by the count: `Relaxed` suffices.
+//! - [`ReturnedSlots::given_back`] counts the slots that dropped messages gave back, ever.
+//!   Drops on any thread raise it, each by one atomic read-modify-write, so no update is
+//!   lost; the connection's thread counts the slots it lent itself, so lending takes no
+//!   atomic operation, and the slots held by messages are the difference. A drop raises
+//!   the count *before* queuing the slot, and the queue orders the two for the thread that
+//!   takes the slot off, so that thread never counts a slot both as posted and as lent:
+//!   posted receives plus lent slots never pass the slots of the tier. Nothing else is
+//!   ordered by the count: `Relaxed` suffices.
+//! - Every [`LentSlot`] holds a reference to the queue, so a message outlives its
+//!   connection safely. [`ReturnedSlots::lend`] takes that reference ready-made: the
+//!   connection clones it when it posts the receive, off the path of a delivery.
 //!
 //! - A reassembled message's buffer comes back the same way ([`LentBuffer`]), into
 //!   `spare_buffer` under its mutex, for the next segmented message to reuse: so a stream
@@ -42,7 +46,7 @@ use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, UnboundedQueue};
 #[derive(Debug)]
 pub(super) struct ReturnedSlots {
     queue: UnboundedQueue<OwnedTierSlot>,
-    lent: AtomicUsize,
+    given_back: AtomicUsize,
     /// Empty (no capacity) when there is none.
     spare_buffer: Mutex<Vec<u8>>,
     spare_limit: usize,
@@ -54,7 +58,7 @@ impl ReturnedSlots {
     pub(super) fn new(spare_limit: usize) -> Arc<ReturnedSlots> {
         Arc::new(ReturnedSlots {
             queue: UnboundedQueue::new(),
-            lent: AtomicUsize::new(0),
+            given_back: AtomicUsize::new(0),
             spare_buffer: Mutex::new(Vec::new()),
             spare_limit,
         })
@@ -96,12 +100,13 @@ impl ReturnedSlots {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Lends `slot` to a message being delivered; called on the connection's thread.
-    pub(super) fn lend(returns: &Arc<ReturnedSlots>, slot: OwnedTierSlot) -> LentSlot {
-        returns.lent.fetch_add(1, Ordering::Relaxed);
+    /// Lends `slot` to a message being delivered, which gives it back through `returns`,
+    /// a reference to these returns; called on the connection's thread, which counts the
+    /// slots it lends.
+    pub(super) fn lend(returns: Arc<ReturnedSlots>, slot: OwnedTierSlot) -> LentSlot {
         LentSlot {
             slot: Some(slot),
-            returns: Arc::clone(returns),
+            returns,
         }
     }
 
@@ -117,25 +122,25 @@ impl ReturnedSlots {
         self.queue.pop()
     }
 
-    /// Slots held by messages not yet dropped.
-    pub(super) fn lent(&self) -> usize {
-        self.lent.load(Ordering::Relaxed)
+    /// Slots given back by dropped messages, ever.
+    pub(super) fn given_back(&self) -> usize {
+        self.given_back.load(Ordering::Relaxed)
     }
 
     /// Takes a slot back from a dropped message; called on the thread that drops it.
     fn give_back(&self, slot: OwnedTierSlot) {
-        // Counted down before it is queued: the connection's thread, once it has taken
-        // the slot off the queue, never counts it both as posted and as lent.
+        // Counted before it is queued: the connection's thread, once it has taken the slot
+        // off the queue, never counts it both as posted and as lent.
         #[cfg(loom)]
         if tierbuf_pool::sync::planted::is_planted(
             tierbuf_pool::sync::planted::Bug::LentCountLoadThenStore,
         ) {
-            let lent = self.lent.load(Ordering::Relaxed);
-            self.lent.store(lent.wrapping_sub(1), Ordering::Relaxed);
+            let given_back = self.given_back.load(Ordering::Relaxed);
+            self.given_back.store(given_back + 1, Ordering::Relaxed);
             self.queue.push(slot);
             return;
         }
-        self.lent.fetch_sub(1, Ordering::Relaxed);
+        self.given_back.fetch_add(1, Ordering::Relaxed);
         self.queue.push(slot);
     }
 }

@@ -28,6 +28,10 @@
 //!   [`WorkRequest::PostSendCopied`] with its send slot reserved in `sending` and unwritten,
 //!   and the driver settles it ([`ConnectionCore::settle_copied`]) before the message is
 //!   gone: the slot goes back to the spares, or the frame is written into it and posted.
+//! - `returns_to_lend` holds at least one reference to `returned` per posted receive
+//!   (topped up as receives are posted), so a delivery lends its slot to the message
+//!   without touching a reference count; `lent` counts the slots lent, and those held by
+//!   messages now are `lent` less the count `returned` keeps of those given back.
 //! - `spare_send_slots` holds send slots whose sends completed, all of the send tier in
 //!   force, for the next frames: a slot goes back to its pool only when the send tier
 //!   changes, which empties the list, so a replaced tier can still retire.
@@ -453,6 +457,11 @@ pub struct ConnectionCore {
     work: VecDeque<WorkRequest>,
     delivered: VecDeque<Message>,
     returned: sync::Arc<ReturnedSlots>,
+    /// References to `returned` for the messages of the receives posted: one per posted
+    /// receive, cloned when it is posted (module invariants).
+    returns_to_lend: Vec<sync::Arc<ReturnedSlots>>,
+    /// Receive slots lent to messages, ever.
+    lent: usize,
     control: VecDeque<ControlMessage>,
     outbox: Option<Outbox>,
     /// A finished outbox's buffer, empty, kept for the next segmented message.
@@ -507,6 +516,8 @@ impl ConnectionCore {
             work: VecDeque::new(),
             delivered: VecDeque::new(),
             returned: ReturnedSlots::new(spare_buffer_limit),
+            returns_to_lend: Vec::new(),
+            lent: 0,
             control: VecDeque::new(),
             outbox: None,
             spare_outbox: Vec::new(),
@@ -552,7 +563,7 @@ impl ConnectionCore {
             registered_bytes: self.send_region.registered_bytes()
                 + self.recv_region.registered_bytes(),
             posted_receives: self.posted.len() as u64,
-            receives_lent: self.returned.lent() as u64,
+            receives_lent: (self.lent - self.returned.given_back()) as u64,
             send_credits: u64::from(self.credits.total()),
             spare_buffer_bytes: (self.spare_outbox.capacity()
                 + self.returned.spare_buffer_capacity()) as u64,
@@ -1361,6 +1372,9 @@ impl ConnectionCore {
             len: slot.len() as u32,
         };
         let wr_id = self.posted.insert(slot) as u64;
+        if self.returns_to_lend.len() < self.posted.len() {
+            self.returns_to_lend.push(sync::Arc::clone(&self.returned));
+        }
         self.work.push_back(WorkRequest::PostRecv { wr_id, buffer });
         self.grants.posted(tier, 1);
     }
@@ -1433,9 +1447,14 @@ impl ConnectionCore {
                     .map_err(ConnectionError::Reassembly)?;
                 self.stats.messages_received += 1;
                 self.stats.bytes_received += payload_len as u64;
+                let returns = self
+                    .returns_to_lend
+                    .pop()
+                    .expect("a reference to lend for every posted receive");
+                self.lent += 1;
                 self.delivered.push_back(Message {
                     body: Body::Slot {
-                        slot: ReturnedSlots::lend(&self.returned, slot),
+                        slot: ReturnedSlots::lend(returns, slot),
                         len: payload_len,
                     },
                 });
