@@ -45,7 +45,9 @@ pub mod shm {
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::thread;
-    use tierbuf_transport::shm_segment::{Filled, PairState, PostedBuffer, PostedView, Segment};
+    use tierbuf_transport::shm_segment::{
+        Filled, PairState, PostedBuffer, PostedView, RingSize, Segment,
+    };
 
     /// The receive buffer the models' receiver posts: what it names, and its bytes.
     const BUFFER: PostedBuffer = PostedBuffer {
@@ -54,6 +56,9 @@ pub mod shm {
         len: 4,
     };
     const MESSAGE: [u8; 4] = [1, 2, 3, 4];
+    /// The rings of receivers with one and two receives outstanding.
+    const RING_OF_ONE: RingSize = RingSize::of_depth(1);
+    const RING_OF_TWO: RingSize = RingSize::of_depth(2);
 
     /// Waits (letting the other thread run) until `ready` gives a value.
     fn wait_for<T>(mut ready: impl FnMut() -> Option<T>) -> T {
@@ -83,7 +88,7 @@ pub mod shm {
             thread::spawn(move || {
                 let mut view = PostedView::default();
                 for (lap, message) in (0u64..).zip(MESSAGES) {
-                    let posted = wait_for(|| segment.direction(0).posted(lap, &mut view));
+                    let posted = wait_for(|| segment.ring(0, RING_OF_ONE).posted(lap, &mut view));
                     assert_eq!(
                         posted, BUFFER,
                         "the sender read a posted entry before it was written"
@@ -93,16 +98,18 @@ pub mod shm {
                         // SAFETY: the receiver posted this buffer and reads it only after
                         // the delivery below is published (what loom checks).
                         receive_buffer.with_mut(|bytes| unsafe { *bytes = message });
-                        segment.direction(0).deliver(lap, Filled::Delivered(4));
+                        segment
+                            .ring(0, RING_OF_ONE)
+                            .deliver(lap, Filled::Delivered(4));
                     } else {
-                        segment.direction(0).deliver_inline(lap, &message);
+                        segment.ring(0, RING_OF_ONE).deliver_inline(lap, &message);
                     }
                 }
             })
         };
         for (lap, message) in (0u64..).zip(MESSAGES) {
-            segment.direction(0).post(lap, BUFFER);
-            let result = wait_for(|| segment.direction(0).delivered(lap));
+            segment.ring(0, RING_OF_ONE).post(lap, BUFFER);
+            let result = wait_for(|| segment.ring(0, RING_OF_ONE).delivered(lap));
             let expected = if lap == 0 {
                 Filled::Delivered(4)
             } else {
@@ -118,7 +125,9 @@ pub mod shm {
                 receive_buffer.with(|bytes| unsafe { *bytes })
             } else {
                 let mut inline = [0u8; 4];
-                segment.direction(0).inline_message(lap, &mut inline);
+                segment
+                    .ring(0, RING_OF_ONE)
+                    .inline_message(lap, &mut inline);
                 inline
             };
             assert_eq!(
@@ -136,7 +145,7 @@ pub mod shm {
     pub fn close_waits_for_a_copy_in_progress() {
         let segment = Arc::new(Segment::<2>::new_boxed());
         let receive_buffer = Arc::new(UnsafeCell::new([0u8; 4]));
-        segment.direction(0).post(0, BUFFER);
+        segment.ring(0, RING_OF_TWO).post(0, BUFFER);
         let sender = {
             let segment = Arc::clone(&segment);
             let receive_buffer = Arc::clone(&receive_buffer);
@@ -145,7 +154,9 @@ pub mod shm {
                     // SAFETY: `begin_copy` passed the gate, so the receiver waits for this
                     // copy before it touches the buffer again (what loom checks).
                     receive_buffer.with_mut(|bytes| unsafe { *bytes = MESSAGE });
-                    segment.direction(0).deliver(0, Filled::Delivered(4));
+                    segment
+                        .ring(0, RING_OF_TWO)
+                        .deliver(0, Filled::Delivered(4));
                 }
             })
         };

@@ -22,8 +22,11 @@
 //!   buffer or an unknown result code breaks the connection with a protocol error; the
 //!   peer's memory is written only within a mapping this side made and checked.
 //! - **Outstanding counts** are requests posted and not yet returned by `poll`; they never
-//!   pass the queue depths, and the receive depth never passes the ring's capacity, so the
-//!   receiver never rewrites a ring entry the sender may still read.
+//!   pass the queue depths. Each direction's ring is its receiver's receive depth rounded
+//!   up to a power of two (`RingSize`, from the depths the handshake exchanged, kept by
+//!   each side, never read from the segment), so the receiver never rewrites a ring entry
+//!   the sender may still read, and the entries past it are never touched: a connection
+//!   with shallow queues has only the first pages of its segment's memory file allocated.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
@@ -37,7 +40,8 @@ use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SocketError, receive_record, send_record,
 };
 use super::segment::{
-    Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, SharedSegment, prefetch,
+    Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, RING_CAPACITY, Ring, RingSize,
+    SharedSegment, prefetch,
 };
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
@@ -174,6 +178,10 @@ pub struct ShmEndpoint {
     socket: OwnedFd,
     segment: FileMapping,
     limits: EndpointLimits,
+    /// The ring of the direction this side sends on: the peer's receive depth's.
+    send_ring: RingSize,
+    /// The ring of the direction this side receives on: its own receive depth's.
+    recv_ring: RingSize,
     local: RegionCache<SharedHostRegion>,
     outstanding: Outstanding,
     closed: bool,
@@ -204,12 +212,14 @@ pub struct ShmEndpoint {
 }
 
 impl ShmEndpoint {
-    /// An endpoint over a finished handshake. `segment` maps a stamped segment.
+    /// An endpoint over a finished handshake. `segment` maps a stamped segment; the peer
+    /// keeps at most `peer_recv_depth` receives outstanding.
     pub(crate) fn new(
         side: usize,
         socket: OwnedFd,
         segment: FileMapping,
         limits: EndpointLimits,
+        peer_recv_depth: u32,
         local: RegionCache<SharedHostRegion>,
     ) -> ShmEndpoint {
         ShmEndpoint {
@@ -217,6 +227,8 @@ impl ShmEndpoint {
             socket,
             segment,
             limits,
+            send_ring: RingSize::of_depth(peer_recv_depth),
+            recv_ring: RingSize::of_depth(limits.recv_depth),
             local,
             outstanding: Outstanding::default(),
             closed: false,
@@ -247,6 +259,16 @@ impl ShmEndpoint {
 
     fn peer(&self) -> usize {
         1 - self.side
+    }
+
+    /// The direction this side sends on, through the peer's ring.
+    fn outgoing(&self) -> Ring<'_, RING_CAPACITY> {
+        self.segment().ring(self.side, self.send_ring)
+    }
+
+    /// The direction this side receives on, through its own ring.
+    fn incoming(&self) -> Ring<'_, RING_CAPACITY> {
+        self.segment().ring(self.peer(), self.recv_ring)
     }
 
     /// Breaks the connection and records `detail` as the error the next poll reports.
@@ -390,7 +412,7 @@ impl ShmEndpoint {
         }
         let count = self.sends_matched;
         let mut view = self.peer_posts;
-        let posted = self.segment().direction(self.side).posted(count, &mut view);
+        let posted = self.outgoing().posted(count, &mut view);
         self.peer_posts = view;
         let buffer = posted?;
         if self.announcements_read < self.peer_posts.announced() {
@@ -401,7 +423,7 @@ impl ShmEndpoint {
                 if let Filled::Inline(len) = filled {
                     self.deliver_inline(count, source, len);
                 } else {
-                    self.segment().direction(self.side).deliver(count, filled);
+                    self.outgoing().deliver(count, filled);
                 }
                 match filled {
                     Filled::Delivered(_) | Filled::Inline(_) => CompletionStatus::Success,
@@ -472,8 +494,7 @@ impl ShmEndpoint {
         // SAFETY: the source is `len <= INLINE_CAPACITY` bytes, the length of `message`,
         // which nothing else reaches.
         unsafe { source.copy_to(message.as_mut_ptr()) };
-        self.segment()
-            .direction(self.side)
+        self.outgoing()
             .deliver_inline(count, &message[..len as usize]);
     }
 
@@ -495,9 +516,7 @@ impl ShmEndpoint {
     /// message, and the head of the buffer, which a copied message fills. The lines then
     /// travel alongside the result word instead of after it.
     fn prefetch_delivery(&self, front: &PostedRecv) {
-        self.segment()
-            .direction(self.peer())
-            .prefetch_inline_tail(self.recvs_reaped);
+        self.incoming().prefetch_inline_tail(self.recvs_reaped);
         // SAFETY: `offset` lies within the region (checked when the receive was posted, and
         // the request holds the region), so the pointer is in bounds.
         let head = unsafe { front.buffer.region.byte_at(front.buffer.offset) };
@@ -512,11 +531,7 @@ impl ShmEndpoint {
     fn reap_receives(&mut self) -> bool {
         let mut progressed = false;
         while let Some(front) = self.posted.front() {
-            let Some(report) = self
-                .segment()
-                .direction(self.peer())
-                .delivered(self.recvs_reaped)
-            else {
+            let Some(report) = self.incoming().delivered(self.recvs_reaped) else {
                 self.prefetch_delivery(front);
                 break;
             };
@@ -535,9 +550,7 @@ impl ShmEndpoint {
                     if front.buffer.region.is_live() {
                         let mut message = [0u8; INLINE_CAPACITY];
                         let message = &mut message[..len as usize];
-                        self.segment()
-                            .direction(self.peer())
-                            .inline_message(self.recvs_reaped, message);
+                        self.incoming().inline_message(self.recvs_reaped, message);
                         // SAFETY: the buffer `offset .. offset + len` lies inside the
                         // live region the receive holds (checked when posted), and it is
                         // this side's to write: the peer does not write a buffer it
@@ -728,9 +741,7 @@ impl Endpoint for ShmEndpoint {
             addr: keys.remote_addr + buffer.offset as u64,
             len: buffer.len,
         };
-        self.segment()
-            .direction(self.peer())
-            .post(self.recvs_posted, posted);
+        self.incoming().post(self.recvs_posted, posted);
         self.recvs_posted += 1;
         self.outstanding.recvs += 1;
         self.posted.push_back(PostedRecv { wr_id, buffer });
@@ -823,5 +834,79 @@ impl Endpoint for ShmEndpoint {
 impl Drop for ShmEndpoint {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tierbuf_pool::{MemoryBudget, SlotPool};
+
+    use super::*;
+    use crate::{Provider, ShmProvider};
+
+    /// The resident size, in KiB, of this process's mapping that starts at `base`.
+    fn resident_kib(base: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("this process's maps");
+        let mut lines = smaps.lines();
+        while let Some(line) = lines.next() {
+            let start = line.split(['-', ' ']).next().unwrap_or_default();
+            if usize::from_str_radix(start, 16) != Ok(base) {
+                continue;
+            }
+            let rss = lines
+                .find_map(|field| field.strip_prefix("Rss:"))
+                .expect("the mapping's resident size");
+            return rss
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .expect("a size in kB");
+        }
+        panic!("no mapping starts at {base:#x}");
+    }
+
+    /// Sends `count` small messages from `a` to `b`, which keeps `depth` receives posted;
+    /// returns the resident size of `a`'s mapping of the segment.
+    fn segment_resident_after(depth: u32, count: u32) -> u64 {
+        let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+        let pool = SlotPool::new(&*provider.registrar(), 64, depth as usize).expect("a pool");
+        let inboxes: Vec<_> = std::iter::from_fn(|| pool.try_acquire_owned()).collect();
+        let (mut a, mut b) = provider.pair(depth, depth).expect("a pair");
+        for (wr_id, inbox) in (0u64..).zip(&inboxes) {
+            // SAFETY: the inbox is read only after its completion, and reposted after.
+            unsafe { b.post_recv(BufferRef::from(inbox), wr_id) }.expect("posted");
+        }
+        let mut completions = [Completion::default(); 8];
+        for sent in 0..count {
+            let message = sent.to_ne_bytes();
+            while !a.try_post_send_copied(&[&message], 0).expect("a send") {
+                let ready = b.poll(&mut completions).expect("a poll");
+                for completion in &completions[..ready] {
+                    let inbox = &inboxes[completion.wr_id as usize];
+                    // SAFETY: as above; the message in it was read.
+                    unsafe { b.post_recv(BufferRef::from(inbox), completion.wr_id) }
+                        .expect("reposted");
+                }
+            }
+            a.poll(&mut completions).expect("a poll");
+        }
+        resident_kib(a.segment.base().as_ptr() as usize)
+    }
+
+    #[test]
+    fn a_shallow_ring_leaves_the_rest_of_its_segment_untouched() {
+        let file_kib = std::mem::size_of::<SharedSegment>() / 1024;
+        let shallow = segment_resident_after(4, 3000);
+        assert!(
+            shallow <= 16,
+            "{shallow} KiB of a {file_kib} KiB segment resident with rings of 4"
+        );
+        // The deepest rings go round every entry: the check above can fail.
+        let deep = segment_resident_after(RING_CAPACITY as u32, 3000);
+        assert!(
+            deep >= 128,
+            "{deep} KiB of a {file_kib} KiB segment resident with rings of {RING_CAPACITY}"
+        );
     }
 }

@@ -156,8 +156,8 @@ impl ShmProvider {
         rustix::net::connect(&socket, &address).map_err(os_error("connecting"))?;
         set_timeouts(&socket)?;
         let segment = offer(socket.as_fd(), recv_depth)?;
-        conclude(socket.as_fd())?;
-        Ok(self.endpoint(0, socket, segment, limits))
+        let peer_depth = conclude(socket.as_fd())?;
+        Ok(self.endpoint(0, socket, segment, limits, peer_depth))
     }
 
     /// Two connected endpoints in this process (over a socket pair), each with
@@ -188,11 +188,11 @@ impl ShmProvider {
         set_timeouts(&connecting)?;
         set_timeouts(&accepting)?;
         let offered = offer(connecting.as_fd(), recv_depth)?;
-        let accepted = answer(accepting.as_fd(), recv_depth)?;
+        let (accepted, _) = answer(accepting.as_fd(), recv_depth)?;
         conclude(connecting.as_fd())?;
         Ok((
-            self.endpoint(0, connecting, offered, limits),
-            self.endpoint(1, accepting, accepted, limits),
+            self.endpoint(0, connecting, offered, limits, recv_depth),
+            self.endpoint(1, accepting, accepted, limits, recv_depth),
         ))
     }
 
@@ -202,9 +202,10 @@ impl ShmProvider {
         socket: OwnedFd,
         segment: FileMapping,
         limits: EndpointLimits,
+        peer_recv_depth: u32,
     ) -> ShmEndpoint {
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
-        ShmEndpoint::new(side, socket, segment, limits, local)
+        ShmEndpoint::new(side, socket, segment, limits, peer_recv_depth, local)
     }
 }
 
@@ -243,9 +244,11 @@ impl ShmListener {
         let socket = rustix::net::accept_with(&self.socket, SocketFlags::CLOEXEC)
             .map_err(os_error("accepting"))?;
         set_timeouts(&socket)?;
-        let segment = answer(socket.as_fd(), recv_depth)?;
+        let (segment, peer_depth) = answer(socket.as_fd(), recv_depth)?;
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
-        Ok(ShmEndpoint::new(1, socket, segment, limits, local))
+        Ok(ShmEndpoint::new(
+            1, socket, segment, limits, peer_depth, local,
+        ))
     }
 }
 
@@ -349,7 +352,8 @@ fn offer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, Transpo
 }
 
 /// The accepting side's part: checks the hello and its segment, and welcomes or refuses.
-fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, TransportError> {
+/// Returns the segment and the peer's receive depth.
+fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<(FileMapping, u32), TransportError> {
     let received = match receive_record(socket, true).map_err(socket_error)? {
         Incoming::Record(received) => received,
         Incoming::Nothing | Incoming::Closed => {
@@ -388,14 +392,22 @@ fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, Transp
         pid: std::process::id(),
     };
     send_record(socket, welcome, None).map_err(socket_error)?;
-    Ok(mapping)
+    Ok((mapping, peer_depth))
 }
 
-/// The connecting side's last step: waits for the welcome.
-fn conclude(socket: BorrowedFd<'_>) -> Result<(), TransportError> {
+/// The connecting side's last step: waits for the welcome, and returns the peer's receive
+/// depth.
+fn conclude(socket: BorrowedFd<'_>) -> Result<u32, TransportError> {
     match receive_record(socket, true).map_err(socket_error)? {
         Incoming::Record(received) => match received.record {
-            Record::Welcome { .. } => Ok(()),
+            Record::Welcome { recv_depth, .. }
+                if (1..=RING_CAPACITY as u32).contains(&recv_depth) =>
+            {
+                Ok(recv_depth)
+            }
+            Record::Welcome { recv_depth, .. } => Err(handshake_error(format!(
+                "the listener's receive depth {recv_depth} is outside 1..=RING_CAPACITY"
+            ))),
             Record::Refuse(refusal) => Err(handshake_error(format!(
                 "the listener refused: {}",
                 refusal.describe()
@@ -416,4 +428,42 @@ fn segment_of(mapping: &FileMapping) -> &SharedSegment {
     // long, and lives as long as the borrow; every field is an atomic integer, valid for
     // any bit pattern (a fresh file is all zeroes, an empty segment).
     unsafe { mapping.base().cast::<SharedSegment>().as_ref() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener that welcomes with a receive depth past the ring is refused by the
+    /// connecting side, which would otherwise size its sending ring from it.
+    #[test]
+    fn a_welcome_with_a_depth_past_the_ring_is_refused() {
+        for bad_depth in [0, RING_CAPACITY as u32 + 1] {
+            let (connecting, listening) = rustix::net::socketpair(
+                AddressFamily::UNIX,
+                SocketType::SEQPACKET,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .expect("a socket pair");
+            let listener = std::thread::spawn(move || {
+                let hello = receive_record(listening.as_fd(), true).expect("the hello");
+                assert!(matches!(hello, Incoming::Record(_)));
+                let welcome = Record::Welcome {
+                    recv_depth: bad_depth,
+                    pid: std::process::id(),
+                };
+                send_record(listening.as_fd(), welcome, None).expect("the welcome");
+            });
+            let _segment = offer(connecting.as_fd(), 8).expect("the hello sent");
+            let error = conclude(connecting.as_fd()).expect_err("a bad depth refused");
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("receive depth {bad_depth}")),
+                "{error}"
+            );
+            listener.join().expect("the listener");
+        }
+    }
 }

@@ -24,12 +24,14 @@
 //!   result, after it saw that post); `state` by compare-and-swap from `OPEN` only, by
 //!   either side. Every word is an atomic, so a peer that breaks the protocol can feed us
 //!   wrong values but never a data race.
-//! - **Posting publishes the entry.** The receiver writes entry `n % N` (its buffer, and
-//!   `filled` cleared), then stores `posted = n + 1` with `Release`; the sender reads
-//!   `posted` with `Acquire` before it reads the entry. A [`PostedView`] remembers the
-//!   last `posted` its sender read, so entries below it are read without reading `posted`
-//!   again: that read already ordered them. The receiver has at most `N` receives posted
-//!   and not yet reaped, so it never rewrites an entry the sender may still read.
+//! - **Posting publishes the entry.** The receiver writes its ring's entry for receive `n`
+//!   (its buffer, and `filled` cleared), then stores `posted = n + 1` with `Release`; the
+//!   sender reads `posted` with `Acquire` before it reads the entry. A [`PostedView`]
+//!   remembers the last `posted` its sender read, so entries below it are read without
+//!   reading `posted` again: that read already ordered them. Both sides look at a direction through a
+//!   [`Ring`] of the same [`RingSize`] (the receiver's receive depth rounded up to a power
+//!   of two), and the receiver has at most that many receives posted and not yet reaped,
+//!   so it never rewrites an entry the sender may still read.
 //! - **Delivering publishes the message.** The sender writes the message (into the
 //!   entry's `inline` words, or into the receiver's buffer), then the entry's `byte_len`,
 //!   then its `filled` with `Release`; the receiver reads `filled` with `Acquire` and takes
@@ -58,8 +60,9 @@
 use crate::pair_state::StateWord;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
-/// Entries in each direction's ring, so the deepest receive queue of a shared-memory
-/// endpoint.
+/// Entries in each direction of the segment, so the deepest receive queue of a
+/// shared-memory endpoint. A direction's ring uses as many of them as its receiver's
+/// receive depth needs ([`RingSize`]).
 pub const RING_CAPACITY: usize = 1024;
 
 /// The segment as the provider lays it out in shared memory.
@@ -84,7 +87,7 @@ pub enum Filled {
     /// The message was copied into the receiver's buffer; this many bytes.
     Delivered(u32),
     /// The message, this many bytes, is in the entry; the receiver copies it out
-    /// ([`Direction::inline_message`]).
+    /// ([`Ring::inline_message`]).
     Inline(u32),
     /// The message was longer than the buffer; nothing was written.
     TooLong,
@@ -206,6 +209,14 @@ impl<const N: usize> Segment<N> {
         &self.directions[side]
     }
 
+    /// The direction carrying messages from `side`, through a ring of `size`.
+    pub fn ring(&self, side: usize, size: RingSize) -> Ring<'_, N> {
+        Ring {
+            direction: &self.directions[side],
+            size,
+        }
+    }
+
     /// The connection state.
     pub fn state(&self) -> PairState {
         self.state.load()
@@ -224,7 +235,7 @@ impl<const N: usize> Segment<N> {
 
     /// The sender's step before it writes into the receiver's memory on the direction
     /// from `side`: passes the gate unless the receiver has shut it (or the connection is
-    /// down). `true` means copy, then call [`Direction::deliver`], which reopens the gate.
+    /// down). `true` means copy, then call [`Ring::deliver`], which reopens the gate.
     pub fn begin_copy(&self, side: usize) -> bool {
         if !self.state.is_open() {
             return false;
@@ -280,13 +291,64 @@ impl<const N: usize> Direction<N> {
         }
     }
 
-    fn entry(&self, count: u64) -> &Entry {
-        &self.entries[(count % N as u64) as usize]
+    /// The receiver's record that it sent one more region announcement.
+    #[cfg(not(loom))]
+    pub(crate) fn announce(&self) {
+        self.announced.fetch_add(1, Ordering::Release);
+    }
+
+    /// Region announcements the receiver has sent, ever.
+    #[cfg(not(loom))]
+    pub(crate) fn announced(&self) -> u64 {
+        self.announced.load(Ordering::Acquire)
+    }
+}
+
+/// How many entries of a direction its ring uses: the receiver's receive depth rounded
+/// up to a power of two, which both sides know from the handshake. Entries past it are
+/// never touched, so their pages of the segment's memory file are never allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSize {
+    /// The size less one; the size is a power of two.
+    mask: u64,
+}
+
+impl RingSize {
+    /// The ring of a receiver that keeps at most `depth` receives outstanding (at least
+    /// one entry).
+    pub const fn of_depth(depth: u32) -> RingSize {
+        let depth = if depth == 0 { 1 } else { depth as u64 };
+        RingSize {
+            mask: depth.next_power_of_two() - 1,
+        }
+    }
+
+    /// Entries in the ring.
+    pub fn entries(self) -> u64 {
+        self.mask + 1
+    }
+}
+
+/// One direction seen through its ring: the posts, deliveries and results of the
+/// direction's protocol (module documentation). Both sides look at a direction through a
+/// ring of the same size.
+#[derive(Debug, Clone, Copy)]
+pub struct Ring<'s, const N: usize> {
+    direction: &'s Direction<N>,
+    size: RingSize,
+}
+
+impl<'s, const N: usize> Ring<'s, N> {
+    /// The entry of the `count`-th receive (counting from 0). The `% N` keeps a ring
+    /// sized past the segment (which `RingSize::of_depth` never makes for a depth the
+    /// provider accepts) inside the entries.
+    fn entry(&self, count: u64) -> &'s Entry {
+        &self.direction.entries[((count & self.size.mask) as usize) % N]
     }
 
     /// The receiver's post of its `count`-th receive (counting from 0): writes the
-    /// entry and clears its result, then publishes it. The caller has fewer than `N`
-    /// receives posted and not reaped.
+    /// entry and clears its result, then publishes it. The caller has fewer receives
+    /// posted and not reaped than the ring's size.
     pub fn post(&self, count: u64, buffer: PostedBuffer) {
         let entry = self.entry(count);
         entry.remote_key.store(buffer.remote_key, Ordering::Relaxed);
@@ -296,12 +358,12 @@ impl<const N: usize> Direction<N> {
         if tierbuf_pool::sync::planted::is_planted(
             tierbuf_pool::sync::planted::Bug::ShmClearResultAfterPost,
         ) {
-            self.posted.store(count + 1, publication());
+            self.direction.posted.store(count + 1, publication());
             entry.filled.store(0, Ordering::Relaxed);
             return;
         }
         entry.filled.store(0, Ordering::Relaxed);
-        self.posted.store(count + 1, publication());
+        self.direction.posted.store(count + 1, publication());
     }
 
     /// The sender's look at the `count`-th posted receive, if the receiver has posted it.
@@ -309,8 +371,8 @@ impl<const N: usize> Direction<N> {
     /// seen; a sender passes the same view every time.
     pub fn posted(&self, count: u64, view: &mut PostedView) -> Option<PostedBuffer> {
         if count >= view.posted {
-            view.posted = self.posted.load(Ordering::Acquire);
-            view.announced = self.announced.load(Ordering::Acquire);
+            view.posted = self.direction.posted.load(Ordering::Acquire);
+            view.announced = self.direction.announced.load(Ordering::Acquire);
             if count >= view.posted {
                 return None;
             }
@@ -328,7 +390,7 @@ impl<const N: usize> Direction<N> {
     ///
     /// # Panics
     ///
-    /// On [`Filled::Inline`]: an inline message goes through [`Direction::deliver_inline`].
+    /// On [`Filled::Inline`]: an inline message goes through [`Ring::deliver_inline`].
     pub fn deliver(&self, count: u64, filled: Filled) {
         let entry = self.entry(count);
         let (code, byte_len) = match filled {
@@ -372,11 +434,11 @@ impl<const N: usize> Direction<N> {
     fn publish(&self, entry: &Entry, code: u32, byte_len: u32) {
         entry.byte_len.store(byte_len, Ordering::Relaxed);
         entry.filled.store(code, publication());
-        self.gate.0.fetch_and(!COPYING, Ordering::Release);
+        self.direction.gate.0.fetch_and(!COPYING, Ordering::Release);
     }
 
     /// The inline message of the receiver's `count`-th receive, into `out` (as long as
-    /// the message): call it once [`Direction::delivered`] reported
+    /// the message): call it once [`Ring::delivered`] reported
     /// [`Filled::Inline`], which ordered the sender's writes before these reads.
     ///
     /// # Panics
@@ -417,18 +479,6 @@ impl<const N: usize> Direction<N> {
             FILLED_UNREACHABLE => Ok(Filled::Unreachable),
             unknown => Err(unknown),
         })
-    }
-
-    /// The receiver's record that it sent one more region announcement.
-    #[cfg(not(loom))]
-    pub(crate) fn announce(&self) {
-        self.announced.fetch_add(1, Ordering::Release);
-    }
-
-    /// Region announcements the receiver has sent, ever.
-    #[cfg(not(loom))]
-    pub(crate) fn announced(&self) -> u64 {
-        self.announced.load(Ordering::Acquire)
     }
 }
 
@@ -483,10 +533,12 @@ mod tests {
             assert!(segment.is_stamped());
             assert_eq!(segment.state(), PairState::Open);
             assert_eq!(
-                segment.direction(0).posted(0, &mut PostedView::default()),
+                segment
+                    .ring(0, RingSize::of_depth(1024))
+                    .posted(0, &mut PostedView::default()),
                 None
             );
-            assert_eq!(segment.direction(1).delivered(0), None);
+            assert_eq!(segment.ring(1, RingSize::of_depth(1024)).delivered(0), None);
             std::alloc::dealloc(raw.cast(), layout);
         }
     }
@@ -494,7 +546,7 @@ mod tests {
     #[test]
     fn a_post_is_seen_once_published_and_its_result_once_delivered() {
         let segment = Segment::<4>::new_boxed();
-        let direction = segment.direction(0);
+        let direction = segment.ring(0, RingSize::of_depth(4));
         let mut view = PostedView::default();
         for count in 0..10 {
             assert_eq!(direction.posted(count, &mut view), None);
@@ -525,8 +577,8 @@ mod tests {
     #[test]
     fn a_view_reads_the_counters_only_past_what_it_saw() {
         let segment = Segment::<4>::new_boxed();
-        let direction = segment.direction(0);
-        direction.announce();
+        let direction = segment.ring(0, RingSize::of_depth(4));
+        segment.direction(0).announce();
         for count in 0..3 {
             direction.post(count, BUFFER);
         }
@@ -539,7 +591,7 @@ mod tests {
                 announced: 1
             }
         );
-        direction.announce();
+        segment.direction(0).announce();
         direction.post(3, BUFFER);
         assert_eq!(direction.posted(2, &mut view), Some(BUFFER));
         assert_eq!(view.announced(), 1, "entries below 3 need no new look");
@@ -549,9 +601,36 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_uses_only_the_entries_of_its_size() {
+        assert_eq!(RingSize::of_depth(1).entries(), 1);
+        assert_eq!(RingSize::of_depth(5).entries(), 8);
+        assert_eq!(RingSize::of_depth(64).entries(), 64);
+        let segment = Segment::<8>::new_boxed();
+        let ring = segment.ring(0, RingSize::of_depth(3));
+        for count in 0..12 {
+            ring.post(count, BUFFER);
+            ring.deliver(count, Filled::Delivered(count as u32));
+            assert_eq!(
+                ring.delivered(count),
+                Some(Ok(Filled::Delivered(count as u32)))
+            );
+        }
+        // Receives 0..12 went round entries 0..4 only; the rest were never written.
+        let whole = segment.ring(0, RingSize::of_depth(8));
+        for count in 4..8 {
+            assert_eq!(whole.delivered(count), None, "entry {count}");
+        }
+        assert_eq!(
+            whole.delivered(3),
+            Some(Ok(Filled::Delivered(11))),
+            "receive 11 in entry 3"
+        );
+    }
+
+    #[test]
     fn a_reused_entry_is_not_taken_for_its_earlier_lap() {
         let segment = Segment::<1>::new_boxed();
-        let direction = segment.direction(0);
+        let direction = segment.ring(0, RingSize::of_depth(1));
         direction.post(0, BUFFER);
         direction.deliver(0, Filled::Delivered(5));
         assert_eq!(direction.delivered(0), Some(Ok(Filled::Delivered(5))));
@@ -564,7 +643,7 @@ mod tests {
     #[test]
     fn inline_messages_of_every_length_come_out_as_they_went_in() {
         let segment = Segment::<1>::new_boxed();
-        let direction = segment.direction(0);
+        let direction = segment.ring(0, RingSize::of_depth(1));
         let sent: Vec<u8> = (1..=INLINE_CAPACITY as u8).collect();
         for (lap, len) in (0u64..).zip(0..=INLINE_CAPACITY) {
             direction.post(lap, BUFFER);
@@ -584,10 +663,10 @@ mod tests {
     #[should_panic(expected = "past its capacity")]
     fn an_inline_message_past_the_capacity_is_refused() {
         let segment = Segment::<1>::new_boxed();
-        segment.direction(0).post(0, BUFFER);
+        segment.ring(0, RingSize::of_depth(1)).post(0, BUFFER);
         assert!(segment.begin_copy(0));
         segment
-            .direction(0)
+            .ring(0, RingSize::of_depth(1))
             .deliver_inline(0, &[0u8; INLINE_CAPACITY + 1]);
     }
 
@@ -611,7 +690,9 @@ mod tests {
     fn a_shut_gate_stops_the_sender_even_while_the_connection_is_open() {
         let segment = Segment::<4>::new_boxed();
         assert!(segment.begin_copy(0));
-        segment.direction(0).deliver(0, Filled::Delivered(0));
+        segment
+            .ring(0, RingSize::of_depth(4))
+            .deliver(0, Filled::Delivered(0));
         segment.shut_incoming(1, || unreachable!("the copy is done"));
         assert_eq!(segment.state(), PairState::Open);
         assert!(!segment.begin_copy(0), "the gate is shut");
@@ -621,7 +702,7 @@ mod tests {
     #[test]
     fn an_unknown_result_code_is_reported_as_such() {
         let segment = Segment::<4>::new_boxed();
-        let direction = segment.direction(1);
+        let direction = segment.ring(1, RingSize::of_depth(4));
         direction.post(0, BUFFER);
         direction.entry(0).filled.store(99, Ordering::Release);
         assert_eq!(direction.delivered(0), Some(Err(99)));
