@@ -178,6 +178,20 @@ struct Entry {
     inline: [AtomicU64; INLINE_WORDS],
 }
 
+impl Entry {
+    /// Asks the core to move the entry's two lines out to the cache shared by all cores,
+    /// where the receiver's next read finds them; the sender calls it once it has written
+    /// a delivery. See [`demote`].
+    fn demote(&self) {
+        #[cfg(not(loom))]
+        {
+            let first = (self as *const Entry).cast::<u8>();
+            demote(first);
+            demote(first.wrapping_add(64));
+        }
+    }
+}
+
 // The entry is the two cache lines its documentation and `prefetch_inline_tail` assume.
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Entry>() == 128);
@@ -430,10 +444,12 @@ impl<'s, const N: usize> Ring<'s, N> {
     }
 
     /// Writes `entry`'s length, then its result word, which publishes the delivery, then
-    /// reopens the gate.
+    /// hands the entry's lines on towards the receiver ([`Entry::demote`]) and reopens
+    /// the gate.
     fn publish(&self, entry: &Entry, code: u32, byte_len: u32) {
         entry.byte_len.store(byte_len, Ordering::Relaxed);
         entry.filled.store(code, publication());
+        entry.demote();
         self.direction.gate.0.fetch_and(!COPYING, Ordering::Release);
     }
 
@@ -494,6 +510,38 @@ pub(crate) fn prefetch(address: *const u8) {
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         _mm_prefetch::<_MM_HINT_T0>(address.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
+}
+
+/// Asks the core to move the cache line at `address` from its own caches to the cache all
+/// cores share (`cldemote`), so that another core's next read of it is served from there
+/// rather than by a snoop of this core: a producer's hint for its consumer. Like a
+/// prefetch it reads and writes nothing the program sees and cannot fault; a core without
+/// the instruction runs it as a no-op (its encoding lies in the reserved no-op space), and
+/// where the target has no such hint, it does nothing.
+///
+/// A sender that demotes the entry it has just delivered into cut the connection's 64 B
+/// shm pingpong from 340–423 ns (median 345) to 325–333 ns one-way (six runs each,
+/// interleaved, one binary switched by an environment variable). The receiver demoting
+/// the entry it has read cost 60 ns instead. With rings sized by the queue depth the
+/// entries are reused sooner, while the other core still holds them: the demotion makes
+/// up most of what that cost (64-deep queues: 306–404 ns, median 326, against 313–326
+/// with rings of 1024 entries, ten interleaved runs).
+#[cfg(not(loom))]
+#[inline]
+fn demote(address: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `cldemote` is a hint: it neither reads nor writes program-visible memory,
+    // cannot fault, and is a no-op on cores that lack it; it touches no register but its
+    // address operand and keeps the flags and the stack.
+    unsafe {
+        std::arch::asm!(
+            "cldemote [{address}]",
+            address = in(reg) address,
+            options(nostack, preserves_flags, readonly),
+        );
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = address;
