@@ -28,10 +28,10 @@
 //!   (its buffer, and `filled` cleared), then stores `posted = n + 1` with `Release`; the
 //!   sender reads `posted` with `Acquire` before it reads the entry. A [`PostedView`]
 //!   remembers the last `posted` its sender read, so entries below it are read without
-//!   reading `posted` again: that read already ordered them. Both sides look at a direction through a
-//!   [`Ring`] of the same [`RingSize`] (the receiver's receive depth rounded up to a power
-//!   of two), and the receiver has at most that many receives posted and not yet reaped,
-//!   so it never rewrites an entry the sender may still read.
+//!   reading `posted` again: that read already ordered them. Both sides look at a
+//!   direction through a [`Ring`] of the same [`RingSize`] (the receiver's receive depth
+//!   rounded up to a power of two), and the receiver has at most that many receives
+//!   posted and not yet reaped, so it never rewrites an entry the sender may still read.
 //! - **Delivering publishes the message.** The sender writes the message (into the
 //!   entry's `inline` words, or into the receiver's buffer), then the entry's `byte_len`,
 //!   then its `filled` with `Release`; the receiver reads `filled` with `Acquire` and takes
