@@ -27,7 +27,7 @@ use super::sansio::{
     WouldBlock,
 };
 use crate::error::PostError;
-use crate::provider::{CallerCopies, Completion, Endpoint, Opcode};
+use crate::provider::{Completion, Endpoint, Opcode};
 
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
@@ -40,9 +40,9 @@ const POLL_BATCH: usize = 32;
 /// work, not a loop on one load, and a hint (`pause` on x86, about 140 cycles on recent
 /// cores) only delays the look that finds the message. Taking it out saved about 10 ns
 /// of the 64 B shm pingpong's one-way time (two runs each way in one sitting: 351 and 351
-/// ns with it, 339 and 343 ns without). A backoff that
-/// lengthens its spins (crossbeam's `Backoff`) would let a message wait for the rest of
-/// the current spin, which is the whole of a small message's latency.
+/// ns with it, 339 and 343 ns without). A backoff that lengthens its spins (crossbeam's
+/// `Backoff`) would let a message wait for the rest of the current spin, which is the
+/// whole of a small message's latency.
 #[derive(Debug, Default)]
 struct PollWait {
     passes: u32,
@@ -269,11 +269,7 @@ impl<E: Endpoint> Connection<E> {
         loop {
             let rest = &message[offset..];
             let now = self.clock_for(rest.len());
-            let accepted = if copies != CallerCopies::NONE {
-                self.core.try_send_copied(now, rest, copies)
-            } else {
-                self.core.try_send_borrowed(now, rest)
-            };
+            let accepted = self.core.try_send_copied(now, rest, copies);
             self.post_work_from(rest);
             match accepted {
                 Ok(accepted) => {

@@ -1018,7 +1018,8 @@ impl ConnectionCore {
         message: &[u8],
         copies: CallerCopies,
     ) -> Result<usize, SendError> {
-        self.copied_from = Some(CopiedFrom {
+        // With no length taken from the caller's memory this is `try_send_borrowed`.
+        self.copied_from = (copies != CallerCopies::NONE).then_some(CopiedFrom {
             addr: message.as_ptr() as usize,
             len: message.len(),
             copies,

@@ -60,10 +60,10 @@ pub(crate) const MAX_GATHER: usize = 4;
 /// buffer, the buffer's lookup and the queued request (the connection's 64 B
 /// `transport/pingpong/shm`, three runs interleaved with three through a send slot:
 /// 327, 331 and 377 ns one-way against 349–353 ns; between two threads of one process,
-/// 315–326 against 363–376 ns). Between the two bounds, a copy into the peer's buffer straight
-/// from the caller's memory measured slower (1 KiB stream 399–401 ns per message against
-/// 342–345 ns through a send slot), and faster from 8 KiB (stream 489 against 657 ns;
-/// 64 KiB 1.81 against 3.31 µs).
+/// 315–326 against 363–376 ns). Between the two bounds, a copy into the peer's buffer
+/// straight from the caller's memory measured slower (1 KiB stream 399–401 ns per message
+/// against 342–345 ns through a send slot), and faster from 8 KiB (stream 489 against
+/// 657 ns; 64 KiB 1.81 against 3.31 µs).
 const LARGE_CALLER_COPIES: usize = 4096;
 
 /// Polls that find nothing to do between two looks at the bootstrap socket (for a peer
@@ -448,8 +448,8 @@ impl ShmEndpoint {
     }
 
     /// Copies `source`, `len` bytes, into the peer's `buffer` if it fits and can be
-    /// reached; a send short enough to travel inline is left to [`ShmEndpoint::deliver_inline`] and reported as
-    /// [`Filled::Inline`]. The peer checked an inline message's buffer when it posted it
+    /// reached; a send short enough to travel inline is left to
+    /// [`ShmEndpoint::deliver_inline`] and reported as [`Filled::Inline`]. The peer checked an inline message's buffer when it posted it
     /// (it is the one that writes it). Either way the gate is passed, and the delivery
     /// reopens it.
     fn fill(
@@ -487,7 +487,7 @@ impl ShmEndpoint {
         Ok(Filled::Delivered(len))
     }
 
-    /// Delivers `send`, `len` bytes that [`ShmEndpoint::fill`] found short enough (and
+    /// Delivers `source`, `len` bytes that [`ShmEndpoint::fill`] found short enough (and
     /// passed the gate for), inline in the ring entry of the peer's `count`-th receive.
     fn deliver_inline(&self, count: u64, source: Source<'_>, len: u32) {
         let mut message = [0u8; INLINE_CAPACITY];

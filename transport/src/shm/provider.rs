@@ -188,11 +188,11 @@ impl ShmProvider {
         set_timeouts(&connecting)?;
         set_timeouts(&accepting)?;
         let offered = offer(connecting.as_fd(), recv_depth)?;
-        let (accepted, _) = answer(accepting.as_fd(), recv_depth)?;
-        conclude(connecting.as_fd())?;
+        let (accepted, connecting_depth) = answer(accepting.as_fd(), recv_depth)?;
+        let accepting_depth = conclude(connecting.as_fd())?;
         Ok((
-            self.endpoint(0, connecting, offered, limits, recv_depth),
-            self.endpoint(1, accepting, accepted, limits, recv_depth),
+            self.endpoint(0, connecting, offered, limits, accepting_depth),
+            self.endpoint(1, accepting, accepted, limits, connecting_depth),
         ))
     }
 
@@ -380,7 +380,7 @@ fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<(FileMapping, u32),
         let _ = send_record(socket, Record::Refuse(refusal), None);
         handshake_error(format!("refused the peer: {}", refusal.describe()))
     };
-    if !(1..=RING_CAPACITY as u32).contains(&peer_depth) {
+    if !fits_the_ring(peer_depth) {
         return Err(refuse(Refusal::BadDepth));
     }
     let mapping = match FileMapping::map(&file, segment_file_len() as u64) {
@@ -400,11 +400,7 @@ fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<(FileMapping, u32),
 fn conclude(socket: BorrowedFd<'_>) -> Result<u32, TransportError> {
     match receive_record(socket, true).map_err(socket_error)? {
         Incoming::Record(received) => match received.record {
-            Record::Welcome { recv_depth, .. }
-                if (1..=RING_CAPACITY as u32).contains(&recv_depth) =>
-            {
-                Ok(recv_depth)
-            }
+            Record::Welcome { recv_depth, .. } if fits_the_ring(recv_depth) => Ok(recv_depth),
             Record::Welcome { recv_depth, .. } => Err(handshake_error(format!(
                 "the listener's receive depth {recv_depth} is outside 1..=RING_CAPACITY"
             ))),
@@ -420,6 +416,11 @@ fn conclude(socket: BorrowedFd<'_>) -> Result<u32, TransportError> {
             "the listener closed the socket before its welcome",
         )),
     }
+}
+
+/// Whether a peer's receive depth is one a direction's ring can hold.
+fn fits_the_ring(depth: u32) -> bool {
+    (1..=RING_CAPACITY as u32).contains(&depth)
 }
 
 /// The segment a mapping of [`segment_file_len`] bytes holds.
