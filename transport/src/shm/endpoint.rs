@@ -548,21 +548,18 @@ impl ShmEndpoint {
                     if len <= front.buffer.len && len as usize <= INLINE_CAPACITY =>
                 {
                     if front.buffer.region.is_live() {
-                        let mut message = [0u8; INLINE_CAPACITY];
-                        let message = &mut message[..len as usize];
-                        self.incoming().inline_message(self.recvs_reaped, message);
                         // SAFETY: the buffer `offset .. offset + len` lies inside the
                         // live region the receive holds (checked when posted), and it is
-                        // this side's to write: the peer does not write a buffer it
-                        // delivered to inline, and the poster reads it only after this
-                        // completion.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                message.as_ptr(),
+                        // this side's alone while the slice lives: the peer does not
+                        // write a buffer it delivered to inline, and the poster reads it
+                        // only after this completion.
+                        let buffer = unsafe {
+                            std::slice::from_raw_parts_mut(
                                 front.buffer.region.byte_at(front.buffer.offset).as_ptr(),
-                                message.len(),
-                            );
-                        }
+                                len as usize,
+                            )
+                        };
+                        self.incoming().inline_message(self.recvs_reaped, buffer);
                         (CompletionStatus::Success, len)
                     } else {
                         self.segment().break_connection();

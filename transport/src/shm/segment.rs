@@ -423,7 +423,9 @@ impl<'s, const N: usize> Ring<'s, N> {
     ///
     /// The words go in from the last: the tail on the entry's second cache line, then
     /// the first line's words and the result back to back, so the receiver's polls of the
-    /// first line do not take it away between the sender's stores to it.
+    /// first line do not take it away between the sender's stores to it. Each word is
+    /// made from the message's bytes as it is stored: gathering them into whole words
+    /// first measured slower (`docs/transport.md`).
     ///
     /// # Panics
     ///
@@ -462,15 +464,17 @@ impl<'s, const N: usize> Ring<'s, N> {
     /// If `out` is longer than [`INLINE_CAPACITY`].
     pub fn inline_message(&self, count: u64, out: &mut [u8]) {
         let entry = self.entry(count);
-        let words = out.chunks_mut(8);
+        let carried = out.len().div_ceil(8);
         assert!(
-            words.len() <= INLINE_WORDS,
+            carried <= INLINE_WORDS,
             "an inline message past its capacity"
         );
-        for (word, bytes) in entry.inline.iter().zip(words) {
-            let value = word.load(Ordering::Relaxed).to_ne_bytes();
-            bytes.copy_from_slice(&value[..bytes.len()]);
+        // The words are read whole into a buffer of their own, then copied out at once.
+        let mut words = [0u8; INLINE_CAPACITY];
+        for (bytes, word) in words.chunks_exact_mut(8).zip(&entry.inline[..carried]) {
+            bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
         }
+        out.copy_from_slice(&words[..out.len()]);
     }
 
     /// Asks the core to fetch the second cache line of the `count`-th entry, which holds
