@@ -102,7 +102,9 @@ pub mod shm {
                             .ring(0, RING_OF_ONE)
                             .deliver(lap, Filled::Delivered(4));
                     } else {
-                        segment.ring(0, RING_OF_ONE).deliver_inline(lap, &message);
+                        segment
+                            .ring(0, RING_OF_ONE)
+                            .deliver_inline(lap, &[&message]);
                     }
                 }
             })

@@ -488,14 +488,21 @@ impl ShmEndpoint {
     }
 
     /// Delivers `source`, `len` bytes that [`ShmEndpoint::fill`] found short enough (and
-    /// passed the gate for), inline in the ring entry of the peer's `count`-th receive.
+    /// passed the gate for), inline in the ring entry of the peer's `count`-th receive:
+    /// the caller's parts go into the entry as they are, word by word; a posted send's
+    /// buffers are copied out of their regions first.
     fn deliver_inline(&self, count: u64, source: Source<'_>, len: u32) {
-        let mut message = [0u8; INLINE_CAPACITY];
-        // SAFETY: the source is `len <= INLINE_CAPACITY` bytes, the length of `message`,
-        // which nothing else reaches.
-        unsafe { source.copy_to(message.as_mut_ptr()) };
-        self.outgoing()
-            .deliver_inline(count, &message[..len as usize]);
+        match source {
+            Source::Caller(parts) => self.outgoing().deliver_inline(count, parts),
+            Source::Posted(_) => {
+                let mut message = [0u8; INLINE_CAPACITY];
+                // SAFETY: the source is `len <= INLINE_CAPACITY` bytes, the length of
+                // `message`, which nothing else reaches.
+                unsafe { source.copy_to(message.as_mut_ptr()) };
+                self.outgoing()
+                    .deliver_inline(count, &[&message[..len as usize]]);
+            }
+        }
     }
 
     /// The first byte of the peer's `buffer` in this process, if it lies inside a region
