@@ -734,18 +734,9 @@ mod tests {
     #[test]
     fn inline_messages_of_every_length_come_out_as_they_went_in() {
         let segment = Segment::<1>::new_boxed();
-        let direction = segment.ring(0, RingSize::of_depth(1));
         let sent: Vec<u8> = (1..=INLINE_CAPACITY as u8).collect();
         for (lap, len) in (0u64..).zip(0..=INLINE_CAPACITY) {
-            direction.post(lap, BUFFER);
-            assert!(segment.begin_copy(0));
-            direction.deliver_inline(lap, &[&sent[..len]]);
-            assert_eq!(
-                direction.delivered(lap),
-                Some(Ok(Filled::Inline(len as u32)))
-            );
-            let mut received = vec![0u8; len];
-            direction.inline_message(lap, &mut received);
+            let received = deliver_inline_and_read(&segment, lap, &[&sent[..len]]);
             assert_eq!(received, sent[..len], "lap {lap}");
         }
     }
@@ -753,7 +744,6 @@ mod tests {
     #[test]
     fn a_message_split_anywhere_into_parts_comes_out_whole() {
         let segment = Segment::<1>::new_boxed();
-        let direction = segment.ring(0, RingSize::of_depth(1));
         let sent: Vec<u8> = (1..=INLINE_CAPACITY as u8).collect();
         let mut lap = 0;
         for len in [0, 1, 7, 8, 9, 80, INLINE_CAPACITY] {
@@ -765,20 +755,29 @@ mod tests {
                         &sent[first..second],
                         &sent[second..len],
                     ];
-                    direction.post(lap, BUFFER);
-                    assert!(segment.begin_copy(0));
-                    direction.deliver_inline(lap, &parts);
-                    assert_eq!(
-                        direction.delivered(lap),
-                        Some(Ok(Filled::Inline(len as u32)))
-                    );
-                    let mut received = vec![0u8; len];
-                    direction.inline_message(lap, &mut received);
+                    let received = deliver_inline_and_read(&segment, lap, &parts);
                     assert_eq!(received, sent[..len], "split at {first} and {second}");
                     lap += 1;
                 }
             }
         }
+    }
+
+    /// Posts receive `lap` on a ring of one entry, delivers `parts` inline into it, checks
+    /// the reported length and returns the message the receiver reads.
+    fn deliver_inline_and_read(segment: &Segment<1>, lap: u64, parts: &[&[u8]]) -> Vec<u8> {
+        let direction = segment.ring(0, RingSize::of_depth(1));
+        let len: usize = parts.iter().map(|part| part.len()).sum();
+        direction.post(lap, BUFFER);
+        assert!(segment.begin_copy(0));
+        direction.deliver_inline(lap, parts);
+        assert_eq!(
+            direction.delivered(lap),
+            Some(Ok(Filled::Inline(len as u32)))
+        );
+        let mut received = vec![0u8; len];
+        direction.inline_message(lap, &mut received);
+        received
     }
 
     #[test]
