@@ -526,9 +526,11 @@ fn word_at(parts: &[&[u8]], at: usize) -> u64 {
             }
             let mut bytes = [0u8; 8];
             let mut filled = 0;
-            for part in std::iter::once(&part[offset..]).chain(parts[index + 1..].iter().copied()) {
-                let take = (8 - filled).min(part.len());
-                bytes[filled..filled + take].copy_from_slice(&part[..take]);
+            let spanned =
+                std::iter::once(&part[offset..]).chain(parts[index + 1..].iter().copied());
+            for piece in spanned {
+                let take = (8 - filled).min(piece.len());
+                bytes[filled..filled + take].copy_from_slice(&piece[..take]);
                 filled += take;
                 if filled == 8 {
                     break;
