@@ -449,9 +449,9 @@ impl ShmEndpoint {
 
     /// Copies `source`, `len` bytes, into the peer's `buffer` if it fits and can be
     /// reached; a send short enough to travel inline is left to
-    /// [`ShmEndpoint::deliver_inline`] and reported as [`Filled::Inline`]. The peer checked an inline message's buffer when it posted it
-    /// (it is the one that writes it). Either way the gate is passed, and the delivery
-    /// reopens it.
+    /// [`ShmEndpoint::deliver_inline`] and reported as [`Filled::Inline`]. The peer
+    /// checked an inline message's buffer when it posted it (it is the one that writes
+    /// it). Either way the gate is passed, and the delivery reopens it.
     fn fill(
         &self,
         source: Source<'_>,
