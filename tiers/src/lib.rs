@@ -3,10 +3,14 @@
 //! A connection starts on the smallest tier of its [`ladder::TierLadder`] and is promoted,
 //! for that connection only, to a larger tier when a message needs it. The promotion is
 //! negotiated with the peer by the state machines of [`negotiation`], whose control
-//! messages are encoded by [`wire`] and carried by a [`negotiator::Negotiator`].
+//! messages are encoded by [`wire`] and carried by a [`negotiator::Negotiator`]. A
+//! connection's [`controller::TierController`] ties them together: it plans each message
+//! with [`policy`], negotiates through the negotiator, and swaps each direction's
+//! [`TieredRegion`] lock-free.
 
 #![warn(missing_docs)]
 
+pub mod controller;
 pub mod ladder;
 pub mod negotiation;
 pub mod negotiator;
@@ -16,11 +20,14 @@ mod sync;
 mod tiered;
 pub mod wire;
 
+pub use controller::{Change, ControllerError, ControllerStats, Framing, SendPlan, TierController};
 pub use negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
 pub use negotiator::{InMemoryNegotiator, Negotiator, pump};
 pub use policy::{DemotionTracker, IoVecPlan, MessagePlan, PolicyError, Promotion};
 pub use reservoir::{Provenance, Reservoir, TierError};
-pub use tiered::{OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion};
+pub use tiered::{
+    OwnedTierCache, OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion,
+};
 pub use wire::{ControlMessage, Epoch, NackReason};
 
 /// The position of a tier in a ladder: 0 is the smallest.

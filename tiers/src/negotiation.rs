@@ -610,6 +610,11 @@ impl Negotiation {
         self.outputs.transmits.pop_front()
     }
 
+    /// Whether a control message waits for [`Negotiation::poll_transmit`].
+    pub fn has_transmits(&self) -> bool {
+        !self.outputs.transmits.is_empty()
+    }
+
     /// The next event for the owner.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.outputs.events.pop_front()

@@ -24,7 +24,7 @@ use crate::wire::{self, ControlMessage, MAX_FRAME_LEN, WireError};
 /// Carries control frames to the peer's [`Negotiation`] and back.
 pub trait Negotiator {
     /// Why the channel failed.
-    type Error: std::error::Error + 'static;
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// Sends one whole frame.
     fn send_frame(&mut self, frame: &[u8]) -> Result<(), Self::Error>;
@@ -46,7 +46,7 @@ pub struct PumpReport {
 /// Why [`pump`] stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum PumpError<E: std::error::Error + 'static> {
+pub enum PumpError<E: std::error::Error + Send + Sync + 'static> {
     /// The channel refused a frame; the message is handed back, unsent.
     #[error("sending {message:?} failed")]
     Send {

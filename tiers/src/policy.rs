@@ -30,21 +30,25 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::ladder::TierLadder;
 use crate::wire::NackReason;
 use crate::{TierError, TierIndex};
+
+mod capacity;
+
+pub use capacity::{CapacityError, FrameCapacity};
 
 /// A policy input that does not fit the ladder.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{PolicyError, Promotion, plan_message};
-/// let ladder = TierLadder::preset("patent")?;
-/// let err = plan_message(&ladder, TierIndex::new(5), 100, Promotion::Allowed).unwrap_err();
+/// use tierbuf_tiers::policy::{FrameCapacity, PolicyError, Promotion, plan_message};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+/// let err = plan_message(&capacity, TierIndex::new(5), 100, Promotion::Allowed).unwrap_err();
 /// assert_eq!(err, PolicyError::TierOutsideLadder { tier: TierIndex::new(5), top: TierIndex::new(1) });
 /// assert_eq!(err.to_string(), "tier 5 is not on the ladder, whose top is tier 1");
-/// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -124,12 +128,13 @@ impl Promotion {
 /// last one possibly shorter. Only the planners make one, always with at least two pieces.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{MessagePlan, Promotion, plan_message};
-/// let ladder = TierLadder::preset("patent")?; // top threshold 8192
+/// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, plan_message};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // top threshold 8192
 /// let top = TierIndex::new(1);
-/// let MessagePlan::Segment { segments, .. } = plan_message(&ladder, top, 20_000, Promotion::Allowed)? else {
+/// let MessagePlan::Segment { segments, .. } = plan_message(&capacity, top, 20_000, Promotion::Allowed)? else {
 ///     unreachable!("longer than the top tier");
 /// };
 /// assert_eq!((segments.message_len(), segments.segment_len(), segments.count()), (20_000, 8192, 3));
@@ -154,9 +159,10 @@ impl Segments {
     /// The length of the whole message.
     ///
     /// ```
+    /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let ladder = TierLadder::preset("patent")?;
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// assert_eq!(plan.segments().map(|s| s.message_len()), Some(1000));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -167,9 +173,10 @@ impl Segments {
     /// The length of every piece but the last: the threshold of the tier they are sent on.
     ///
     /// ```
+    /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let ladder = TierLadder::preset("patent")?;
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// assert_eq!(plan.segments().map(|s| s.segment_len()), Some(480));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -180,9 +187,10 @@ impl Segments {
     /// How many pieces there are.
     ///
     /// ```
+    /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let ladder = TierLadder::preset("patent")?;
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// assert_eq!(plan.segments().map(|s| s.count()), Some(3)); // 480 + 480 + 40
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -195,9 +203,10 @@ impl Segments {
     /// last piece of a huge message is found without walking the others.
     ///
     /// ```
+    /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let ladder = TierLadder::preset("patent")?;
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// let ranges: Vec<_> = plan.segments().unwrap().ranges().collect();
     /// assert_eq!(ranges, [0..480, 480..960, 960..1000]);
     /// assert_eq!(plan.segments().unwrap().ranges().next_back(), Some(960..1000));
@@ -239,14 +248,15 @@ pub enum SegmentCause {
 /// What to do with one message, given the tier in force.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{MessagePlan, Promotion, plan_message};
-/// let ladder = TierLadder::preset("rpc")?; // thresholds 512, 8 KiB, 64 KiB
+/// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, plan_message};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("rpc")?), 0)?; // thresholds 512, 8 KiB, 64 KiB
 /// let small = TierIndex::SMALLEST;
-/// assert_eq!(plan_message(&ladder, small, 512, Promotion::Allowed)?, MessagePlan::Send { tier: small });
+/// assert_eq!(plan_message(&capacity, small, 512, Promotion::Allowed)?, MessagePlan::Send { tier: small });
 /// assert_eq!(
-///     plan_message(&ladder, small, 10_000, Promotion::Allowed)?,
+///     plan_message(&capacity, small, 10_000, Promotion::Allowed)?,
 ///     MessagePlan::Promote { to: TierIndex::new(2) },
 ///     "straight to the tier that fits, skipping tier 1",
 /// );
@@ -290,11 +300,12 @@ impl MessagePlan {
     /// The tier the message's bytes travel on: the tier in force, or the one promoted to.
     ///
     /// ```
+    /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let ladder = TierLadder::preset("patent")?;
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 4096, Promotion::Allowed)?;
+    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Allowed)?;
     /// assert_eq!(plan.tier(), TierIndex::new(1));
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 4096, Promotion::Refused)?;
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Refused)?;
     /// assert_eq!(plan.tier(), TierIndex::SMALLEST);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -308,10 +319,11 @@ impl MessagePlan {
     /// How the message is cut, if it is segmented.
     ///
     /// ```
+    /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let ladder = TierLadder::preset("patent")?;
-    /// assert!(plan_message(&ladder, TierIndex::SMALLEST, 100, Promotion::Allowed)?.segments().is_none());
-    /// let plan = plan_message(&ladder, TierIndex::SMALLEST, 100_000, Promotion::Allowed)?;
+    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// assert!(plan_message(&capacity, TierIndex::SMALLEST, 100, Promotion::Allowed)?.segments().is_none());
+    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 100_000, Promotion::Allowed)?;
     /// assert_eq!(plan.segments().map(|s| s.count()), Some(13));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -335,14 +347,15 @@ impl MessagePlan {
 /// [`PolicyError::TierOutsideLadder`] when `current` is not on the ladder.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{MessagePlan, Promotion, SegmentCause, plan_message};
-/// let ladder = TierLadder::preset("patent")?; // thresholds 480 and 8192
+/// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, SegmentCause, plan_message};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // thresholds 480 and 8192
 /// let (small, top) = (TierIndex::SMALLEST, TierIndex::new(1));
-/// assert_eq!(plan_message(&ladder, small, 480, Promotion::Allowed)?, MessagePlan::Send { tier: small });
-/// assert_eq!(plan_message(&ladder, small, 481, Promotion::Allowed)?, MessagePlan::Promote { to: top });
-/// let refused = plan_message(&ladder, small, 481, Promotion::Refused)?;
+/// assert_eq!(plan_message(&capacity, small, 480, Promotion::Allowed)?, MessagePlan::Send { tier: small });
+/// assert_eq!(plan_message(&capacity, small, 481, Promotion::Allowed)?, MessagePlan::Promote { to: top });
+/// let refused = plan_message(&capacity, small, 481, Promotion::Refused)?;
 /// assert!(matches!(
 ///     refused,
 ///     MessagePlan::Segment { tier, cause: SegmentCause::PromotionRefused { wanted }, .. } if tier == small && wanted == top
@@ -350,27 +363,28 @@ impl MessagePlan {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn plan_message(
-    ladder: &TierLadder,
+    capacity: &FrameCapacity,
     current: TierIndex,
     len: usize,
     promotion: Promotion,
 ) -> Result<MessagePlan, PolicyError> {
-    let threshold = threshold_of(ladder, current)?;
+    let threshold = threshold_of(capacity, current)?;
     if len <= threshold {
         return Ok(MessagePlan::Send { tier: current });
     }
-    plan_oversized(ladder, current, threshold, len, promotion)
+    plan_oversized(capacity, current, threshold, len, promotion)
 }
 
 /// What to do with the next part of an I/O vector, given the tier in force (the patent's
 /// Figure 5 scan, for one message per call).
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{IoVecPlan, Promotion, plan_io_vector_lens};
-/// let ladder = TierLadder::preset("patent")?; // threshold 480 on tier 0
-/// let plan = plan_io_vector_lens(&ladder, TierIndex::SMALLEST, &[200, 200, 200], Promotion::Allowed)?;
+/// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, Promotion, plan_io_vector_lens};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // threshold 480 on tier 0
+/// let plan = plan_io_vector_lens(&capacity, TierIndex::SMALLEST, &[200, 200, 200], Promotion::Allowed)?;
 /// assert_eq!(plan, IoVecPlan::SendPrefix { tier: TierIndex::SMALLEST, elements: 2, bytes: 400 });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -411,28 +425,29 @@ pub enum IoVecPlan {
 /// [`PolicyError::TierOutsideLadder`] when `current` is not on the ladder.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use std::io::IoSlice;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{IoVecPlan, Promotion, plan_io_vector};
-/// let ladder = TierLadder::preset("patent")?;
+/// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, Promotion, plan_io_vector};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
 /// let (header, body) = ([0u8; 64], vec![0u8; 4000]);
 /// let vector = [IoSlice::new(&header), IoSlice::new(&body)];
 /// assert_eq!(
-///     plan_io_vector(&ladder, TierIndex::SMALLEST, &vector, Promotion::Allowed)?,
+///     plan_io_vector(&capacity, TierIndex::SMALLEST, &vector, Promotion::Allowed)?,
 ///     IoVecPlan::SendPrefix { tier: TierIndex::SMALLEST, elements: 1, bytes: 64 },
 ///     "the small header goes first; the body promotes on the next call",
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn plan_io_vector(
-    ladder: &TierLadder,
+    capacity: &FrameCapacity,
     current: TierIndex,
     elements: &[IoSlice<'_>],
     promotion: Promotion,
 ) -> Result<IoVecPlan, PolicyError> {
     scan_io_vector(
-        ladder,
+        capacity,
         current,
         elements.iter().map(|element| element.len()),
         promotion,
@@ -454,37 +469,38 @@ pub fn plan_io_vector(
 /// [`PolicyError::TierOutsideLadder`] when `current` is not on the ladder.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{IoVecPlan, MessagePlan, Promotion, plan_io_vector_lens};
-/// let ladder = TierLadder::preset("patent")?; // thresholds 480 and 8192
+/// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, MessagePlan, Promotion, plan_io_vector_lens};
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // thresholds 480 and 8192
 /// let small = TierIndex::SMALLEST;
 /// assert_eq!(
-///     plan_io_vector_lens(&ladder, small, &[0, 2000, 10], Promotion::Allowed)?,
+///     plan_io_vector_lens(&capacity, small, &[0, 2000, 10], Promotion::Allowed)?,
 ///     IoVecPlan::Oversized { element: 1, plan: MessagePlan::Promote { to: TierIndex::new(1) } },
 /// );
 /// assert_eq!(
-///     plan_io_vector_lens(&ladder, small, &[], Promotion::Allowed)?,
+///     plan_io_vector_lens(&capacity, small, &[], Promotion::Allowed)?,
 ///     IoVecPlan::SendPrefix { tier: small, elements: 0, bytes: 0 },
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn plan_io_vector_lens(
-    ladder: &TierLadder,
+    capacity: &FrameCapacity,
     current: TierIndex,
     lens: &[usize],
     promotion: Promotion,
 ) -> Result<IoVecPlan, PolicyError> {
-    scan_io_vector(ladder, current, lens.iter().copied(), promotion)
+    scan_io_vector(capacity, current, lens.iter().copied(), promotion)
 }
 
 fn scan_io_vector(
-    ladder: &TierLadder,
+    capacity: &FrameCapacity,
     current: TierIndex,
     lens: impl Iterator<Item = usize>,
     promotion: Promotion,
 ) -> Result<IoVecPlan, PolicyError> {
-    let threshold = threshold_of(ladder, current)?;
+    let threshold = threshold_of(capacity, current)?;
     let mut elements = 0;
     let mut bytes = 0;
     for len in lens {
@@ -494,7 +510,7 @@ fn scan_io_vector(
             if bytes == 0 {
                 return Ok(IoVecPlan::Oversized {
                     element: elements,
-                    plan: plan_oversized(ladder, current, threshold, len, promotion)?,
+                    plan: plan_oversized(capacity, current, threshold, len, promotion)?,
                 });
             }
             break;
@@ -512,13 +528,13 @@ fn scan_io_vector(
 /// Plans a message of `len` bytes that does not fit `current`, whose threshold is
 /// `threshold` (`len > threshold`).
 fn plan_oversized(
-    ladder: &TierLadder,
+    capacity: &FrameCapacity,
     current: TierIndex,
     threshold: usize,
     len: usize,
     promotion: Promotion,
 ) -> Result<MessagePlan, PolicyError> {
-    let top = ladder.top();
+    let top = capacity.ladder().top();
     if current == top {
         return Ok(MessagePlan::Segment {
             tier: top,
@@ -526,7 +542,7 @@ fn plan_oversized(
             cause: SegmentCause::AboveTop,
         });
     }
-    let fitting = ladder.tier_for_len(len);
+    let fitting = capacity.tier_for(len);
     Ok(match promotion {
         Promotion::Refused => MessagePlan::Segment {
             tier: current,
@@ -539,21 +555,19 @@ fn plan_oversized(
             Some(to) => MessagePlan::Promote { to },
             None => MessagePlan::PromoteThenSegment {
                 to: top,
-                segments: Segments::new(len, threshold_of(ladder, top)?),
+                segments: Segments::new(len, threshold_of(capacity, top)?),
             },
         },
     })
 }
 
-/// The promotion threshold of `tier`, or the error naming it when it is not on the ladder.
-fn threshold_of(ladder: &TierLadder, tier: TierIndex) -> Result<usize, PolicyError> {
-    ladder
-        .tier(tier)
-        .map(|spec| spec.promote_threshold())
-        .ok_or(PolicyError::TierOutsideLadder {
-            tier,
-            top: ladder.top(),
-        })
+/// The longest message `tier` carries whole ([`FrameCapacity::whole`]), or the error naming
+/// the tier when it is not on the ladder.
+fn threshold_of(capacity: &FrameCapacity, tier: TierIndex) -> Result<usize, PolicyError> {
+    capacity.whole(tier).ok_or(PolicyError::TierOutsideLadder {
+        tier,
+        top: capacity.ladder().top(),
+    })
 }
 
 /// Decides, for one direction of one connection, when it steps back down the ladder.
@@ -579,11 +593,11 @@ fn threshold_of(ladder: &TierLadder, tier: TierIndex) -> Result<usize, PolicyErr
 /// use std::time::{Duration, Instant};
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::DemotionTracker;
+/// use tierbuf_tiers::policy::{FrameCapacity, DemotionTracker};
 /// let ladder = Arc::new(TierLadder::preset("patent")?); // 60 s idle, 5 s hysteresis
 /// let start = Instant::now();
 /// let at = |secs| start + Duration::from_secs(secs);
-/// let mut tracker = DemotionTracker::new(ladder, start);
+/// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
 /// tracker.record(at(0), 4096);
 /// tracker.tier_changed(at(0), TierIndex::new(1))?;
 /// tracker.record(at(30), 100); // small messages do not keep tier 1
@@ -594,7 +608,7 @@ fn threshold_of(ladder: &TierLadder, tier: TierIndex) -> Result<usize, PolicyErr
 /// ```
 #[derive(Debug, Clone)]
 pub struct DemotionTracker {
-    ladder: Arc<TierLadder>,
+    capacity: Arc<FrameCapacity>,
     tier: TierIndex,
     on_tier_since: Instant,
     /// For each tier, the latest time a message (or a promotion) needed it.
@@ -606,15 +620,15 @@ impl DemotionTracker {
     ///
     /// ```
     /// # use std::{sync::Arc, time::Instant};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::DemotionTracker};
-    /// let tracker = DemotionTracker::new(Arc::new(TierLadder::preset("rpc")?), Instant::now());
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
+    /// let tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("rpc")?), 0)?), Instant::now());
     /// assert_eq!(tracker.tier(), TierIndex::SMALLEST);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn new(ladder: Arc<TierLadder>, now: Instant) -> DemotionTracker {
-        let tiers = ladder.len();
+    pub fn new(capacity: Arc<FrameCapacity>, now: Instant) -> DemotionTracker {
+        let tiers = capacity.ladder().len();
         DemotionTracker {
-            ladder,
+            capacity,
             tier: TierIndex::SMALLEST,
             on_tier_since: now,
             last_needed: vec![None; tiers],
@@ -625,8 +639,8 @@ impl DemotionTracker {
     ///
     /// ```
     /// # use std::{sync::Arc, time::Instant};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::DemotionTracker};
-    /// let mut tracker = DemotionTracker::new(Arc::new(TierLadder::preset("rpc")?), Instant::now());
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
+    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("rpc")?), 0)?), Instant::now());
     /// tracker.tier_changed(Instant::now(), TierIndex::new(2))?;
     /// assert_eq!(tracker.tier(), TierIndex::new(2));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -641,17 +655,17 @@ impl DemotionTracker {
     ///
     /// ```
     /// # use std::{sync::Arc, time::{Duration, Instant}};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::DemotionTracker};
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
     /// let ladder = Arc::new(TierLadder::preset("patent")?); // 60 s idle
     /// let start = Instant::now();
-    /// let mut tracker = DemotionTracker::new(ladder, start);
+    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
     /// tracker.tier_changed(start, TierIndex::new(1))?;
     /// tracker.record(start + Duration::from_secs(50), 8000);
     /// assert_eq!(tracker.next_deadline(), Some(start + Duration::from_secs(110)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn record(&mut self, now: Instant, len: usize) {
-        let needed = self.ladder.tier_for_len(len).unwrap_or(self.ladder.top());
+        let needed = self.capacity.needed_tier(len);
         self.mark_needed(needed, now);
     }
 
@@ -666,7 +680,7 @@ impl DemotionTracker {
     /// ```
     /// # use std::{sync::Arc, time::Instant};
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let mut tracker = DemotionTracker::new(Arc::new(TierLadder::preset("patent")?), Instant::now());
+    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?), Instant::now());
     /// tracker.tier_changed(Instant::now(), TierIndex::new(1))?;
     /// let err = tracker.tier_changed(Instant::now(), TierIndex::new(2)).unwrap_err();
     /// assert!(matches!(err, PolicyError::TierOutsideLadder { .. }));
@@ -674,7 +688,7 @@ impl DemotionTracker {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn tier_changed(&mut self, now: Instant, tier: TierIndex) -> Result<(), PolicyError> {
-        threshold_of(&self.ladder, tier)?;
+        threshold_of(&self.capacity, tier)?;
         if tier == self.tier {
             return Ok(());
         }
@@ -691,11 +705,11 @@ impl DemotionTracker {
     ///
     /// ```
     /// # use std::{sync::Arc, time::{Duration, Instant}};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::DemotionTracker};
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
     /// let ladder = Arc::new(TierLadder::preset("rpc")?); // 512 B, 8 KiB, 64 KiB; 10 s idle
     /// let start = Instant::now();
     /// let at = |secs| start + Duration::from_secs(secs);
-    /// let mut tracker = DemotionTracker::new(ladder, start);
+    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
     /// tracker.tier_changed(at(0), TierIndex::new(2))?;
     /// tracker.record(at(5), 2048); // still needs tier 1
     /// assert_eq!(tracker.poll(at(10)), Some(TierIndex::new(1)));
@@ -705,7 +719,12 @@ impl DemotionTracker {
     pub fn poll(&self, now: Instant) -> Option<TierIndex> {
         let idle = now.saturating_duration_since(self.idle_since());
         let time_on_tier = now.saturating_duration_since(self.on_tier_since);
-        if !self.ladder.policy().may_demote(time_on_tier, idle) {
+        if !self
+            .capacity
+            .ladder()
+            .policy()
+            .may_demote(time_on_tier, idle)
+        {
             return None;
         }
         Some(self.window_tier(now)).filter(|&target| target < self.tier)
@@ -717,10 +736,10 @@ impl DemotionTracker {
     ///
     /// ```
     /// # use std::{sync::Arc, time::{Duration, Instant}};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::DemotionTracker};
+    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
     /// let ladder = Arc::new(TierLadder::preset("patent")?); // 60 s idle, 5 s hysteresis
     /// let start = Instant::now();
-    /// let mut tracker = DemotionTracker::new(ladder, start);
+    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
     /// assert_eq!(tracker.next_deadline(), None);
     /// tracker.tier_changed(start, TierIndex::new(1))?;
     /// assert_eq!(tracker.next_deadline(), Some(start + Duration::from_secs(60)));
@@ -730,7 +749,7 @@ impl DemotionTracker {
         if self.tier == TierIndex::SMALLEST {
             return None;
         }
-        let policy = self.ladder.policy();
+        let policy = self.capacity.ladder().policy();
         let idle_ends = self.idle_since().checked_add(policy.demote_after())?;
         let hysteresis_ends = self.on_tier_since.checked_add(policy.hysteresis())?;
         Some(idle_ends.max(hysteresis_ends))
@@ -757,7 +776,7 @@ impl DemotionTracker {
     /// The smallest tier that fits every message needed within the last `demote_after`
     /// before `now`.
     fn window_tier(&self, now: Instant) -> TierIndex {
-        let demote_after = self.ladder.policy().demote_after();
+        let demote_after = self.capacity.ladder().policy().demote_after();
         self.last_needed
             .iter()
             .rposition(|last| {
@@ -777,11 +796,17 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::ladder::TierLadder;
 
     const KIB: usize = 1024;
 
-    fn preset(name: &str) -> TierLadder {
-        TierLadder::preset(name).unwrap()
+    /// A preset measured with no frame overhead: every tier carries its threshold whole.
+    fn preset(name: &str) -> FrameCapacity {
+        capacity_of(TierLadder::preset(name).unwrap())
+    }
+
+    fn capacity_of(ladder: TierLadder) -> FrameCapacity {
+        FrameCapacity::new(Arc::new(ladder), 0).unwrap()
     }
 
     fn tier(index: u8) -> TierIndex {
@@ -955,7 +980,7 @@ mod tests {
 
     // ---- I/O-vector plans ----
 
-    fn iovec(ladder: &TierLadder, current: u8, lens: &[usize]) -> IoVecPlan {
+    fn iovec(ladder: &FrameCapacity, current: u8, lens: &[usize]) -> IoVecPlan {
         plan_io_vector_lens(ladder, tier(current), lens, Promotion::Allowed).unwrap()
     }
 
@@ -1102,8 +1127,8 @@ mod tests {
     // ---- demotion ----
 
     /// A three-tier ladder (thresholds 512, 4 KiB, 64 KiB) with 10 s idle and 2 s hysteresis.
-    fn three_tiers() -> Arc<TierLadder> {
-        Arc::new(
+    fn three_tiers() -> Arc<FrameCapacity> {
+        Arc::new(capacity_of(
             TierLadder::builder()
                 .tier(512, 8, 512)
                 .tier(4 * KIB, 8, 4 * KIB)
@@ -1112,7 +1137,7 @@ mod tests {
                 .hysteresis(secs(2))
                 .build()
                 .unwrap(),
-        )
+        ))
     }
 
     #[test]
@@ -1193,7 +1218,7 @@ mod tests {
 
     #[test]
     fn hysteresis_longer_than_the_idle_time_decides_the_deadline() {
-        let ladder = Arc::new(
+        let ladder = Arc::new(capacity_of(
             TierLadder::builder()
                 .tier(512, 8, 512)
                 .tier(4 * KIB, 8, 4 * KIB)
@@ -1201,7 +1226,7 @@ mod tests {
                 .hysteresis(secs(30))
                 .build()
                 .unwrap(),
-        );
+        ));
         let start = Instant::now();
         let mut tracker = DemotionTracker::new(ladder, start);
         tracker.tier_changed(start, tier(1)).unwrap();
@@ -1248,7 +1273,7 @@ mod tests {
 
     /// Drives a tracker as a connection would: plan each message, promote when the plan
     /// says so, record it, then demote when the tracker says so. Returns the tier changes.
-    fn drive(ladder: &Arc<TierLadder>, messages: &[(Duration, usize)]) -> Vec<TierIndex> {
+    fn drive(ladder: &Arc<FrameCapacity>, messages: &[(Duration, usize)]) -> Vec<TierIndex> {
         let start = Instant::now();
         let mut tracker = DemotionTracker::new(ladder.clone(), start);
         let mut changes = Vec::new();
@@ -1295,17 +1320,24 @@ mod tests {
     // ---- properties ----
 
     /// Ladders of 1 to 5 tiers: slot sizes grow by at least 64 bytes, thresholds sit up to
-    /// 63 bytes under them (so they grow too).
-    fn ladders() -> impl Strategy<Value = TierLadder> {
-        prop::collection::vec((1usize..64, 0usize..64), 1..=5).prop_map(|steps| {
-            let mut builder = TierLadder::builder();
-            let mut slot_size = 0;
-            for (growth, slack) in steps {
-                slot_size += growth * 64;
-                builder = builder.tier(slot_size, 1, slot_size - slack);
-            }
-            builder.build().expect("generated ladders are valid")
-        })
+    /// 63 bytes under them (so they grow too); measured with a frame overhead of 0 to 32
+    /// bytes, so a tier's whole capacity is sometimes its threshold, sometimes its slot less
+    /// the overhead.
+    fn ladders() -> impl Strategy<Value = FrameCapacity> {
+        (
+            prop::collection::vec((1usize..64, 0usize..64), 1..=5),
+            0usize..=32,
+        )
+            .prop_map(|(steps, overhead)| {
+                let mut builder = TierLadder::builder();
+                let mut slot_size = 0;
+                for (growth, slack) in steps {
+                    slot_size += growth * 64;
+                    builder = builder.tier(slot_size, 1, slot_size - slack);
+                }
+                let ladder = builder.build().expect("generated ladders are valid");
+                FrameCapacity::new(Arc::new(ladder), overhead).expect("slots pass 32 bytes")
+            })
     }
 
     fn lens() -> impl Strategy<Value = usize> {
@@ -1316,8 +1348,8 @@ mod tests {
         prop_oneof![Just(Promotion::Allowed), Just(Promotion::Refused)]
     }
 
-    fn threshold(ladder: &TierLadder, index: TierIndex) -> usize {
-        ladder.tier(index).unwrap().promote_threshold()
+    fn threshold(capacity: &FrameCapacity, index: TierIndex) -> usize {
+        capacity.whole(index).unwrap()
     }
 
     fn assert_segments_cover(segments: Segments, len: usize, limit: usize) {
@@ -1344,7 +1376,7 @@ mod tests {
         ) {
             let current = TierIndex::new(current);
             let Ok(plan) = plan_message(&ladder, current, len, promotion) else {
-                prop_assert!(ladder.tier(current).is_none());
+                prop_assert!(ladder.whole(current).is_none());
                 return Ok(());
             };
             let fits_current = len <= threshold(&ladder, current);
@@ -1355,14 +1387,14 @@ mod tests {
                 }
                 MessagePlan::Promote { to } => {
                     prop_assert_eq!(promotion, Promotion::Allowed);
-                    prop_assert!(to > current && to <= ladder.top());
+                    prop_assert!(to > current && to <= ladder.ladder().top());
                     prop_assert!(len <= threshold(&ladder, to));
                     prop_assert!(len > threshold(&ladder, TierIndex::new(to.get() - 1)), "smallest fit");
                 }
                 MessagePlan::PromoteThenSegment { to, segments } => {
                     prop_assert_eq!(promotion, Promotion::Allowed);
                     prop_assert!(to > current);
-                    prop_assert_eq!(to, ladder.top());
+                    prop_assert_eq!(to, ladder.ladder().top());
                     prop_assert!(len > threshold(&ladder, to));
                     assert_segments_cover(segments, len, threshold(&ladder, to));
                 }
@@ -1370,10 +1402,10 @@ mod tests {
                     prop_assert_eq!(tier, current);
                     prop_assert!(!fits_current);
                     match cause {
-                        SegmentCause::AboveTop => prop_assert_eq!(current, ladder.top()),
+                        SegmentCause::AboveTop => prop_assert_eq!(current, ladder.ladder().top()),
                         SegmentCause::PromotionRefused { wanted } => {
                             prop_assert_eq!(promotion, Promotion::Refused);
-                            prop_assert!(wanted > current && wanted <= ladder.top());
+                            prop_assert!(wanted > current && wanted <= ladder.ladder().top());
                         }
                     }
                     assert_segments_cover(segments, len, threshold(&ladder, tier));
@@ -1389,11 +1421,10 @@ mod tests {
             promotion in promotions(),
         ) {
             let current = TierIndex::new(current);
-            let Some(spec) = ladder.tier(current) else {
+            let Some(limit) = ladder.whole(current) else {
                 prop_assert!(plan_io_vector_lens(&ladder, current, &lens, promotion).is_err());
                 return Ok(());
             };
-            let limit = spec.promote_threshold();
             match plan_io_vector_lens(&ladder, current, &lens, promotion).unwrap() {
                 IoVecPlan::SendPrefix { tier, elements, bytes } => {
                     prop_assert_eq!(tier, current);
@@ -1419,7 +1450,7 @@ mod tests {
             hysteresis_ms in 0u64..2000,
             steps in prop::collection::vec((0u64..800, 0u8..4, 0usize..70_000), 1..60),
         ) {
-            let ladder = Arc::new(
+            let ladder = Arc::new(capacity_of(
                 TierLadder::builder()
                     .tier(512, 1, 512)
                     .tier(4 * KIB, 1, 4 * KIB)
@@ -1428,7 +1459,7 @@ mod tests {
                     .hysteresis(ms(hysteresis_ms))
                     .build()
                     .unwrap(),
-            );
+            ));
             let (demote_after, hysteresis) = (ms(demote_after_ms), ms(hysteresis_ms));
             let start = Instant::now();
             let mut tracker = DemotionTracker::new(ladder.clone(), start);
@@ -1442,12 +1473,12 @@ mod tests {
                 match action {
                     0 | 1 => {
                         tracker.record(now, len);
-                        needs.push((now, ladder.tier_for_len(len).unwrap_or(ladder.top())));
+                        needs.push((now, ladder.ladder().tier_for_len(len).unwrap_or(ladder.ladder().top())));
                     }
                     2 => {
                         let to = TierIndex::new((len % 5) as u8);
                         let result = tracker.tier_changed(now, to);
-                        prop_assert_eq!(result.is_ok(), ladder.tier(to).is_some());
+                        prop_assert_eq!(result.is_ok(), ladder.ladder().tier(to).is_some());
                         if result.is_ok() && to != current {
                             if to > current {
                                 needs.push((now, to));
@@ -1495,7 +1526,7 @@ mod tests {
             gaps_ms in prop::collection::vec(1u64..1000, 1..50),
             small in 0usize..=512,
         ) {
-            let ladder = Arc::new(
+            let ladder = Arc::new(capacity_of(
                 TierLadder::builder()
                     .tier(512, 1, 512)
                     .tier(4 * KIB, 1, 4 * KIB)
@@ -1503,7 +1534,7 @@ mod tests {
                     .hysteresis(ms(100))
                     .build()
                     .unwrap(),
-            );
+            ));
             let mut messages = Vec::new();
             let mut at = Duration::ZERO;
             for gap in gaps_ms {

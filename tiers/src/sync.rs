@@ -28,6 +28,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> impl std::ops::DerefMut<Target = T> +
 
 #[cfg(not(loom))]
 mod swap {
+    use std::ops::Deref;
     use std::sync::Arc;
 
     use arc_swap::{ArcSwap, Cache};
@@ -48,15 +49,28 @@ mod swap {
             self.0.swap(value)
         }
 
-        pub(crate) fn cache(&self) -> SwapCache<'_, T> {
-            SwapCache(Cache::new(&self.0))
+        /// A cache of the cell reached through `cell`: a borrow, or a shared owner.
+        pub(crate) fn cache<C: Deref<Target = SwapCell<T>>>(cell: C) -> SwapCache<C, T> {
+            SwapCache(Cache::new(Reach(cell)))
         }
     }
 
-    /// One thread's cached reference to a [`SwapCell`]'s value.
-    pub(crate) struct SwapCache<'cell, T>(Cache<&'cell ArcSwap<T>, Arc<T>>);
+    /// The handle a cache reaches its cell through, seen as the `ArcSwap` inside it.
+    pub(crate) struct Reach<C>(C);
 
-    impl<T> SwapCache<'_, T> {
+    impl<T, C: Deref<Target = SwapCell<T>>> Deref for Reach<C> {
+        type Target = ArcSwap<T>;
+
+        fn deref(&self) -> &ArcSwap<T> {
+            &self.0.0
+        }
+    }
+
+    /// One thread's cached reference to a [`SwapCell`]'s value, reaching the cell through
+    /// `C`.
+    pub(crate) struct SwapCache<C, T>(Cache<Reach<C>, Arc<T>>);
+
+    impl<T, C: Deref<Target = SwapCell<T>>> SwapCache<C, T> {
         /// The current value: one atomic read when it has not changed since the last load.
         #[inline]
         pub(crate) fn load(&mut self) -> &Arc<T> {
@@ -67,6 +81,8 @@ mod swap {
 
 #[cfg(loom)]
 mod swap {
+    use std::ops::Deref;
+
     use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::sync::{Arc, Mutex};
 
@@ -95,23 +111,26 @@ mod swap {
             old
         }
 
-        pub(crate) fn cache(&self) -> SwapCache<'_, T> {
-            let current = super::lock(&self.current);
+        pub(crate) fn cache<C: Deref<Target = SwapCell<T>>>(cell: C) -> SwapCache<C, T> {
+            let (version, cached) = {
+                let current = super::lock(&cell.current);
+                (cell.version.load(Ordering::Acquire), Arc::clone(&current))
+            };
             SwapCache {
-                version: self.version.load(Ordering::Acquire),
-                cached: Arc::clone(&current),
-                cell: self,
+                cell,
+                version,
+                cached,
             }
         }
     }
 
-    pub(crate) struct SwapCache<'cell, T> {
-        cell: &'cell SwapCell<T>,
+    pub(crate) struct SwapCache<C, T> {
+        cell: C,
         version: usize,
         cached: Arc<T>,
     }
 
-    impl<T> SwapCache<'_, T> {
+    impl<T, C: Deref<Target = SwapCell<T>>> SwapCache<C, T> {
         pub(crate) fn load(&mut self) -> &Arc<T> {
             if self.cell.version.load(Ordering::Acquire) != self.version {
                 let current = super::lock(&self.cell.current);

@@ -156,7 +156,8 @@ struct Replaced {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct TieredRegion {
-    current: SwapCell<Tier>,
+    /// Shared with the region's [`OwnedTierCache`]s, which outlive no borrow.
+    current: std::sync::Arc<SwapCell<Tier>>,
     current_index: AtomicU8,
     pending: AtomicU16,
     replaced: Mutex<Vec<Replaced>>,
@@ -171,7 +172,7 @@ impl TieredRegion {
     pub fn new(reservoir: std::sync::Arc<Reservoir>) -> Result<TieredRegion, TierError> {
         let smallest = provision_tier(&reservoir, TierIndex::SMALLEST)?.0;
         Ok(TieredRegion {
-            current: SwapCell::new(smallest),
+            current: std::sync::Arc::new(SwapCell::new(smallest)),
             current_index: AtomicU8::new(0),
             pending: AtomicU16::new(NO_CHANGE),
             replaced: Mutex::new(Vec::new()),
@@ -189,7 +190,15 @@ impl TieredRegion {
     /// A per-thread view for the hot path; see [`TierCache::try_acquire`].
     pub fn cache(&self) -> TierCache<'_> {
         TierCache {
-            cache: self.current.cache(),
+            cache: SwapCell::cache(&*self.current),
+        }
+    }
+
+    /// A view of the tier in force for an owner that keeps it beside the region (a
+    /// connection's tier controller); see [`OwnedTierCache`].
+    pub fn owned_cache(&self) -> OwnedTierCache {
+        OwnedTierCache {
+            cache: SwapCell::cache(std::sync::Arc::clone(&self.current)),
         }
     }
 
@@ -442,7 +451,7 @@ impl fmt::Debug for TierChange<'_> {
 
 /// A thread's view of a [`TieredRegion`] for the hot path.
 pub struct TierCache<'region> {
-    cache: SwapCache<'region, Tier>,
+    cache: SwapCache<&'region SwapCell<Tier>, Tier>,
 }
 
 impl<'region> TierCache<'region> {
@@ -471,6 +480,62 @@ impl<'region> TierCache<'region> {
 impl fmt::Debug for TierCache<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TierCache").finish_non_exhaustive()
+    }
+}
+
+/// A view of a [`TieredRegion`]'s tier in force that borrows nothing, for an owner that
+/// keeps it beside the region: its load is one atomic read while the tier has not
+/// changed, and it hands out slots that keep their tier alive. Like any cache it may keep
+/// a replaced tier referenced until its next load.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+/// use tierbuf_tiers::{Reservoir, TierIndex, TieredRegion, ladder::TierLadder};
+///
+/// let budget = MemoryBudget::with_cap(64 << 20);
+/// let ladder = Arc::new(TierLadder::preset("patent")?);
+/// let region = TieredRegion::new(Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), ladder)))?;
+/// let mut cache = region.owned_cache();
+/// let small = cache.try_acquire().unwrap();
+/// region.begin_change(TierIndex::new(1))?.install(false)?;
+/// assert!(!cache.holds(&small), "the slot lies in the replaced tier");
+/// assert_eq!(cache.try_acquire().unwrap().tier(), TierIndex::new(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct OwnedTierCache {
+    cache: SwapCache<std::sync::Arc<SwapCell<Tier>>, Tier>,
+}
+
+impl OwnedTierCache {
+    /// Takes a slot of the tier in force, or `None` when its slots are all held.
+    #[inline]
+    pub fn try_acquire(&mut self) -> Option<OwnedTierSlot> {
+        Tier::try_acquire_owned(self.cache.load())
+    }
+
+    /// Whether `slot` lies in the tier in force itself (not in a replaced registration of
+    /// the same index).
+    #[inline]
+    pub fn holds(&mut self, slot: &OwnedTierSlot) -> bool {
+        slot.lies_in(self.cache.load())
+    }
+
+    /// The tier in force.
+    #[inline]
+    pub fn tier(&mut self) -> TierIndex {
+        self.cache.load().index
+    }
+
+    /// Where the peer finds the tier in force's region.
+    pub fn descriptor(&mut self) -> RegionDescriptor {
+        self.cache.load().descriptor()
+    }
+}
+
+impl fmt::Debug for OwnedTierCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OwnedTierCache").finish_non_exhaustive()
     }
 }
 

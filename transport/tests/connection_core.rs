@@ -263,19 +263,22 @@ fn small_messages_both_ways_arrive_in_order() {
 }
 
 #[test]
-fn a_large_message_waits_for_promotion_then_goes_whole() {
+fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole() {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
     let big = pattern(5000, 7);
     let first = pair.sides[0].core.try_send(pair.now, &[IoSlice::new(&big)]);
-    assert!(matches!(
-        first,
-        Err(SendError::WouldBlock(WouldBlock::PromotionPending))
-    ));
+    assert_eq!(
+        first.unwrap(),
+        big.len(),
+        "taken at once, not held for the promotion"
+    );
+    pair.settle();
     pair.send(0, &big);
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![big]);
+    assert_eq!(pair.sides[1].received, vec![big.clone(), big]);
     let stats = pair.sides[0].core.stats();
     assert_eq!((stats.send_tier, stats.promotions), (2, 1));
+    assert_eq!(stats.messages_segmented, 1, "only the first: {stats:?}");
     assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
     // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
     // and tier 0 send buffers only.
@@ -403,7 +406,10 @@ fn only_frames_of_the_lengths_the_provider_takes_are_handed_out_to_be_copied() {
     // Frames of at most a 64-byte payload, and of at least a 1000-byte one.
     let copies = CallerCopies::new(Some(16 + 64), Some(16 + 1000));
     let mut pair = Pair::new([1 << 20, 1 << 20]);
+    // On the top tier already, so the 8000-byte message goes whole.
+    pair.send(0, &pattern(8000, 99));
     pair.settle();
+    pair.sides[1].received.clear();
     let sent = [(64, 1), (65, 0), (999, 0), (1000, 1), (0, 1), (8000, 1)];
     for (seq, &(len, handed_out)) in sent.iter().enumerate() {
         let mut count = 0;
@@ -429,10 +435,14 @@ fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
     pair.settle();
     let before = pair.budgets[0].in_use();
     let big = pattern(5000, 2);
-    assert!(matches!(
-        pair.sides[0].core.try_send(pair.now, &[IoSlice::new(&big)]),
-        Err(SendError::WouldBlock(WouldBlock::PromotionPending))
-    ));
+    assert_eq!(
+        pair.sides[0]
+            .core
+            .try_send(pair.now, &[IoSlice::new(&big)])
+            .unwrap(),
+        big.len(),
+        "taken at once, in segments, while the promotion is asked for"
+    );
     // From now on side 1 is gone: nothing it posted is consumed and it never answers.
     for _ in 0..2_000 {
         pair.now += Duration::from_millis(1);
@@ -481,6 +491,8 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
 #[test]
 fn a_slot_of_an_earlier_registration_of_the_tier_is_not_reposted() {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.send(0, &pattern(5000, 0)); // promotes, going in segments itself
+    pair.settle();
     // A message on tier 2 is held, so its receive slot stays out...
     pair.sides[1].hold = true;
     pair.send(0, &pattern(5000, 1));
@@ -529,7 +541,7 @@ fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
     let now = pair.now;
     let core = &mut pair.sides[0].core;
     assert!(matches!(
-        core.commit_reserved(now),
+        core.commit_reserved(),
         Err(SendError::NothingReserved)
     ));
     core.try_reserve(now, 50).unwrap();
@@ -546,7 +558,7 @@ fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
             .unwrap();
     }
     assert!(matches!(
-        core.commit_reserved(now),
+        core.commit_reserved(),
         Err(SendError::WouldBlock(WouldBlock::NoCredit))
     ));
     assert_eq!(
@@ -558,7 +570,7 @@ fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
     for _ in 0..10 {
         pair.step();
     }
-    pair.sides[0].core.commit_reserved(pair.now).unwrap();
+    pair.sides[0].core.commit_reserved().unwrap();
     pair.settle();
     let received = &pair.sides[1].received;
     assert_eq!(received.len(), 4);
@@ -590,12 +602,11 @@ fn a_reservation_past_the_tier_asks_for_a_promotion() {
         }
     }
     assert!(reserved, "the promotion never came");
-    let now = pair.now;
     let core = &mut pair.sides[0].core;
     core.reserved_mut()
         .unwrap()
         .copy_from_slice(&pattern(3000, 5));
-    core.commit_reserved(now).unwrap();
+    core.commit_reserved().unwrap();
     pair.settle();
     assert_eq!(pair.sides[1].received, vec![pattern(3000, 5)]);
     assert_eq!(pair.sides[0].core.stats().send_tier, 2);
@@ -712,7 +723,7 @@ fn a_reservation_whose_promotion_the_peer_refused_is_reported() {
         .reserved_mut()
         .unwrap()
         .copy_from_slice(&pattern(100, 1));
-    pair.sides[0].core.commit_reserved(now).unwrap();
+    pair.sides[0].core.commit_reserved().unwrap();
     pair.settle();
     assert_eq!(pair.sides[1].received, vec![pattern(100, 1)]);
 }

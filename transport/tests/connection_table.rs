@@ -160,20 +160,26 @@ fn removing_and_clearing_return_every_byte_and_a_held_message_keeps_only_its_slo
     // Without a progress thread, sweeps by hand drive both sides.
     let (a, b) = &pairs[0];
     let promoted = pattern(3_000, 7);
-    loop {
-        table.sweep();
-        match a.lock().unwrap().try_send(&[IoSlice::new(&promoted)]) {
-            Ok(_) => break,
-            Err(SendError::WouldBlock(_)) => {}
-            Err(other) => panic!("try_send failed: {other}"),
+    // The first goes in segments while its promotion lands; the second lands whole in a
+    // receive slot of the promoted tier.
+    let exchange = || {
+        loop {
+            table.sweep();
+            match a.lock().unwrap().try_send(&[IoSlice::new(&promoted)]) {
+                Ok(_) => break,
+                Err(SendError::WouldBlock(_)) => {}
+                Err(other) => panic!("try_send failed: {other}"),
+            }
         }
-    }
-    let held = loop {
-        table.sweep();
-        if let Some(message) = b.lock().unwrap().next_delivered() {
-            break message;
+        loop {
+            table.sweep();
+            if let Some(message) = b.lock().unwrap().next_delivered() {
+                break message;
+            }
         }
     };
+    assert!(!exchange().is_zero_copy());
+    let held = exchange();
     assert!(held.is_zero_copy() && held[..] == promoted[..]);
 
     let (c, d) = &pairs[1];

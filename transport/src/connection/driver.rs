@@ -22,12 +22,11 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::sansio::{
-    ConnectionCore, ConnectionError, ConnectionStats, Message, SendError, WorkKind, WorkRequest,
-    WouldBlock,
-};
-use crate::error::PostError;
-use crate::provider::{Completion, Endpoint, Opcode};
+use super::core::{ConnectionCore, ConnectionStats, WorkRequest};
+use super::errors::{ConnectionError, SendError, WorkKind, WouldBlock};
+use super::receive::Message;
+use crate::error::{PostError, QueueKind};
+use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState, Opcode};
 
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
@@ -85,7 +84,27 @@ pub struct Connection<E: Endpoint> {
 
 impl<E: Endpoint> Connection<E> {
     /// Drives `core` over `endpoint`, posting the core's first receives at once.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectionError::QueueTooShallow`] when either of the endpoint's queues is
+    /// shallower than the ladder needs (`ConnectionConfig::queue_depth`); any error of the
+    /// first progress.
     pub fn new(core: ConnectionCore, endpoint: E) -> Result<Connection<E>, Arc<ConnectionError>> {
+        let needed = core.config.queue_depth();
+        let limits = endpoint.limits();
+        for (queue, depth) in [
+            (QueueKind::Send, limits.send_depth),
+            (QueueKind::Recv, limits.recv_depth),
+        ] {
+            if depth < needed {
+                return Err(Arc::new(ConnectionError::QueueTooShallow {
+                    queue,
+                    depth,
+                    needed,
+                }));
+            }
+        }
         let mut connection = Connection {
             core,
             endpoint,
@@ -114,7 +133,7 @@ impl<E: Endpoint> Connection<E> {
             let ready = match self.endpoint.poll(&mut self.completions) {
                 Ok(ready) => ready,
                 Err(error) => {
-                    self.core.fail(ConnectionError::Provider(error.to_string()));
+                    self.core.fail(ConnectionError::of_transport(error));
                     break;
                 }
             };
@@ -141,10 +160,8 @@ impl<E: Endpoint> Connection<E> {
                         done += self.post_work();
                     }
                 } else {
-                    self.core.fail(ConnectionError::Provider(format!(
-                        "{kind:?} work request {} completed with {:?}",
-                        completion.wr_id, completion.status
-                    )));
+                    let error = self.completion_error(kind, completion);
+                    self.core.fail(error);
                 }
             }
             if ready < POLL_BATCH {
@@ -160,6 +177,21 @@ impl<E: Endpoint> Connection<E> {
         match self.core.failure() {
             Some(error) => Err(Arc::clone(error)),
             None => Ok(done),
+        }
+    }
+
+    /// The error for a work request that completed with an error status: a flush after
+    /// the peer closed is the peer's close, anything else says its status.
+    fn completion_error(&self, kind: WorkKind, completion: Completion) -> ConnectionError {
+        if completion.status == CompletionStatus::Flushed
+            && self.endpoint.state() == EndpointState::PeerClosed
+        {
+            return ConnectionError::PeerClosed;
+        }
+        ConnectionError::CompletionFailed {
+            kind,
+            wr_id: completion.wr_id,
+            status: completion.status,
         }
     }
 
@@ -181,7 +213,7 @@ impl<E: Endpoint> Connection<E> {
                     break;
                 }
                 Err((error, _)) => {
-                    self.core.fail(ConnectionError::Provider(error.to_string()));
+                    self.core.fail(ConnectionError::of_post(error));
                     break;
                 }
             }
@@ -243,13 +275,62 @@ impl<E: Endpoint> Connection<E> {
             .expect("a send not copied is posted from its slot")
     }
 
-    /// Offers a message without blocking; see [`ConnectionCore::try_send`].
+    /// Offers an I/O vector without blocking, by the byte-stream rule of
+    /// [`ConnectionCore::try_send`]: returns the bytes of the leading elements taken as one
+    /// message.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConnectionCore::try_send`]; [`SendError::Failed`] also when posting what was
+    /// taken failed (the peer closed, say), so nothing accepted is lost silently.
     pub fn try_send(&mut self, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
         let total = message.iter().map(|part| part.len()).sum();
         let now = self.clock_for(total);
         let accepted = self.core.try_send(now, message);
         self.post_work();
-        accepted
+        self.posted(accepted)
+    }
+
+    /// Offers one message given in parts without blocking: all of it as one message, or
+    /// nothing ([`ConnectionCore::try_send_gather`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::try_send`].
+    pub fn try_send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<usize, SendError> {
+        let total = parts.iter().map(|part| part.len()).sum();
+        let now = self.clock_for(total);
+        let accepted = self.core.try_send_gather(now, parts);
+        self.post_work();
+        self.posted(accepted)
+    }
+
+    /// Sends one message given in parts, as one message whatever its parts, making
+    /// progress until it is taken. It is copied if it has to be segmented.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send`].
+    pub fn send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
+        let mut wait = PollWait::default();
+        loop {
+            match self.try_send_gather(parts) {
+                Ok(_) => return Ok(()),
+                Err(SendError::WouldBlock(_)) => wait.wait(),
+                Err(other) => return Err(other),
+            }
+            self.progress().map_err(SendError::Failed)?;
+        }
+    }
+
+    /// `accepted`, unless posting the work failed the connection: then the failure, so a
+    /// send whose frames could not be posted is never reported as sent.
+    fn posted<T>(&self, accepted: Result<T, SendError>) -> Result<T, SendError> {
+        let accepted = accepted?;
+        match self.core.failure() {
+            Some(error) => Err(SendError::Failed(Arc::clone(error))),
+            None => Ok(accepted),
+        }
     }
 
     /// Sends `message` whole, making progress until it is posted (through promotion or
@@ -271,7 +352,7 @@ impl<E: Endpoint> Connection<E> {
             let now = self.clock_for(rest.len());
             let accepted = self.core.try_send_copied(now, rest, copies);
             self.post_work_from(rest);
-            match accepted {
+            match self.posted(accepted) {
                 Ok(accepted) => {
                     offset += accepted;
                     if offset == message.len() {
@@ -423,10 +504,9 @@ impl<E: Endpoint> SendBuffer<'_, E> {
     /// [`Connection::send`].
     pub fn send(self) -> Result<(), SendError> {
         let connection = &mut *self.connection;
-        let now = connection.clock_for(connection.core.reserved().map_or(0, <[u8]>::len));
-        let committed = connection.core.commit_reserved(now);
+        let committed = connection.core.commit_reserved();
         connection.post_work();
-        committed.map(drop)
+        connection.posted(committed).map(drop)
     }
 }
 

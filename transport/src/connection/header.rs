@@ -115,6 +115,48 @@ pub enum HeaderError {
 }
 
 impl FrameHeader {
+    /// A header with no grant yet (the oldest pending grant is written in when the frame
+    /// is posted).
+    const fn ungranted(kind: FrameKind, payload_len: usize, message_len: usize) -> FrameHeader {
+        FrameHeader {
+            kind,
+            grant: Grant { tier: 0, count: 0 },
+            payload_len: payload_len as u32,
+            message_len: message_len as u64,
+        }
+    }
+
+    /// A whole message of `len` bytes in one frame.
+    pub(super) const fn whole(len: usize) -> FrameHeader {
+        FrameHeader::ungranted(FrameKind::Whole, len, len)
+    }
+
+    /// The segment of `chunk` bytes at offset `sent` of a message of `total` bytes.
+    pub(super) const fn segment(sent: usize, chunk: usize, total: usize) -> FrameHeader {
+        if sent == 0 {
+            FrameHeader::ungranted(FrameKind::First, chunk, total)
+        } else if sent + chunk == total {
+            FrameHeader::ungranted(FrameKind::Last, chunk, 0)
+        } else {
+            FrameHeader::ungranted(FrameKind::Middle, chunk, 0)
+        }
+    }
+
+    /// A control frame of `len` encoded bytes.
+    pub(super) const fn control(len: usize) -> FrameHeader {
+        FrameHeader::ungranted(FrameKind::Control, len, 0)
+    }
+
+    /// A frame that only returns credits.
+    pub(super) const fn credit() -> FrameHeader {
+        FrameHeader::ungranted(FrameKind::Credit, 0, 0)
+    }
+
+    /// A frame that consumes one of the peer's receives of a replaced tier.
+    pub(super) const fn drain() -> FrameHeader {
+        FrameHeader::ungranted(FrameKind::Drain, 0, 0)
+    }
+
     /// Writes the header into the first [`HEADER_LEN`] bytes of `out`.
     ///
     /// # Panics

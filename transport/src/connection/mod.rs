@@ -1,23 +1,30 @@
 //! Connections over a provider endpoint: the frame header, credits, reassembly, the
-//! sans-IO [`ConnectionCore`] that `docs/connection.md` describes, and the
+//! sans-IO [`ConnectionCore`] that `docs/connection.md` describes (which asks the
+//! `tiers` crate's `TierController` for everything about tiers), and the
 //! [`ConnectionTable`] that keeps connections by id and can drive them from a progress
 //! thread.
 
+mod config;
+mod control;
+mod core;
 mod credits;
 mod driver;
+mod errors;
 mod header;
 mod reassembly;
+mod receive;
+mod reserve;
 mod returns;
-mod sansio;
+mod send;
 mod table;
 
+pub use config::ConnectionConfig;
+pub use core::{ConnectionCore, ConnectionStats, CopiedFrame, WorkRequest};
 pub use driver::{Connection, SendBuffer};
+pub use errors::{ConnectionError, Fault, PeerViolation, SendError, WorkKind, WouldBlock};
 pub use header::{FrameKind, HEADER_LEN, HeaderError};
 pub use reassembly::ReassemblyError;
-pub use sansio::{
-    ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, CopiedFrame, Message,
-    SendError, WorkKind, WorkRequest, WouldBlock,
-};
+pub use receive::Message;
 pub use table::{
     ConnectionGuard, ConnectionId, ConnectionTable, ProgressConfig, ProgressStats,
     SharedConnection, TableError,

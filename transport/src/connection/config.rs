@@ -1,0 +1,151 @@
+//! [`ConnectionConfig`]: what both sides of a connection agree on (the ladder, and what it
+//! takes of the transport), checked once when it is made.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::policy::FrameCapacity;
+use tierbuf_tiers::{NegotiationConfig, wire};
+
+use super::errors::ConnectionError;
+use super::header::HEADER_LEN;
+
+/// How a connection is set up; both sides must use the same ladder.
+#[derive(Debug, Clone)]
+pub struct ConnectionConfig {
+    capacity: Arc<FrameCapacity>,
+    negotiation: NegotiationConfig,
+    max_message_len: u64,
+    spare_buffer_limit: usize,
+}
+
+/// [`ConnectionConfig::spare_buffer_limit`] unless set.
+const DEFAULT_SPARE_BUFFER_LIMIT: usize = 4 << 20;
+
+impl ConnectionConfig {
+    /// A configuration for `ladder`: requests re-sent every 100 ms, given up after 5 sends,
+    /// messages up to 64 MiB.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tierbuf_tiers::ladder::TierLadder;
+    /// use tierbuf_transport::connection::ConnectionConfig;
+    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?;
+    /// assert_eq!(config.max_message_len(), 64 << 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConnectionError`] of the caller's configuration: tier 0 cannot carry a control
+    /// frame, a tier has fewer than two slots, or the ladder cannot be negotiated.
+    pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConnectionError> {
+        let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
+        let smallest = ladder.tiers()[0].slot_size();
+        if smallest < needed {
+            return Err(ConnectionError::SmallestTierTooSmall {
+                slot_size: smallest,
+                needed,
+            });
+        }
+        if let Some((tier, spec)) = ladder.iter().find(|(_, spec)| spec.slot_count() < 2) {
+            return Err(ConnectionError::TooFewSlots {
+                tier,
+                slot_count: spec.slot_count(),
+            });
+        }
+        let negotiation = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(100), 5)
+            .map_err(ConnectionError::Negotiation)?;
+        let capacity = FrameCapacity::new(ladder, HEADER_LEN).map_err(ConnectionError::Capacity)?;
+        Ok(ConnectionConfig {
+            capacity: Arc::new(capacity),
+            negotiation,
+            max_message_len: 64 << 20,
+            spare_buffer_limit: DEFAULT_SPARE_BUFFER_LIMIT,
+        })
+    }
+
+    /// Sets the largest heap buffer a connection keeps, per direction, for reuse by the
+    /// next segmented message (the sender's copy of it, the receiver's reassembly); a
+    /// larger one is allocated for its message and freed after it. Kept buffers are freed
+    /// once the connection has seen no segmented message for the ladder's `demote_after`.
+    /// Default 4 MiB; 0 keeps none.
+    pub fn with_spare_buffer_limit(mut self, bytes: usize) -> ConnectionConfig {
+        self.spare_buffer_limit = bytes;
+        self
+    }
+
+    /// The largest heap buffer kept for reuse per direction.
+    pub fn spare_buffer_limit(&self) -> usize {
+        self.spare_buffer_limit
+    }
+
+    /// Sets the longest message either side may send.
+    pub fn with_max_message_len(mut self, max_message_len: u64) -> ConnectionConfig {
+        self.max_message_len = max_message_len;
+        self
+    }
+
+    /// Sets how often an unanswered tier request is re-sent and how many sends it gets.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectionError::Negotiation`] for a zero timeout or zero attempts.
+    pub fn with_request_timeout(
+        mut self,
+        request_timeout: Duration,
+        max_attempts: u32,
+    ) -> Result<ConnectionConfig, ConnectionError> {
+        self.negotiation =
+            NegotiationConfig::for_ladder(self.ladder(), request_timeout, max_attempts)
+                .map_err(ConnectionError::Negotiation)?;
+        Ok(self)
+    }
+
+    /// The ladder.
+    pub fn ladder(&self) -> &Arc<TierLadder> {
+        self.capacity.ladder()
+    }
+
+    /// What one frame of each tier carries, after the frame header.
+    pub fn capacity(&self) -> &Arc<FrameCapacity> {
+        &self.capacity
+    }
+
+    /// The negotiation's configuration.
+    pub(super) fn negotiation(&self) -> &NegotiationConfig {
+        &self.negotiation
+    }
+
+    /// The longest message either side may send.
+    pub fn max_message_len(&self) -> u64 {
+        self.max_message_len
+    }
+
+    /// The queue depth, each way, an endpoint needs for a connection on this ladder: the
+    /// receives of the tier in force and those of the tier it replaced, which stay posted
+    /// until the peer drains them (the two largest slot counts together); sends are bounded
+    /// by the same receives, as credits. [`Connection::new`](super::Connection::new)
+    /// refuses an endpoint whose queues are shallower.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tierbuf_tiers::ladder::TierLadder;
+    /// use tierbuf_transport::connection::ConnectionConfig;
+    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("storage")?))?;
+    /// assert_eq!(config.queue_depth(), 32 + 16); // 4 KiB x 32, 64 KiB x 16, 1 MiB x 4
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn queue_depth(&self) -> u32 {
+        let mut counts: Vec<usize> = self
+            .ladder()
+            .tiers()
+            .iter()
+            .map(|spec| spec.slot_count())
+            .collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        let depth: usize = counts.iter().take(2).sum();
+        u32::try_from(depth).unwrap_or(u32::MAX)
+    }
+}

@@ -1,0 +1,125 @@
+//! How a connection's control messages reach the peer: as control frames of the
+//! connection itself ([`InBand`]), or through a [`Negotiator`] of the user's own. Either
+//! way the connection's [`TierController`] moves them with
+//! [`TierController::pump`]: the in-band path is one more negotiator, not a second
+//! mechanism.
+//!
+//! # Invariants
+//!
+//! - [`InBand`] holds whole encoded frames only: what the controller sends waits in
+//!   `outgoing` until the connection posts it as a control frame (in order, against any
+//!   credit); a received control frame waits in `incoming` only until the next pump, which
+//!   the connection runs as soon as the frame arrives.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Instant;
+
+use tierbuf_tiers::controller::{ControllerError, TierController};
+use tierbuf_tiers::negotiator::Negotiator;
+use tierbuf_tiers::wire::MAX_FRAME_LEN;
+
+/// One encoded control frame.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ControlFrame {
+    bytes: [u8; MAX_FRAME_LEN],
+    len: usize,
+}
+
+impl ControlFrame {
+    pub(super) fn new(frame: &[u8]) -> ControlFrame {
+        let mut bytes = [0u8; MAX_FRAME_LEN];
+        let len = frame.len().min(MAX_FRAME_LEN);
+        bytes[..len].copy_from_slice(&frame[..len]);
+        ControlFrame { bytes, len }
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Control frames carried by the connection's own frames.
+#[derive(Debug, Default)]
+pub(super) struct InBand {
+    /// Frames the controller sent, to post as control frames, oldest first.
+    pub(super) outgoing: VecDeque<ControlFrame>,
+    /// Frames the peer's control frames carried, for the next pump.
+    pub(super) incoming: VecDeque<ControlFrame>,
+}
+
+impl Negotiator for InBand {
+    type Error = Infallible;
+
+    fn send_frame(&mut self, frame: &[u8]) -> Result<(), Infallible> {
+        self.outgoing.push_back(ControlFrame::new(frame));
+        Ok(())
+    }
+
+    fn recv_frame(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Infallible> {
+        Ok(self.incoming.pop_front().map(|frame| {
+            let len = frame.len.min(buf.len());
+            buf[..len].copy_from_slice(&frame.bytes[..len]);
+            len
+        }))
+    }
+}
+
+/// A user's negotiator, behind one object type whatever its error type.
+pub(super) trait Channel: Send {
+    /// [`TierController::pump`] through this channel.
+    fn pump(
+        &mut self,
+        controller: &mut TierController,
+        now: Instant,
+    ) -> Result<(), ControllerError>;
+}
+
+impl<N: Negotiator + Send> Channel for N {
+    fn pump(
+        &mut self,
+        controller: &mut TierController,
+        now: Instant,
+    ) -> Result<(), ControllerError> {
+        controller.pump(self, now)
+    }
+}
+
+/// The way a connection's control messages travel.
+pub(super) enum ControlPath {
+    /// As the connection's own control frames.
+    InBand(InBand),
+    /// Over a channel of the user's.
+    External(Box<dyn Channel>),
+}
+
+impl ControlPath {
+    /// Pumps the controller through this path.
+    pub(super) fn pump(
+        &mut self,
+        controller: &mut TierController,
+        now: Instant,
+    ) -> Result<(), ControllerError> {
+        match self {
+            ControlPath::InBand(in_band) => controller.pump(in_band, now),
+            ControlPath::External(channel) => channel.pump(controller, now),
+        }
+    }
+
+    /// Whether nothing waits to be posted as a control frame.
+    pub(super) fn is_idle(&self) -> bool {
+        match self {
+            ControlPath::InBand(in_band) => in_band.outgoing.is_empty(),
+            ControlPath::External(_) => true,
+        }
+    }
+}
+
+impl std::fmt::Debug for ControlPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlPath::InBand(in_band) => f.debug_tuple("InBand").field(in_band).finish(),
+            ControlPath::External(_) => f.write_str("External"),
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! [`ConnectionCore`]: one side of a connection, sans-IO. It keeps framing, credits,
+//! reassembly and the work requests for a provider endpoint; everything about tiers
+//! (planning, negotiation, the tiered regions, demotion) it asks of its
+//! [`TierController`]. It takes completions and the time as inputs and hands out work
+//! requests (post this slot as a receive, post these bytes as a send).
+//! `docs/connection.md` gives the rules it follows; the sending side is in `send.rs` and
+//! `reserve.rs`, the receiving side in `receive.rs`.
+//!
+//! # Invariants
+//!
+//! - Every frame is posted against a credit, and is no longer than the receive that credit
+//!   stands for (`Credits`, rule 1): a frame can never overrun the peer's buffer.
+//! - Every posted receive holds its slot in `posted` until its completion; every posted
+//!   send holds its slot in `sending` until its completion. A send the provider copied
+//!   straight from the caller's message holds no slot there, only its place until its
+//!   completion. A slot of a replaced tier is never reposted, so the tier retires once its
+//!   last slot comes back. Over SEND/RECV a peer can write only into posted receives, so
+//!   "every slot back" is also "the peer can no longer reach it": the receive region
+//!   installs a new tier without waiting for a release.
+//! - Slots come from the controller's regions through their lock-free caches, so a slot is
+//!   of the tier in force when taken; `spare_send_slots` holds send slots whose sends
+//!   completed, all of the send tier in force: a completed slot is kept only while its
+//!   tier is in force, and a change of send tier empties the list, so a replaced tier can
+//!   still retire.
+//! - `reserved` holds the send slot of a message being built in place, with its length;
+//!   the slot is neither posted nor spare, and no credit is taken for it until it is
+//!   committed. The core never writes its payload.
+//! - `returns_to_lend` holds at least one reference to `returned` per posted receive
+//!   (topped up as receives are posted), so a delivery lends its slot to the message
+//!   without touching a reference count; `lent` counts the slots lent, and those held by
+//!   messages now are `lent` less the count `returned` keeps of those given back.
+//! - Tier changes are applied as the controller reports them, right after the call that
+//!   made them: a new receive tier's receives are posted, a new send tier's old receives
+//!   on the peer are drained.
+//! - A message is delivered whole or not at all, in the order it was sent; a malformed
+//!   frame fails the connection with an error that names it, and nothing after it is
+//!   delivered.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use slab::Slab;
+use tierbuf_tiers::controller::{Change, TierController};
+use tierbuf_tiers::negotiator::Negotiator;
+use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
+
+use super::config::ConnectionConfig;
+use super::control::{ControlPath, InBand};
+use super::credits::{Credits, PendingGrants};
+use super::errors::ConnectionError;
+use super::header::{FrameHeader, Grant, HEADER_LEN};
+use super::reassembly::Reassembly;
+use super::receive::Message;
+use super::returns::ReturnedSlots;
+use super::send::{Outbox, Payload};
+use crate::provider::BufferRef;
+use crate::sync;
+
+/// What the core asks its provider endpoint to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WorkRequest {
+    /// Post `buffer` as a receive.
+    PostRecv {
+        /// The id its completion will carry.
+        wr_id: u64,
+        /// The receive buffer.
+        buffer: BufferRef,
+    },
+    /// Post `buffer` as a send.
+    PostSend {
+        /// The id its completion will carry.
+        wr_id: u64,
+        /// The bytes to send.
+        buffer: BufferRef,
+    },
+    /// Send the frame, copied by the provider from the message given to
+    /// [`ConnectionCore::try_send_copied`] (`Endpoint::try_post_send_copied`); then settle
+    /// it with [`ConnectionCore::settle_copied`], before that message is gone, whether or
+    /// not the provider took it. Only `try_send_copied` hands these out.
+    PostSendCopied(CopiedFrame),
+}
+
+/// A frame whose payload lies in the caller's message ([`WorkRequest::PostSendCopied`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopiedFrame {
+    /// The id its completion will carry.
+    pub wr_id: u64,
+    /// The frame's header, to send first.
+    pub header: [u8; HEADER_LEN],
+    pub(super) payload_at: usize,
+    pub(super) payload_len: usize,
+}
+
+impl CopiedFrame {
+    /// The frame's payload in `message`, the message given to
+    /// [`ConnectionCore::try_send_copied`].
+    ///
+    /// # Panics
+    ///
+    /// If `message` is shorter than that message.
+    pub fn payload<'m>(&self, message: &'m [u8]) -> &'m [u8] {
+        &message[self.payload_at..self.payload_at + self.payload_len]
+    }
+}
+
+/// Counters and the state of one side of a connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    /// The tier this side sends on.
+    pub send_tier: u8,
+    /// The tier of the receives this side posts.
+    pub recv_tier: u8,
+    /// Changes to a higher send tier.
+    pub promotions: u64,
+    /// Changes to a lower send tier.
+    pub demotions: u64,
+    /// Tier requests the peer refused.
+    pub nacks: u64,
+    /// Tier requests that timed out.
+    pub timeouts: u64,
+    /// Times this side's budget refused send buffers for a tier the peer granted (frames
+    /// then stay at the smaller tier, segmenting what does not fit).
+    pub send_buffers_refused: u64,
+    /// Times this side's budget refused receive buffers the peer asked for (it was nacked).
+    pub recv_buffers_refused: u64,
+    /// Messages accepted for sending.
+    pub messages_sent: u64,
+    /// Bytes of accepted messages.
+    pub bytes_sent: u64,
+    /// Messages accepted and sent in segments.
+    pub messages_segmented: u64,
+    /// Messages delivered.
+    pub messages_received: u64,
+    /// Bytes of delivered messages.
+    pub bytes_received: u64,
+    /// Frames posted (data, control, credit and drain).
+    pub frames_sent: u64,
+    /// Bytes registered for this side's send and receive regions now.
+    pub registered_bytes: u64,
+    /// Receives this side has posted whose completions have not come back.
+    pub posted_receives: u64,
+    /// Receive slots held by delivered zero-copy messages not yet dropped: they are
+    /// reposted (and granted to the peer) only once their messages are dropped.
+    pub receives_lent: u64,
+    /// Receives the peer has granted this side and it has not yet sent into.
+    pub send_credits: u64,
+    /// Heap bytes kept for reuse by the next segmented message (this side's copy of one
+    /// it sends, its reassembly buffer for one it receives); see
+    /// [`ConnectionConfig::with_spare_buffer_limit`].
+    pub spare_buffer_bytes: u64,
+}
+
+/// One side of a connection, driven by its owner.
+pub struct ConnectionCore {
+    pub(super) config: Arc<ConnectionConfig>,
+    pub(super) tiers: TierController,
+    pub(super) control: ControlPath,
+    pub(super) credits: Credits,
+    pub(super) grants: PendingGrants,
+    pub(super) reassembly: Reassembly,
+    pub(super) posted: Slab<OwnedTierSlot>,
+    /// The slot of each send posted and not completed; `None` for one copied from the
+    /// caller's message (module invariants).
+    pub(super) sending: Slab<Option<OwnedTierSlot>>,
+    /// Send slots of the tier in force whose sends completed (module invariants).
+    pub(super) spare_send_slots: Vec<OwnedTierSlot>,
+    /// The slot and length of a message being built in place (module invariants).
+    pub(super) reserved: Option<(OwnedTierSlot, usize)>,
+    pub(super) work: VecDeque<WorkRequest>,
+    pub(super) delivered: VecDeque<Message>,
+    pub(super) returned: sync::Arc<ReturnedSlots>,
+    /// References to `returned` for the messages of the receives posted: one per posted
+    /// receive, cloned when it is posted (module invariants).
+    pub(super) returns_to_lend: Vec<sync::Arc<ReturnedSlots>>,
+    /// Receive slots lent to messages, ever.
+    pub(super) lent: usize,
+    pub(super) outbox: Option<Outbox>,
+    /// A finished outbox's buffer, empty, kept for the next segmented message.
+    pub(super) spare_outbox: Vec<u8>,
+    /// When a segmented message was last sent or received; spare buffers are freed after
+    /// the ladder's `demote_after` without one.
+    pub(super) segmented_at: Option<Instant>,
+    /// The peer's receives of a replaced tier still to consume after a send-tier change.
+    pub(super) drains_owed: u32,
+    pub(super) failed: Option<Arc<ConnectionError>>,
+    pub(super) stats: ConnectionStats,
+}
+
+impl ConnectionCore {
+    /// One side of a new connection on tier 0, its send buffers from `send_reservoir` and
+    /// its receive buffers from `recv_reservoir` (both for `config`'s ladder), negotiating
+    /// tiers in band (control frames of the connection itself). Posts every tier-0 receive
+    /// at once (see [`ConnectionCore::poll_work`]); the peer's tier-0 receives are this
+    /// side's first credits.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectionError::Register`] when the first tier's buffers cannot be registered.
+    pub fn new(
+        config: Arc<ConnectionConfig>,
+        send_reservoir: Arc<Reservoir>,
+        recv_reservoir: Arc<Reservoir>,
+        now: Instant,
+    ) -> Result<ConnectionCore, ConnectionError> {
+        ConnectionCore::with_control(
+            config,
+            send_reservoir,
+            recv_reservoir,
+            ControlPath::InBand(InBand::default()),
+            now,
+        )
+    }
+
+    /// [`ConnectionCore::new`], negotiating tiers through `negotiator`, a channel of the
+    /// caller's own (a TCP connection beside the data path, say), instead of in band. Both
+    /// sides must use one. The channel must deliver frames in order; it need not be
+    /// ordered with the connection's data.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectionError::Register`] when the first tier's buffers cannot be registered.
+    pub fn with_negotiator<N: Negotiator + Send + 'static>(
+        config: Arc<ConnectionConfig>,
+        send_reservoir: Arc<Reservoir>,
+        recv_reservoir: Arc<Reservoir>,
+        negotiator: N,
+        now: Instant,
+    ) -> Result<ConnectionCore, ConnectionError> {
+        ConnectionCore::with_control(
+            config,
+            send_reservoir,
+            recv_reservoir,
+            ControlPath::External(Box::new(negotiator)),
+            now,
+        )
+    }
+
+    fn with_control(
+        config: Arc<ConnectionConfig>,
+        send_reservoir: Arc<Reservoir>,
+        recv_reservoir: Arc<Reservoir>,
+        control: ControlPath,
+        now: Instant,
+    ) -> Result<ConnectionCore, ConnectionError> {
+        let tiers = TierController::new(
+            Arc::clone(config.capacity()),
+            config.negotiation().clone(),
+            send_reservoir,
+            recv_reservoir,
+            now,
+        )
+        .map_err(ConnectionError::Register)?;
+        let spare_buffer_limit = config.spare_buffer_limit();
+        let smallest = &config.ladder().tiers()[0];
+        let mut credits = Credits::default();
+        credits.grant(Grant {
+            tier: 0,
+            count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
+        });
+        let mut core = ConnectionCore {
+            reassembly: Reassembly::new(config.max_message_len()),
+            config,
+            tiers,
+            control,
+            credits,
+            grants: PendingGrants::default(),
+            posted: Slab::new(),
+            sending: Slab::new(),
+            spare_send_slots: Vec::new(),
+            reserved: None,
+            work: VecDeque::new(),
+            delivered: VecDeque::new(),
+            returned: ReturnedSlots::new(spare_buffer_limit),
+            returns_to_lend: Vec::new(),
+            lent: 0,
+            outbox: None,
+            spare_outbox: Vec::new(),
+            segmented_at: None,
+            drains_owed: 0,
+            failed: None,
+            stats: ConnectionStats::default(),
+        };
+        core.post_receives();
+        // The peer counts our tier-0 receives as its initial credits: they are not granted.
+        core.grants = PendingGrants::default();
+        Ok(core)
+    }
+
+    /// The next work request for the provider endpoint, in order.
+    pub fn poll_work(&mut self) -> Option<WorkRequest> {
+        self.work.pop_front()
+    }
+
+    /// The next delivered message, in the order the peer sent them.
+    pub fn try_recv(&mut self) -> Option<Message> {
+        self.delivered.pop_front()
+    }
+
+    /// The next time [`ConnectionCore::progress`] must run even if nothing arrives: a
+    /// negotiation timer, or the moment the send tier may step down.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.tiers.poll_timeout()
+    }
+
+    /// Counters and state now.
+    pub fn stats(&self) -> ConnectionStats {
+        let tiers = self.tiers.stats();
+        ConnectionStats {
+            send_tier: self.send_tier().get(),
+            recv_tier: self.tiers.recv_tier().get(),
+            promotions: tiers.promotions,
+            demotions: tiers.demotions,
+            nacks: tiers.nacks,
+            timeouts: tiers.timeouts,
+            send_buffers_refused: tiers.send_buffers_refused,
+            recv_buffers_refused: tiers.recv_buffers_refused,
+            registered_bytes: self.tiers.registered_bytes(),
+            posted_receives: self.posted.len() as u64,
+            receives_lent: (self.lent - self.returned.given_back()) as u64,
+            send_credits: u64::from(self.credits.total()),
+            spare_buffer_bytes: (self.spare_outbox.capacity()
+                + self.returned.spare_buffer_capacity()) as u64,
+            ..self.stats
+        }
+    }
+
+    /// The error the connection failed with, if it did.
+    pub fn failure(&self) -> Option<&Arc<ConnectionError>> {
+        self.failed.as_ref()
+    }
+
+    /// Fails the connection with `error` (a provider failure, say): sends and receives
+    /// report it from now on.
+    pub fn fail(&mut self, error: ConnectionError) {
+        if self.failed.is_none() {
+            tracing::warn!(%error, fault = ?error.fault(), "connection failed");
+            self.failed = Some(Arc::new(error));
+        }
+    }
+
+    /// The tier the peer has granted this side to send on.
+    pub fn send_tier(&self) -> TierIndex {
+        self.tiers.send_tier()
+    }
+
+    /// Whether everything accepted has been posted and every posted send completed.
+    pub fn is_idle(&self) -> bool {
+        self.outbox.is_none() && self.control.is_idle() && self.sending.is_empty()
+    }
+
+    /// Whether sending or reserving a message of `len` bytes needs the time. It does not
+    /// for a message that a frame of the smallest tier carries whole: such a send starts no
+    /// promotion and tells the demotion policy nothing (every tier fits it), so
+    /// [`ConnectionCore::try_send`], [`ConnectionCore::try_reserve`] and
+    /// [`ConnectionCore::commit_reserved`] do not read their `now`, and a driver may pass
+    /// the last time it read instead of reading the clock again.
+    pub fn needs_clock(&self, len: usize) -> bool {
+        self.tiers.needs_clock(len)
+    }
+
+    /// Runs the connection's own work: reposts returned receive slots, pumps the
+    /// negotiation (timers, a demotion the policy suggests), and sends control, drain,
+    /// segment and credit frames.
+    pub fn progress(&mut self, now: Instant) {
+        if self.failed.is_some() {
+            return;
+        }
+        // Free receive slots of the tier in force are posted when it is installed and
+        // reposted as they come back, so nothing else needs posting here.
+        while let Some(slot) = self.returned.take_returned() {
+            self.recycle(slot);
+        }
+        self.pump_control(now);
+        while self.drains_owed > 0 && self.credits.total() > 0 {
+            if !self.post_frame(FrameHeader::drain(), Payload::Empty, false) {
+                break;
+            }
+            self.drains_owed -= 1;
+        }
+        self.send_segments();
+        while self.owes_credit() {
+            if !self.post_frame(FrameHeader::credit(), Payload::Empty, false) {
+                break;
+            }
+        }
+        self.tiers.reclaim();
+        let idle_for = self.config.ladder().policy().demote_after();
+        if self
+            .segmented_at
+            .is_some_and(|at| now.saturating_duration_since(at) >= idle_for)
+        {
+            self.segmented_at = None;
+            self.spare_outbox = Vec::new();
+            self.returned.drop_spare_buffer();
+        }
+    }
+
+    /// Whether receives posted since the peer last heard of them are enough to send a
+    /// credit frame for: half the receives posted (at least two), or any while this
+    /// side's last credit is the one the frame would take. [`ConnectionCore::progress`]
+    /// sends it; a driver that takes many completions in a row (segments of a large
+    /// message) runs `progress` as soon as this says so, so the peer can go on sending
+    /// while this side reassembles.
+    pub fn owes_credit(&self) -> bool {
+        let threshold = (self.posted.len() as u32 / 2).max(2);
+        self.grants.total() >= threshold || (self.grants.total() > 0 && self.credits.total() == 1)
+    }
+
+    /// Pumps the negotiation through the control path, applies the tier changes it made,
+    /// and posts the control frames it sent (in band).
+    pub(super) fn pump_control(&mut self, now: Instant) {
+        if let Err(error) = self.control.pump(&mut self.tiers, now) {
+            self.fail(ConnectionError::of_controller(error));
+            return;
+        }
+        self.apply_changes();
+        self.send_control();
+    }
+
+    fn apply_changes(&mut self) {
+        while let Some(change) = self.tiers.poll_change() {
+            match change {
+                Change::SendTier { to, .. } => {
+                    self.drains_owed = self.credits.ahead_of(to.get());
+                    self.spare_send_slots.clear();
+                }
+                Change::RecvTier { .. } => self.post_receives(),
+                other => tracing::debug!(?other, "tier change"),
+            }
+        }
+    }
+
+    /// Posts the in-band control frames waiting, in order, as credits allow.
+    fn send_control(&mut self) {
+        loop {
+            let ControlPath::InBand(in_band) = &mut self.control else {
+                return;
+            };
+            let Some(frame) = in_band.outgoing.pop_front() else {
+                return;
+            };
+            let header = FrameHeader::control(frame.bytes().len());
+            if !self.post_frame(header, Payload::Bytes(frame.bytes()), false) {
+                if let ControlPath::InBand(in_band) = &mut self.control {
+                    in_band.outgoing.push_front(frame);
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ConnectionCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionCore")
+            .field("stats", &self.stats())
+            .field("credits", &self.credits.total())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,277 @@
+//! Why a connection, or one send on it, failed, and whose fault that was.
+
+use std::sync::Arc;
+
+use tierbuf_tiers::TierIndex;
+use tierbuf_tiers::controller::ControllerError;
+use tierbuf_tiers::policy::CapacityError;
+use tierbuf_tiers::{TierError, negotiation::ConfigError};
+
+use super::header::HeaderError;
+use super::reassembly::ReassemblyError;
+use crate::error::{PostError, QueueKind, TransportError};
+use crate::provider::CompletionStatus;
+
+/// Whose doing an error was, and so who can act on it.
+///
+/// ```
+/// use tierbuf_transport::connection::{ConnectionError, Fault};
+/// assert_eq!(ConnectionError::PeerClosed.fault(), Fault::Peer);
+/// assert_eq!(ConnectionError::Closed.fault(), Fault::Caller);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The caller's configuration or use of the API.
+    Caller,
+    /// This side's resources (memory, budget, file descriptors) or its provider.
+    Local,
+    /// The peer: it closed, died, or broke the protocol.
+    Peer,
+}
+
+/// Which queue a work request went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkKind {
+    /// The send queue.
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
+/// Why a configuration, or a connection, failed. [`ConnectionError::fault`] says whose
+/// fault it was.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectionError {
+    /// The smallest tier cannot carry a control frame and its header (the caller's ladder).
+    #[error("tier 0 slots of {slot_size} bytes cannot carry a {needed}-byte control frame")]
+    SmallestTierTooSmall {
+        /// Tier 0's slot size.
+        slot_size: usize,
+        /// Header plus the largest control frame.
+        needed: usize,
+    },
+    /// A tier has fewer than two slots: one credit is always kept back, so a tier of one
+    /// slot could carry no data (the caller's ladder).
+    #[error("{tier} has {slot_count} slot(s); a connection needs at least 2 per tier")]
+    TooFewSlots {
+        /// The tier.
+        tier: TierIndex,
+        /// Its slot count.
+        slot_count: usize,
+    },
+    /// The ladder cannot be negotiated (the caller's ladder).
+    #[error("the ladder cannot be negotiated")]
+    Negotiation(#[source] ConfigError),
+    /// A tier's slots hold nothing after the frame header (the caller's ladder).
+    #[error("the ladder cannot carry frames")]
+    Capacity(#[source] CapacityError),
+    /// The endpoint's queue is shallower than the ladder needs
+    /// ([`ConnectionConfig::queue_depth`](super::ConnectionConfig::queue_depth)): the
+    /// caller made the endpoint.
+    #[error("the endpoint's {queue} queue holds {depth} requests; this ladder needs {needed}")]
+    QueueTooShallow {
+        /// The queue.
+        queue: QueueKind,
+        /// Its depth.
+        depth: u32,
+        /// The depth the ladder needs.
+        needed: u32,
+    },
+    /// A completion named a work request that is not outstanding: the driver handed the
+    /// core a completion it did not ask for (the caller's).
+    #[error("completion for unknown {kind:?} work request {wr_id}")]
+    UnknownWorkRequest {
+        /// The kind of work request.
+        kind: WorkKind,
+        /// Its id.
+        wr_id: u64,
+    },
+    /// This side closed the connection.
+    #[error("the connection is closed")]
+    Closed,
+    /// Registering the connection's buffers failed (this side's budget or memory).
+    #[error("registering the connection's buffers failed")]
+    Register(#[source] TierError),
+    /// This side's provider failed, or ran out of a resource (this side's).
+    #[error("the provider failed")]
+    Provider(#[source] TransportError),
+    /// The provider refused a work request for a reason of this side's.
+    #[error("the provider refused a work request")]
+    Post(#[source] PostError),
+    /// A work request completed with an error status (whose fault the status says:
+    /// [`ConnectionError::fault`]).
+    #[error("{kind:?} work request {wr_id} completed with {status:?}")]
+    CompletionFailed {
+        /// The kind of work request.
+        kind: WorkKind,
+        /// Its id.
+        wr_id: u64,
+        /// The status it completed with.
+        status: CompletionStatus,
+    },
+    /// The peer closed the connection; messages not yet delivered to it are lost, and this
+    /// side's calls report it.
+    #[error("the peer closed the connection")]
+    PeerClosed,
+    /// The peer went away without closing (its process died).
+    #[error("the peer died")]
+    PeerDied(#[source] TransportError),
+    /// The peer broke the protocol; what it sent was not applied.
+    #[error("the peer broke the protocol")]
+    PeerProtocol(#[source] PeerViolation),
+    /// The channel of a user's negotiator failed, or the tier controller found its own
+    /// state inconsistent.
+    #[error("the tier negotiation failed")]
+    Tiers(#[source] ControllerError),
+}
+
+/// What a peer sent that breaks the protocol, with the offending field in each source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerViolation {
+    /// A malformed frame header.
+    #[error("malformed frame header")]
+    Header(#[source] HeaderError),
+    /// Segments out of order or with wrong lengths.
+    #[error("malformed segmented message")]
+    Reassembly(#[source] ReassemblyError),
+    /// Receives granted of a tier past the ladder.
+    #[error("the peer granted receives of tier {tier}, past the ladder's {len} tiers")]
+    GrantBeyondLadder {
+        /// The tier named.
+        tier: u8,
+        /// Tiers on the ladder.
+        len: usize,
+    },
+    /// A malformed or out-of-protocol control message.
+    #[error("the tier negotiation")]
+    Negotiation(#[source] ControllerError),
+    /// A control frame on a connection that negotiates over a channel of its own.
+    #[error("a control frame on a connection whose negotiation runs elsewhere")]
+    UnexpectedControlFrame,
+    /// The provider's own protocol (a bad record, a delivery longer than the buffer).
+    #[error("the provider's protocol")]
+    Provider(#[source] TransportError),
+}
+
+impl ConnectionError {
+    /// Whose doing the error was.
+    pub fn fault(&self) -> Fault {
+        match self {
+            ConnectionError::SmallestTierTooSmall { .. }
+            | ConnectionError::TooFewSlots { .. }
+            | ConnectionError::Negotiation(_)
+            | ConnectionError::Capacity(_)
+            | ConnectionError::QueueTooShallow { .. }
+            | ConnectionError::UnknownWorkRequest { .. }
+            | ConnectionError::Closed => Fault::Caller,
+            ConnectionError::Register(_)
+            | ConnectionError::Provider(_)
+            | ConnectionError::Post(_)
+            | ConnectionError::Tiers(_) => Fault::Local,
+            ConnectionError::PeerClosed
+            | ConnectionError::PeerDied(_)
+            | ConnectionError::PeerProtocol(_) => Fault::Peer,
+            ConnectionError::CompletionFailed { status, .. } => match status {
+                // The buffers or regions were this side's.
+                CompletionStatus::LocalProtectionError => Fault::Local,
+                // A peer's frame longer than the receive its credit stood for, a peer that
+                // refused or could not take a send, or one gone from the fabric.
+                _ => Fault::Peer,
+            },
+        }
+    }
+
+    /// The error for a failure of the tier controller: the peer's when it sent something
+    /// that breaks the protocol.
+    pub(super) fn of_controller(error: ControllerError) -> ConnectionError {
+        match error {
+            ControllerError::PeerProtocol(_) | ControllerError::MalformedFrame(_) => {
+                ConnectionError::PeerProtocol(PeerViolation::Negotiation(error))
+            }
+            other => ConnectionError::Tiers(other),
+        }
+    }
+
+    /// The error for a provider that failed while polling.
+    pub(super) fn of_transport(error: TransportError) -> ConnectionError {
+        match error {
+            TransportError::PeerDied { .. } => ConnectionError::PeerDied(error),
+            TransportError::ProtocolViolation { .. } => {
+                ConnectionError::PeerProtocol(PeerViolation::Provider(error))
+            }
+            other => ConnectionError::Provider(other),
+        }
+    }
+
+    /// The error for a work request the provider refused.
+    pub(super) fn of_post(error: PostError) -> ConnectionError {
+        match error {
+            PostError::PeerClosed => ConnectionError::PeerClosed,
+            PostError::Closed => ConnectionError::Closed,
+            other => ConnectionError::Post(other),
+        }
+    }
+}
+
+/// Why `try_send` accepted nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WouldBlock {
+    /// A message built in place needs a larger tier and its promotion is under way
+    /// (the patent's "0 bytes transferred"): retry after progress. Messages sent by copy
+    /// never wait for a promotion; they go out in segments meanwhile.
+    PromotionPending,
+    /// No credit (posted receive on the peer) or no send buffer is free now.
+    NoCredit,
+    /// A segmented message is still being sent.
+    SegmentedInFlight,
+    /// A message built in place needs a larger tier, which the peer refused for now:
+    /// retry later, or send it with `try_send`, which segments it.
+    PromotionRefused,
+    /// A message is already being built in place: commit or cancel it first.
+    AlreadyReserved,
+}
+
+/// Why a send was not accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// Nothing was accepted now; retry after progress.
+    #[error("would block: {0:?}")]
+    WouldBlock(WouldBlock),
+    /// The message passes the configured maximum.
+    #[error("a {len}-byte message passes the maximum of {max} bytes")]
+    TooLong {
+        /// The message's length.
+        len: u64,
+        /// The maximum.
+        max: u64,
+    },
+    /// A message built in place must fit one frame of the top tier.
+    #[error("a {len}-byte message built in place passes the largest frame payload, {max} bytes")]
+    BeyondOneFrame {
+        /// The length asked for.
+        len: usize,
+        /// The top tier's frame payload.
+        max: usize,
+    },
+    /// [`ConnectionCore::commit_reserved`](super::ConnectionCore::commit_reserved) was
+    /// called with no message reserved.
+    #[error("no message is reserved")]
+    NothingReserved,
+    /// [`ConnectionCore::try_send_borrowed`](super::ConnectionCore::try_send_borrowed) was
+    /// offered something other than the rest of the segmented message it is posting.
+    #[error("{offered} bytes offered where the rest of a segmented message is {expected}")]
+    NotTheRest {
+        /// The bytes of the message not yet posted.
+        expected: usize,
+        /// The bytes offered.
+        offered: usize,
+    },
+    /// The connection failed or was closed; the source says why and whose fault it was.
+    #[error("the connection failed")]
+    Failed(#[source] Arc<ConnectionError>),
+}

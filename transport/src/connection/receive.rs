@@ -1,0 +1,206 @@
+//! The receiving side of [`ConnectionCore`]: posting receives, taking completions, and the
+//! delivered [`Message`].
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tierbuf_tiers::OwnedTierSlot;
+
+use super::control::{ControlFrame, ControlPath};
+use super::core::{ConnectionCore, WorkRequest};
+use super::errors::{ConnectionError, PeerViolation, WorkKind};
+use super::header::{FrameHeader, FrameKind, HEADER_LEN};
+use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
+use crate::provider::BufferRef;
+use crate::sync;
+
+impl ConnectionCore {
+    /// Posts every free slot of the receive tier in force as a receive.
+    pub(super) fn post_receives(&mut self) {
+        while let Some(slot) = self.tiers.recv_slot() {
+            self.post_receive(slot);
+        }
+    }
+
+    fn post_receive(&mut self, slot: OwnedTierSlot) {
+        let tier = slot.tier().get();
+        let buffer = BufferRef {
+            remote_key: slot.keys().remote_key,
+            addr: slot.remote_addr(),
+            len: slot.len() as u32,
+        };
+        let wr_id = self.posted.insert(slot) as u64;
+        if self.returns_to_lend.len() < self.posted.len() {
+            self.returns_to_lend.push(sync::Arc::clone(&self.returned));
+        }
+        self.work.push_back(WorkRequest::PostRecv { wr_id, buffer });
+        self.grants.posted(tier, 1);
+    }
+
+    /// Reposts a receive slot that came back, unless its tier was replaced (even by a
+    /// new registration of the same index).
+    pub(super) fn recycle(&mut self, slot: OwnedTierSlot) {
+        if self.tiers.holds_recv_slot(&slot) {
+            self.post_receive(slot);
+        }
+    }
+
+    /// Takes one successful completion from the provider endpoint.
+    ///
+    /// # Errors
+    ///
+    /// The error the connection failed with, now or before.
+    pub fn handle_completion(
+        &mut self,
+        now: Instant,
+        kind: WorkKind,
+        wr_id: u64,
+        byte_len: u32,
+    ) -> Result<(), Arc<ConnectionError>> {
+        if let Some(error) = &self.failed {
+            return Err(Arc::clone(error));
+        }
+        let outcome = match kind {
+            WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
+                Some(slot) => {
+                    // A send copied from the caller's message holds no slot.
+                    if let Some(slot) = slot {
+                        self.keep_send_slot(slot);
+                    }
+                    Ok(())
+                }
+                None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
+            },
+            WorkKind::Recv => match self.posted.try_remove(wr_id as usize) {
+                Some(slot) => self.receive(now, slot, byte_len as usize),
+                None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
+            },
+        };
+        if let Err(error) = outcome {
+            self.fail(error);
+        }
+        match &self.failed {
+            Some(error) => Err(Arc::clone(error)),
+            None => Ok(()),
+        }
+    }
+
+    fn receive(
+        &mut self,
+        now: Instant,
+        slot: OwnedTierSlot,
+        len: usize,
+    ) -> Result<(), ConnectionError> {
+        let peer = ConnectionError::PeerProtocol;
+        let frame = &slot[..len.min(slot.len())];
+        let header =
+            FrameHeader::decode(frame).map_err(|error| peer(PeerViolation::Header(error)))?;
+        let ladder_len = self.config.ladder().len();
+        if usize::from(header.grant.tier) >= ladder_len {
+            return Err(peer(PeerViolation::GrantBeyondLadder {
+                tier: header.grant.tier,
+                len: ladder_len,
+            }));
+        }
+        self.credits.grant(header.grant);
+        let payload_len = header.payload_len as usize;
+        let payload = &frame[HEADER_LEN..HEADER_LEN + payload_len];
+        match header.kind {
+            FrameKind::Whole => {
+                self.reassembly
+                    .check_whole(header.message_len)
+                    .map_err(|error| peer(PeerViolation::Reassembly(error)))?;
+                self.stats.messages_received += 1;
+                self.stats.bytes_received += payload_len as u64;
+                let returns = self
+                    .returns_to_lend
+                    .pop()
+                    .expect("a reference to lend for every posted receive");
+                self.lent += 1;
+                self.delivered.push_back(Message {
+                    body: Body::Slot {
+                        slot: ReturnedSlots::lend(returns, slot),
+                        len: payload_len,
+                    },
+                });
+                return Ok(());
+            }
+            FrameKind::First | FrameKind::Middle | FrameKind::Last => {
+                self.segmented_at = Some(now);
+                let returned = &self.returned;
+                let done = self
+                    .reassembly
+                    .segment(header.kind, header.message_len, payload, |len| {
+                        returned.take_buffer(len)
+                    })
+                    .map_err(|error| peer(PeerViolation::Reassembly(error)))?;
+                if let Some(message) = done {
+                    self.stats.messages_received += 1;
+                    self.stats.bytes_received += message.len() as u64;
+                    self.delivered.push_back(Message {
+                        body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, message)),
+                    });
+                }
+            }
+            FrameKind::Control => match &mut self.control {
+                ControlPath::InBand(in_band) => {
+                    in_band.incoming.push_back(ControlFrame::new(payload));
+                    self.recycle(slot);
+                    self.pump_control(now);
+                    return Ok(());
+                }
+                ControlPath::External(_) => {
+                    return Err(peer(PeerViolation::UnexpectedControlFrame));
+                }
+            },
+            FrameKind::Credit | FrameKind::Drain => {}
+        }
+        self.recycle(slot);
+        Ok(())
+    }
+}
+
+enum Body {
+    /// The payload's `len` bytes after the header, in the receive slot it landed in.
+    Slot {
+        slot: LentSlot,
+        len: usize,
+    },
+    Copied(LentBuffer),
+}
+
+/// A delivered message. One that arrived in one frame is a view onto the registered
+/// receive slot it landed in (zero-copy); dropping it returns the slot to be reposted. A
+/// segmented one was reassembled into its own buffer.
+pub struct Message {
+    body: Body,
+}
+
+impl Message {
+    /// Whether the bytes are still in the registered receive slot (not copied).
+    pub fn is_zero_copy(&self) -> bool {
+        matches!(self.body, Body::Slot { .. })
+    }
+}
+
+impl Deref for Message {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.body {
+            Body::Slot { slot, len } => &slot[HEADER_LEN..HEADER_LEN + len],
+            Body::Copied(bytes) => bytes,
+        }
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("len", &self.len())
+            .field("zero_copy", &self.is_zero_copy())
+            .finish()
+    }
+}

@@ -1,0 +1,570 @@
+//! The sending side of [`ConnectionCore`]: messages offered by copy, borrowed from the
+//! caller, or copied by the provider from the caller's memory; whole frames and segments.
+//!
+//! # Invariants
+//!
+//! - Where bytes come from is said once, by the call that has them: a [`Source`] for an
+//!   offered message, a [`Payload`] for each frame. Nothing below a call guesses it.
+//! - Whether a message goes whole or in segments is the tier controller's plan; this side
+//!   only frames it. A frame is no longer than the receive its credit stands for, nor than
+//!   this side's send slot.
+//! - A segmented message holds the send order: until its last segment is posted, nothing
+//!   else is accepted ([`WouldBlock::SegmentedInFlight`]). An owned one is posted by
+//!   progress as credits allow; a borrowed one only by the caller offering its rest.
+//! - A [`WorkRequest::PostSendCopied`] is handed out with its send slot reserved in
+//!   `sending` and unwritten; the driver settles it ([`ConnectionCore::settle_copied`])
+//!   before the caller's message is gone.
+
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tierbuf_tiers::OwnedTierSlot;
+use tierbuf_tiers::controller::{Framing, SendPlan};
+
+use super::core::{ConnectionCore, CopiedFrame, WorkRequest};
+use super::errors::{ConnectionError, SendError, WouldBlock};
+use super::header::{FrameHeader, HEADER_LEN};
+use crate::provider::{BufferRef, CallerCopies};
+
+/// A message in flight as segments.
+pub(super) struct Outbox {
+    message: OutboxBytes,
+    /// Bytes of it already posted.
+    sent: usize,
+}
+
+/// Where a segmented message's bytes are.
+enum OutboxBytes {
+    /// Copied when it was offered; progress posts the segments as credits allow.
+    Owned(Vec<u8>),
+    /// Left with the caller, who offers the rest of this many bytes again until all are
+    /// posted.
+    Borrowed(usize),
+}
+
+impl Outbox {
+    fn len(&self) -> usize {
+        match &self.message {
+            OutboxBytes::Owned(bytes) => bytes.len(),
+            OutboxBytes::Borrowed(len) => *len,
+        }
+    }
+}
+
+/// Where an offered message's bytes are, and so how its frames are posted.
+#[derive(Clone, Copy)]
+enum Source<'m> {
+    /// Parts to copy: a whole frame is written into a send slot, a segmented message is
+    /// copied into an owned outbox.
+    Copy(&'m [IoSlice<'m>]),
+    /// One slice left with the caller, who offers the rest again until all is posted;
+    /// frames of a length `copies` takes are copied by the provider straight from it.
+    Borrow {
+        message: &'m [u8],
+        copies: CallerCopies,
+    },
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Source::Copy(parts) => parts.iter().map(|part| part.len()).sum(),
+            Source::Borrow { message, .. } => message.len(),
+        }
+    }
+}
+
+/// Where one frame's payload is.
+#[derive(Clone, Copy)]
+pub(super) enum Payload<'m> {
+    /// No payload: a credit or drain frame.
+    Empty,
+    /// Bytes to copy into the send slot.
+    Bytes(&'m [u8]),
+    /// Parts to copy into the send slot, one after another.
+    Parts(&'m [IoSlice<'m>]),
+    /// The frame's bytes at `at` of the caller's `message`: copied by the provider from
+    /// there when `copies` takes the frame's length, else into the send slot.
+    Caller {
+        message: &'m [u8],
+        at: usize,
+        copies: CallerCopies,
+    },
+}
+
+impl ConnectionCore {
+    /// Offers an I/O vector, without blocking, by the patent's Figure 5 rule: the longest
+    /// prefix of whole elements that fits the tier in force goes out as one message, and the
+    /// bytes it carries are returned (send the rest with another call). When the first
+    /// element with any bytes does not fit on its own, that element goes out as one message
+    /// in segments, at once, while a larger tier is asked for, and its bytes (with any empty
+    /// elements before it) are returned. This is the byte-stream send; for a message given
+    /// in parts that must arrive as one, use [`ConnectionCore::try_send_gather`].
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::WouldBlock`] when nothing could be taken now; [`SendError::TooLong`];
+    /// [`SendError::Failed`].
+    pub fn try_send(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
+        self.offer(now, Source::Copy(message), true)
+    }
+
+    /// Offers one message given in parts, without blocking: all of it is accepted, as one
+    /// message (whole if it fits the tier in force, else in segments while a larger tier is
+    /// asked for), or none of it. Returns its length.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConnectionCore::try_send`].
+    pub fn try_send_gather(
+        &mut self,
+        now: Instant,
+        parts: &[IoSlice<'_>],
+    ) -> Result<usize, SendError> {
+        self.offer(now, Source::Copy(parts), false)
+    }
+
+    /// [`ConnectionCore::try_send_gather`] for a message in one slice that is not copied if
+    /// it has to be segmented: the segments are posted straight from `message` as credits
+    /// and send slots allow, and the bytes posted are returned; the caller offers the rest
+    /// (`&message[accepted..]`) in later calls until all of it is posted. Until then the
+    /// message holds the send order: [`ConnectionCore::try_send`] and
+    /// [`ConnectionCore::try_reserve`] report [`WouldBlock::SegmentedInFlight`], and the
+    /// core's progress does not post its segments (it does not have the bytes). A call
+    /// that offers anything but the rest fails with [`SendError::NotTheRest`]; one that
+    /// can post nothing now reports [`WouldBlock::NoCredit`] (offer the same rest again).
+    /// A message sent in one frame is posted whole.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConnectionCore::try_send`], and [`SendError::NotTheRest`].
+    pub fn try_send_borrowed(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
+        self.send_borrowed(now, message, CallerCopies::NONE)
+    }
+
+    /// Sends `message` as [`ConnectionCore::try_send_borrowed`] does, but hands out its
+    /// data frames whose length (header and payload) `copies` takes as
+    /// [`WorkRequest::PostSendCopied`], for a provider that can copy them straight from
+    /// `message` into the peer's receives (saving the copy into a send slot):
+    /// `copies` is the provider's `Endpoint::caller_copies`. The caller settles every one
+    /// of them ([`ConnectionCore::settle_copied`]) before it lets go of `message`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+    /// use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// use tierbuf_transport::CallerCopies;
+    /// use tierbuf_transport::connection::{ConnectionConfig, ConnectionCore, WorkRequest};
+    ///
+    /// let ladder = TierLadder::builder().tier(8192, 4, 8000).build()?;
+    /// let config = Arc::new(ConnectionConfig::new(Arc::new(ladder))?);
+    /// let registrar = Arc::new(HostRegistrar::new(MemoryBudget::with_cap(1 << 20)));
+    /// let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
+    /// let now = Instant::now();
+    /// let mut core =
+    ///     ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now)?;
+    /// while core.poll_work().is_some() {} // the first receives, posted elsewhere
+    ///
+    /// let copies = CallerCopies::new(None, Some(4096));
+    /// let message = vec![7u8; 4096];
+    /// assert_eq!(core.try_send_copied(now, &message, copies)?, message.len());
+    /// let Some(WorkRequest::PostSendCopied(frame)) = core.poll_work() else {
+    ///     panic!("a frame to copy from the message");
+    /// };
+    /// assert_eq!(frame.payload(&message), &message[..]);
+    /// // The provider could not take it now: the frame goes through its send slot.
+    /// let send = core.settle_copied(&frame, &message, false);
+    /// assert!(matches!(send, Some(WorkRequest::PostSend { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`ConnectionCore::try_send_borrowed`].
+    pub fn try_send_copied(
+        &mut self,
+        now: Instant,
+        message: &[u8],
+        copies: CallerCopies,
+    ) -> Result<usize, SendError> {
+        self.send_borrowed(now, message, copies)
+    }
+
+    fn send_borrowed(
+        &mut self,
+        now: Instant,
+        message: &[u8],
+        copies: CallerCopies,
+    ) -> Result<usize, SendError> {
+        self.check_failed()?;
+        let accepted = match &self.outbox {
+            Some(Outbox {
+                message: OutboxBytes::Borrowed(len),
+                sent,
+            }) => {
+                let rest = len - sent;
+                if message.len() != rest {
+                    return Err(SendError::NotTheRest {
+                        expected: rest,
+                        offered: message.len(),
+                    });
+                }
+                self.post_borrowed_segments(message, copies)
+            }
+            _ => self.offer(now, Source::Borrow { message, copies }, false)?,
+        };
+        if accepted == 0 && !message.is_empty() {
+            // A segmented message taken on with no segment posted yet: offer it again.
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        Ok(accepted)
+    }
+
+    pub(super) fn check_failed(&self) -> Result<(), SendError> {
+        match &self.failed {
+            Some(error) => Err(SendError::Failed(Arc::clone(error))),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails the connection with `error` and returns it as a send's error.
+    pub(super) fn fail_send(&mut self, error: ConnectionError) -> SendError {
+        self.fail(error);
+        match self.check_failed() {
+            Err(error) => error,
+            Ok(()) => unreachable!("the connection just failed"),
+        }
+    }
+
+    /// Takes an offered message: asks the tier controller for its plan (by the prefix rule
+    /// when `prefix`), then sends it whole or starts its segments.
+    fn offer(
+        &mut self,
+        now: Instant,
+        source: Source<'_>,
+        prefix: bool,
+    ) -> Result<usize, SendError> {
+        self.check_failed()?;
+        let total = source.len();
+        if total as u64 > self.config.max_message_len() {
+            return Err(SendError::TooLong {
+                len: total as u64,
+                max: self.config.max_message_len(),
+            });
+        }
+        if self.outbox.is_some() {
+            return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        let plan = match source {
+            Source::Copy(parts) if prefix => self.tiers.plan_io_vector(now, parts),
+            _ => self.tiers.plan_message(now, total),
+        }
+        .map_err(|error| self.fail_send(ConnectionError::of_controller(error)))?;
+        if self.tiers.has_transmit() {
+            // A promotion was asked for: it goes out ahead of this message's frames.
+            self.pump_control(now);
+            self.check_failed()?;
+        }
+        match plan.framing {
+            Framing::Whole => self.send_whole(source, plan),
+            Framing::Segmented => Ok(self.start_segmented(now, source, plan)),
+        }
+    }
+
+    /// Sends the planned prefix of `source` as one whole frame, if a data credit whose
+    /// receive holds it and a send slot are free.
+    fn send_whole(&mut self, source: Source<'_>, plan: SendPlan) -> Result<usize, SendError> {
+        let payload = match source {
+            Source::Copy(parts) => Payload::Parts(&parts[..plan.elements]),
+            Source::Borrow { message, copies } => Payload::Caller {
+                message,
+                at: 0,
+                copies,
+            },
+        };
+        if !self.post_frame(FrameHeader::whole(plan.bytes), payload, true) {
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += plan.bytes as u64;
+        Ok(plan.bytes)
+    }
+
+    /// Takes the planned prefix of `source` on as a segmented message and posts what
+    /// credits allow now; returns the bytes accepted (all of a copied message, those
+    /// posted of a borrowed one).
+    fn start_segmented(&mut self, now: Instant, source: Source<'_>, plan: SendPlan) -> usize {
+        self.segmented_at = Some(now);
+        self.stats.messages_sent += 1;
+        self.stats.messages_segmented += 1;
+        self.stats.bytes_sent += plan.bytes as u64;
+        match source {
+            Source::Borrow { message, copies } => {
+                self.outbox = Some(Outbox {
+                    message: OutboxBytes::Borrowed(plan.bytes),
+                    sent: 0,
+                });
+                self.post_borrowed_segments(message, copies)
+            }
+            Source::Copy(parts) => {
+                let mut copy = std::mem::take(&mut self.spare_outbox);
+                copy.reserve(plan.bytes);
+                for part in &parts[..plan.elements] {
+                    copy.extend_from_slice(part);
+                }
+                self.outbox = Some(Outbox {
+                    message: OutboxBytes::Owned(copy),
+                    sent: 0,
+                });
+                self.send_segments();
+                plan.bytes
+            }
+        }
+    }
+
+    /// Posts one frame: takes a send slot and a credit (a data credit when `data`), writes
+    /// the header (with the oldest pending grant) and the payload, and queues the send; or
+    /// hands the frame out for the provider to copy from the caller's memory. Returns
+    /// false, consuming nothing, when no slot or credit is free or the payload does not
+    /// fit.
+    pub(super) fn post_frame(
+        &mut self,
+        header: FrameHeader,
+        payload: Payload<'_>,
+        data: bool,
+    ) -> bool {
+        let len = header.payload_len as usize;
+        if self.frame_credit(len, data).is_none() {
+            return false;
+        }
+        let Some(mut slot) = self.acquire_send_slot(HEADER_LEN + len) else {
+            return false;
+        };
+        let body = &mut slot[HEADER_LEN..HEADER_LEN + len];
+        match payload {
+            Payload::Empty => {}
+            Payload::Bytes(bytes) => body.copy_from_slice(bytes),
+            Payload::Parts(parts) => {
+                let mut at = 0;
+                for part in parts {
+                    body[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+            }
+            Payload::Caller { at, copies, .. } if copies.takes(HEADER_LEN + len) => {
+                self.post_copied(header, slot, at);
+                return true;
+            }
+            Payload::Caller { message, at, .. } => body.copy_from_slice(&message[at..at + len]),
+        }
+        self.post_slot(header, slot);
+        true
+    }
+
+    /// The tier of the credit a frame of `len` payload bytes would take (a data credit
+    /// when `data`), if one is free and its receive holds the frame.
+    pub(super) fn frame_credit(&self, len: usize, data: bool) -> Option<u8> {
+        let usable = if data {
+            self.credits.has_data_credit()
+        } else {
+            self.credits.total() > 0
+        };
+        let capacity = self.config.capacity();
+        self.credits.next_tier().filter(|&tier| {
+            usable
+                && capacity
+                    .frame(tierbuf_tiers::TierIndex::new(tier))
+                    .is_some_and(|room| len <= room)
+        })
+    }
+
+    /// Takes the credit [`ConnectionCore::frame_credit`] found, writes `header` (with the
+    /// oldest pending grant) into `slot`, whose payload is in place, and queues the send.
+    pub(super) fn post_slot(&mut self, mut header: FrameHeader, mut slot: OwnedTierSlot) {
+        let len = header.payload_len as usize;
+        self.credits.take();
+        header.grant = self.grants.take();
+        header.encode(&mut slot[..HEADER_LEN]);
+        let buffer = BufferRef {
+            remote_key: slot.keys().remote_key,
+            addr: slot.remote_addr(),
+            len: (HEADER_LEN + len) as u32,
+        };
+        let wr_id = self.sending.insert(Some(slot)) as u64;
+        self.work.push_back(WorkRequest::PostSend { wr_id, buffer });
+        self.stats.frames_sent += 1;
+    }
+
+    /// [`ConnectionCore::post_slot`] for a frame the provider may copy from the caller's
+    /// message, where its payload starts at `payload_at`: takes the credit, encodes the
+    /// header, and reserves `slot` (unwritten) until [`ConnectionCore::settle_copied`].
+    fn post_copied(&mut self, mut header: FrameHeader, slot: OwnedTierSlot, payload_at: usize) {
+        self.credits.take();
+        header.grant = self.grants.take();
+        let mut encoded = [0u8; HEADER_LEN];
+        header.encode(&mut encoded);
+        let wr_id = self.sending.insert(Some(slot)) as u64;
+        self.work
+            .push_back(WorkRequest::PostSendCopied(CopiedFrame {
+                wr_id,
+                header: encoded,
+                payload_at,
+                payload_len: header.payload_len as usize,
+            }));
+        self.stats.frames_sent += 1;
+    }
+
+    /// Settles a [`WorkRequest::PostSendCopied`] of `frame`, with `message` the message
+    /// given to [`ConnectionCore::try_send_copied`]: when the provider `copied` it, its
+    /// reserved send slot goes back to the spares; when it did not, the frame is written
+    /// into that slot, and the send to post instead is returned.
+    ///
+    /// # Panics
+    ///
+    /// If `frame` was already settled, or `message` is not the one its payload lies in.
+    pub fn settle_copied(
+        &mut self,
+        frame: &CopiedFrame,
+        message: &[u8],
+        copied: bool,
+    ) -> Option<WorkRequest> {
+        let wr_id = frame.wr_id;
+        let reserved = self
+            .sending
+            .get_mut(wr_id as usize)
+            .and_then(Option::take)
+            .expect("a copied send settled once, while outstanding");
+        if copied {
+            self.keep_send_slot(reserved);
+            return None;
+        }
+        let mut slot = reserved;
+        let payload = frame.payload(message);
+        let len = HEADER_LEN + payload.len();
+        slot[..HEADER_LEN].copy_from_slice(&frame.header);
+        slot[HEADER_LEN..len].copy_from_slice(payload);
+        let buffer = BufferRef {
+            remote_key: slot.keys().remote_key,
+            addr: slot.remote_addr(),
+            len: len as u32,
+        };
+        self.sending[wr_id as usize] = Some(slot);
+        Some(WorkRequest::PostSend { wr_id, buffer })
+    }
+
+    /// Keeps a send slot for the next frame if it lies in the send tier in force; gives it
+    /// back to its pool otherwise.
+    pub(super) fn keep_send_slot(&mut self, slot: OwnedTierSlot) {
+        if self.tiers.holds_send_slot(&slot) {
+            self.spare_send_slots.push(slot);
+        }
+    }
+
+    /// A send slot of at least `len` bytes: from the send tier in force, or, while that is
+    /// too small (its promotion refused for memory), none.
+    pub(super) fn acquire_send_slot(&mut self, len: usize) -> Option<OwnedTierSlot> {
+        let slot = match self.spare_send_slots.pop() {
+            Some(slot) => slot,
+            None => self.tiers.send_slot()?,
+        };
+        (slot.len() >= len).then_some(slot)
+    }
+
+    /// Sends as many segments of an owned outbox as credits allow.
+    pub(super) fn send_segments(&mut self) {
+        let Some(Outbox {
+            message: OutboxBytes::Owned(bytes),
+            sent,
+        }) = self
+            .outbox
+            .take_if(|outbox| matches!(outbox.message, OutboxBytes::Owned(_)))
+        else {
+            return;
+        };
+        let total = bytes.len();
+        let sent = sent + self.post_segments(&bytes, sent, total, CallerCopies::NONE);
+        if sent < total {
+            self.outbox = Some(Outbox {
+                message: OutboxBytes::Owned(bytes),
+                sent,
+            });
+        } else if bytes.capacity() <= self.config.spare_buffer_limit() {
+            let mut spare = bytes;
+            spare.clear();
+            self.spare_outbox = spare;
+        }
+    }
+
+    /// Posts segments of the borrowed outbox from `rest`, its bytes not yet posted, as
+    /// credits allow; returns how many bytes were posted.
+    fn post_borrowed_segments(&mut self, rest: &[u8], copies: CallerCopies) -> usize {
+        let Some(outbox) = &self.outbox else {
+            return 0;
+        };
+        let (sent, total) = (outbox.sent, outbox.len());
+        // `rest` starts at byte `sent`: present it as the message, less what is posted.
+        let posted = self.post_segments_from(rest, sent, total, copies);
+        if sent + posted == total {
+            self.outbox = None;
+        } else if let Some(outbox) = &mut self.outbox {
+            outbox.sent += posted;
+        }
+        posted
+    }
+
+    /// Posts segments of a whole `message` (`total` bytes) of which `sent` are posted.
+    fn post_segments(
+        &mut self,
+        message: &[u8],
+        sent: usize,
+        total: usize,
+        copies: CallerCopies,
+    ) -> usize {
+        self.post_segments_from(&message[sent..], sent, total, copies)
+    }
+
+    /// Posts segments of a `total`-byte message of which `sent` bytes are posted, from
+    /// `rest` (the bytes after those), while credits and send slots allow; returns how
+    /// many bytes it posted.
+    fn post_segments_from(
+        &mut self,
+        rest: &[u8],
+        sent: usize,
+        total: usize,
+        copies: CallerCopies,
+    ) -> usize {
+        let capacity = std::sync::Arc::clone(self.config.capacity());
+        let mut posted = 0;
+        while sent + posted < total {
+            let Some(credit_tier) = self.credits.next_tier() else {
+                break;
+            };
+            let own_slot = capacity.frame(self.tiers.send_buffers_tier()).unwrap_or(0);
+            let room = capacity
+                .frame(tierbuf_tiers::TierIndex::new(credit_tier))
+                .unwrap_or(0)
+                .min(own_slot);
+            let remaining = total - sent - posted;
+            // A first segment leaves at least one byte for a later one: a message that
+            // fits one frame goes out whole, never as a lone first segment.
+            let chunk = if sent + posted == 0 {
+                remaining.min(room).min(remaining - 1)
+            } else {
+                remaining.min(room)
+            };
+            let header = FrameHeader::segment(sent + posted, chunk, total);
+            let payload = Payload::Caller {
+                message: rest,
+                at: posted,
+                copies,
+            };
+            if chunk == 0 || !self.post_frame(header, payload, true) {
+                break;
+            }
+            posted += chunk;
+        }
+        posted
+    }
+}
