@@ -727,3 +727,42 @@ fn a_reservation_whose_promotion_the_peer_refused_is_reported() {
     pair.settle();
     assert_eq!(pair.sides[1].received, vec![pattern(100, 1)]);
 }
+
+#[test]
+fn an_empty_element_before_a_large_one_does_not_make_an_empty_message() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let big = pattern(5000, 3);
+    let vector = [IoSlice::new(&[]), IoSlice::new(&big)];
+    let accepted = pair.sides[0].core.try_send(pair.now, &vector).unwrap();
+    assert_eq!(
+        accepted,
+        big.len(),
+        "the large element is taken, not a zero-byte prefix"
+    );
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![big]);
+}
+
+#[test]
+fn a_gather_send_is_one_message_where_the_stream_send_takes_a_prefix() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let (header, body) = (pattern(50, 1), pattern(5000, 2));
+    let parts = [IoSlice::new(&header), IoSlice::new(&body)];
+    let now = pair.now;
+    assert_eq!(
+        pair.sides[0].core.try_send(now, &parts).unwrap(),
+        50,
+        "the prefix"
+    );
+    pair.settle();
+    let now = pair.now;
+    assert_eq!(
+        pair.sides[0].core.try_send_gather(now, &parts).unwrap(),
+        5050
+    );
+    pair.settle();
+    assert_eq!(
+        pair.sides[1].received,
+        vec![header.clone(), [header, body].concat()]
+    );
+}

@@ -182,3 +182,56 @@ fn a_buffer_dropped_unsent_sends_nothing_and_one_past_the_top_frame_is_refused()
     drop((sender, receiver));
     assert_eq!(budget.in_use(), 0);
 }
+
+#[test]
+fn an_endpoint_shallower_than_the_ladder_needs_is_refused_with_the_depth_needed() {
+    let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
+    assert_eq!(
+        config.queue_depth(),
+        16,
+        "8 + 8: the two largest slot counts"
+    );
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (shallow, _peer) = provider.pair(32, 8).unwrap();
+    let core = ConnectionCore::new(
+        Arc::clone(&config),
+        Arc::clone(&reservoir),
+        reservoir,
+        Instant::now(),
+    )
+    .unwrap();
+    let error = Connection::new(core, shallow).unwrap_err();
+    assert!(
+        matches!(
+            *error,
+            ConnectionError::QueueTooShallow {
+                depth: 8,
+                needed: 16,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(error.fault(), Fault::Caller);
+}
+
+#[test]
+fn a_send_after_the_peer_closed_reports_it_instead_of_losing_the_message() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let (mut sender, receiver) = pair(&budget);
+    sender.send(b"before").unwrap();
+    drop(receiver);
+    let error = sender.send(b"after").unwrap_err();
+    let SendError::Failed(error) = error else {
+        panic!("expected the connection's failure, got {error:?}");
+    };
+    assert!(matches!(*error, ConnectionError::PeerClosed), "{error:?}");
+    assert!(
+        sender.send(&pattern(10_000, 1)).is_err(),
+        "and every send after it"
+    );
+}

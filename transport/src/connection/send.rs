@@ -259,7 +259,12 @@ impl ConnectionCore {
         }
         let plan = match source {
             Source::Copy(parts) if prefix => self.tiers.plan_io_vector(now, parts),
-            _ => self.tiers.plan_message(now, total),
+            // One message of every part.
+            Source::Copy(parts) => self.tiers.plan_message(now, total).map(|plan| SendPlan {
+                elements: parts.len(),
+                ..plan
+            }),
+            Source::Borrow { .. } => self.tiers.plan_message(now, total),
         }
         .map_err(|error| self.fail_send(ConnectionError::of_controller(error)))?;
         if self.tiers.has_transmit() {
