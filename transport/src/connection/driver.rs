@@ -384,7 +384,7 @@ impl<E: Endpoint> Connection<E> {
     /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
     /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
     /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
-    /// let (a, b) = provider.pair(16, 16)?;
+    /// let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
     /// let connect = |endpoint| {
     ///     let core = ConnectionCore::new(
     ///         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
