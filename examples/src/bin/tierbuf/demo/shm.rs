@@ -26,7 +26,6 @@
 //! raise the soft limit up to the hard limit when they must, and refuse a connection count
 //! that even the hard limit cannot hold.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -39,10 +38,10 @@ use tierbuf_pool::MemlockPolicy;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::{RING_CAPACITY, ShmProvider};
 
-use super::{
-    ClientLines, DemoArgs, DemoError, Figures, PeerLines, ProviderKind, Registered, Setup, Totals,
-    budget, check_returned, open_files_for, read_lines, remote_clients, remote_servers,
-};
+use super::DemoError;
+use super::args::{DemoArgs, ProviderKind};
+use super::remote::{ClientLines, PeerLines, read_lines, remote_clients, remote_servers};
+use super::setup::{Setup, budget, check_returned, open_files_for};
 
 /// How long the demo waits for the peer's next line, or for it to exit.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -192,70 +191,6 @@ fn tell_the_demo(line: &str) -> Result<(), DemoError> {
     writeln!(stdout, "{line}")
         .and_then(|()| stdout.flush())
         .map_err(|e| format!("writing to the demo process: {e}").into())
-}
-
-/// The fields of the peer's report.
-fn fields(figures: &Figures) -> [(&'static str, u64); 11] {
-    let Figures {
-        registered,
-        busy_tier_steps,
-        quiet,
-    } = *figures;
-    [
-        ("registered_at_start", registered.at_start),
-        ("registered_peak", registered.peak),
-        ("registered_quiet", registered.quiet),
-        ("reservoir", registered.reservoir),
-        ("busy_tier_steps", busy_tier_steps),
-        ("promotions", quiet.promotions),
-        ("demotions", quiet.demotions),
-        ("nacks", quiet.nacks),
-        ("messages", quiet.messages),
-        ("bytes", quiet.bytes),
-        ("tier_steps", quiet.send_tier_sum),
-    ]
-}
-
-/// `figures` as `name=value` fields separated by spaces.
-pub(super) fn encode(figures: &Figures) -> String {
-    fields(figures)
-        .map(|(name, value)| format!("{name}={value}"))
-        .join(" ")
-}
-
-/// The figures that [`encode`] wrote as `text`.
-pub(super) fn decode(text: &str) -> Result<Figures, DemoError> {
-    let values: HashMap<&str, u64> = text
-        .split_whitespace()
-        .map(|field| {
-            let (name, value) = field.split_once('=')?;
-            Some((name, value.parse().ok()?))
-        })
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("the peer's report is malformed: {text:?}"))?;
-    let value = |name: &str| {
-        values
-            .get(name)
-            .copied()
-            .ok_or_else(|| format!("the peer's report lacks {name}: {text:?}"))
-    };
-    Ok(Figures {
-        registered: Registered {
-            at_start: value("registered_at_start")?,
-            peak: value("registered_peak")?,
-            quiet: value("registered_quiet")?,
-            reservoir: value("reservoir")?,
-        },
-        busy_tier_steps: value("busy_tier_steps")?,
-        quiet: Totals {
-            promotions: value("promotions")?,
-            demotions: value("demotions")?,
-            nacks: value("nacks")?,
-            messages: value("messages")?,
-            bytes: value("bytes")?,
-            send_tier_sum: value("tier_steps")?,
-        },
-    })
 }
 
 /// The peer process, as the demo sees it: its stdin for requests, its stdout's lines
@@ -429,38 +364,4 @@ fn make_room_for(connections: usize, ladder: &TierLadder) -> Result<(), DemoErro
         ),
         other_files(ladder),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_report_reads_back_as_written() {
-        let figures = Figures {
-            registered: Registered {
-                at_start: 1,
-                peak: 2,
-                quiet: 3,
-                reservoir: 4,
-            },
-            busy_tier_steps: 5,
-            quiet: Totals {
-                promotions: 6,
-                demotions: 7,
-                nacks: 8,
-                messages: 9,
-                bytes: 10,
-                send_tier_sum: 11,
-            },
-        };
-        assert_eq!(decode(&encode(&figures)).unwrap(), figures);
-    }
-
-    #[test]
-    fn a_malformed_report_is_refused() {
-        assert!(decode("promotions=1 demotions").is_err());
-        let error = decode("promotions=1").unwrap_err().to_string();
-        assert!(error.contains("lacks registered_at_start"), "{error}");
-    }
 }

@@ -35,10 +35,10 @@ use tierbuf_transport::verbs::{
     ladder_pinned_bytes,
 };
 
-use super::{
-    ClientLines, DemoArgs, DemoError, PeerLines, ProviderKind, Setup, budget, check_returned,
-    open_files_for, read_lines, remote_clients, remote_servers,
-};
+use super::DemoError;
+use super::args::{DemoArgs, ProviderKind};
+use super::remote::{ClientLines, PeerLines, read_lines, remote_clients, remote_servers};
+use super::setup::{Setup, budget, check_returned, open_files_for};
 
 /// How long one side waits for the other's next line on the control connection.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
