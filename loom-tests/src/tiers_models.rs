@@ -123,3 +123,41 @@ pub fn demotion_against_in_flight_slot() {
         "the large tier deregistered once"
     );
 }
+
+/// On a ladder that retains replaced tiers, the peer releases the middle tier (retained
+/// since the region left it for the top one) while another thread demotes to the smallest
+/// tier, which gives the middle tier back: the release is never lost, so once the peer has
+/// also released the top tier, both retire and only the smallest tier stays registered.
+pub fn release_while_a_demotion_gives_back_a_retained_tier() {
+    const MIDDLE: TierIndex = TierIndex::new(1);
+    const TOP: TierIndex = TierIndex::new(2);
+    let ladder = TierLadder::builder()
+        .tier(64, 2, 64)
+        .tier(128, 2, 128)
+        .tier(256, 2, 256)
+        .retain_replaced(true)
+        .build()
+        .expect("a valid ladder");
+    let budget = MemoryBudget::with_cap(1 << 20);
+    let registrar: StdArc<dyn Registrar> = StdArc::new(HostRegistrar::new(budget.clone()));
+    let reservoir = Reservoir::new(registrar, StdArc::new(ladder));
+    let region = Arc::new(TieredRegion::new(StdArc::new(reservoir)).expect("the smallest tier"));
+    for tier in [MIDDLE, TOP] {
+        region
+            .begin_change(tier)
+            .expect("the only change")
+            .install(true)
+            .expect("within budget");
+    }
+    let peer_region = Arc::clone(&region);
+    let peer = thread::spawn(move || assert!(peer_region.peer_released(MIDDLE)));
+    region
+        .begin_change(SMALL)
+        .expect("the only change")
+        .install(true)
+        .expect("a retained tier");
+    peer.join().unwrap();
+    assert!(region.peer_released(TOP));
+    assert_eq!(region.reclaim(), 2, "the middle and the top tier retire");
+    assert_eq!(budget.in_use(), SMALL_LEN, "the smallest tier only");
+}

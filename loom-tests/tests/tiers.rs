@@ -3,7 +3,8 @@
 #![cfg(loom)]
 
 use tierbuf_loom_tests::tiers_models::{
-    demotion_against_in_flight_slot, promotion_race, swap_during_read,
+    demotion_against_in_flight_slot, promotion_race,
+    release_while_a_demotion_gives_back_a_retained_tier, swap_during_read,
 };
 
 #[test]
@@ -19,4 +20,9 @@ fn tier_promotion_race() {
 #[test]
 fn tier_demotion_against_in_flight_slot() {
     loom::model(demotion_against_in_flight_slot);
+}
+
+#[test]
+fn tier_release_while_a_demotion_gives_back_a_retained_tier() {
+    loom::model(release_while_a_demotion_gives_back_a_retained_tier);
 }

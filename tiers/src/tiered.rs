@@ -15,6 +15,16 @@
 //!   its reference. A cache may still point at the tier until its next load; the tier's
 //!   region goes back to the reservoir (or is deregistered) when the last reference drops,
 //!   and by then no slot of it is held or can be taken.
+//! - When the ladder's policy retains replaced tiers, the region keeps registered only
+//!   those *below* the tier in force. A promotion retains the tier it replaces; a demotion
+//!   sends the tier it replaces, and every retained tier at or above its target, to retire
+//!   as above (the retained tier equal to the target is the one put in force). A retained
+//!   tier keeps whether it still waits for the peer's release, so it retires under the
+//!   same rule when it leaves. An install holds the retained list's lock, then the
+//!   replaced list's, while it swaps the tier in force and moves tiers between them, and
+//!   [`TieredRegion::peer_released`] looks at the retained list before the replaced one,
+//!   so a release is never lost on a tier on its way from one to the other. No other
+//!   code holds both locks.
 //! - The reservoir is shared with `std::sync::Arc` in every build: it takes no part in a
 //!   lock-free protocol (tiers hold it only to give their region back).
 //! - A [`TierSlot`] borrows the region. The tier it lies in stays referenced by the region
@@ -121,7 +131,7 @@ impl fmt::Debug for Tier {
     }
 }
 
-/// A replaced tier waiting for retirement.
+/// A replaced tier, waiting for retirement or retained.
 struct Replaced {
     tier: Arc<Tier>,
     awaiting_peer: bool,
@@ -162,8 +172,9 @@ pub struct TieredRegion {
     pending: AtomicU16,
     replaced: Mutex<Vec<Replaced>>,
     replaced_len: AtomicUsize,
-    /// Replaced tiers kept registered when the ladder's policy retains them.
-    retained: Mutex<Vec<Arc<Tier>>>,
+    /// Replaced tiers below the one in force, kept registered when the ladder's policy
+    /// retains them.
+    retained: Mutex<Vec<Replaced>>,
     reservoir: std::sync::Arc<Reservoir>,
 }
 
@@ -257,16 +268,23 @@ impl TieredRegion {
     }
 
     /// Records that the peer has stopped using every replaced tier at `tier`; they retire
-    /// at the next [`TieredRegion::reclaim`] once their local slots are back. Returns
-    /// whether any replaced tier was waiting for that.
+    /// at the next [`TieredRegion::reclaim`] once their local slots are back (a retained
+    /// one, once a demotion gives it back). Returns whether any replaced tier was waiting
+    /// for that.
     pub fn peer_released(&self, tier: TierIndex) -> bool {
         let mut released = false;
-        for replaced in lock(&self.replaced).iter_mut() {
-            if replaced.tier.index == tier && replaced.awaiting_peer {
-                replaced.awaiting_peer = false;
-                released = true;
+        let mut release = |waiting: &mut [Replaced]| {
+            for replaced in waiting {
+                if replaced.tier.index == tier && replaced.awaiting_peer {
+                    replaced.awaiting_peer = false;
+                    released = true;
+                }
             }
-        }
+        };
+        // Retained first: a tier that `install` moves from retained to replaced meanwhile
+        // is then seen in one of the two (module invariants).
+        release(&mut lock(&self.retained));
+        release(&mut lock(&self.replaced));
         released
     }
 
@@ -295,18 +313,37 @@ impl TieredRegion {
     }
 
     /// Bytes registered for this region now: the tier in force, the replaced tiers not
-    /// yet retired and the retained ones.
+    /// yet retired and the retained ones (all below the tier in force).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
+    /// use tierbuf_tiers::{Reservoir, TierIndex, TieredRegion, ladder::TierLadder};
+    ///
+    /// let ladder = TierLadder::builder()
+    ///     .tier(512, 4, 512)
+    ///     .tier(4096, 4, 4096)
+    ///     .retain_replaced(true)
+    ///     .build()?;
+    /// let budget = MemoryBudget::with_cap(64 << 20);
+    /// let reservoir =
+    ///     Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), Arc::new(ladder)));
+    /// let region = TieredRegion::new(reservoir)?;
+    /// region.begin_change(TierIndex::new(1))?.install(false)?;
+    /// assert_eq!(region.registered_bytes(), 2048 + 16384, "tier 0 retained below tier 1");
+    /// region.begin_change(TierIndex::SMALLEST)?.install(false)?;
+    /// assert_eq!(region.reclaim(), 1, "tier 1 is above the tier in force: it retires");
+    /// assert_eq!(region.registered_bytes(), 2048);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn registered_bytes(&self) -> u64 {
         let region_len = |tier: &Tier| tier.pool.region_len() as u64;
-        region_len(&self.current.load_full())
-            + lock(&self.replaced)
-                .iter()
-                .map(|r| region_len(&r.tier))
-                .sum::<u64>()
-            + lock(&self.retained)
-                .iter()
-                .map(|t| region_len(t))
-                .sum::<u64>()
+        let held = |tiers: &[Replaced]| tiers.iter().map(|r| region_len(&r.tier)).sum::<u64>();
+        // One lock at a time (module invariants).
+        let current = region_len(&self.current.load_full());
+        let replaced = held(&lock(&self.replaced));
+        let retained = held(&lock(&self.retained));
+        current + replaced + retained
     }
 
     /// Replaced tiers not yet retired.
@@ -316,19 +353,31 @@ impl TieredRegion {
 
     fn install(&self, tier: Arc<Tier>, replaced_awaits_peer: bool) -> TierIndex {
         let index = tier.index;
-        let old = self.current.swap(tier);
+        // Both lists stay locked while tiers move between them (module invariants).
+        let mut retained = lock(&self.retained);
+        let mut replaced = lock(&self.replaced);
+        let old = Replaced {
+            tier: self.current.swap(tier),
+            awaiting_peer: replaced_awaits_peer,
+        };
         self.current_index.store(index.get(), Ordering::Release);
-        let from = old.index;
+        let from = old.tier.index;
         if self.reservoir.ladder().policy().retain_replaced() {
-            lock(&self.retained).push(old);
+            // Only tiers below the one in force stay retained.
+            let (below, above): (Vec<_>, Vec<_>) =
+                retained.drain(..).partition(|r| r.tier.index < index);
+            *retained = below;
+            replaced.extend(above);
+            if from < index {
+                retained.push(old);
+            } else {
+                replaced.push(old);
+            }
         } else {
-            let mut replaced = lock(&self.replaced);
-            replaced.push(Replaced {
-                tier: old,
-                awaiting_peer: replaced_awaits_peer,
-            });
-            self.replaced_len.store(replaced.len(), Ordering::Release);
+            replaced.push(old);
         }
+        self.replaced_len.store(replaced.len(), Ordering::Release);
+        drop((replaced, retained));
         tracing::debug!(%from, to = %index, "tier installed");
         from
     }
@@ -337,8 +386,8 @@ impl TieredRegion {
     /// new registration.
     fn provision_target(&self, target: TierIndex) -> Result<(Arc<Tier>, Provenance), TierError> {
         let mut retained = lock(&self.retained);
-        if let Some(position) = retained.iter().position(|t| t.index == target) {
-            return Ok((retained.swap_remove(position), Provenance::Reservoir));
+        if let Some(position) = retained.iter().position(|r| r.tier.index == target) {
+            return Ok((retained.swap_remove(position).tier, Provenance::Reservoir));
         }
         drop(retained);
         provision_tier(&self.reservoir, target)

@@ -165,6 +165,90 @@ fn retained_tiers_come_back_without_registering() {
     assert_eq!(region.registered_bytes(), held);
 }
 
+/// Retaining keeps only the tiers below the one in force: a demotion gives back the tiers
+/// above it once their slots are back, and keeps retaining the ones below.
+#[test]
+fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
+    let (budget, reservoir) = setup(1 << 20, 0, true);
+    let region = TieredRegion::new(reservoir).unwrap();
+    let mut cache = region.cache();
+    region.begin_change(T1).unwrap().install(false).unwrap();
+    region.begin_change(T2).unwrap().install(false).unwrap();
+    assert_eq!(
+        region.reclaim(),
+        0,
+        "tiers 0 and 1 are retained below tier 2"
+    );
+    assert_eq!(region.registered_bytes(), 2048 + 16384 + 32768);
+    let top_slot = cache.try_acquire().unwrap();
+    assert_eq!(top_slot.tier(), T2);
+
+    let mut demote = region.begin_change(T0).unwrap();
+    demote.provision().unwrap();
+    assert_eq!(
+        demote.provenance(),
+        Some(Provenance::Reservoir),
+        "tier 0 was retained"
+    );
+    assert_eq!(demote.install(false).unwrap(), T2);
+    assert_eq!(region.replaced_tiers(), 2, "tiers 1 and 2 wait to retire");
+    assert_eq!(
+        region.reclaim(),
+        1,
+        "tier 1 retires, tier 2 still has a slot out"
+    );
+    drop(top_slot);
+    assert_eq!(region.reclaim(), 1);
+    assert_eq!(region.replaced_tiers(), 0);
+    assert_eq!(region.registered_bytes(), 2048, "tier 0's region only");
+    assert_eq!(cache.tier(), T0);
+    assert_eq!(budget.in_use(), 2048, "tiers 1 and 2 deregistered");
+
+    // Up again and down to the middle: tier 0 stays retained, tier 2 retires.
+    region.begin_change(T1).unwrap().install(false).unwrap();
+    region.begin_change(T2).unwrap().install(false).unwrap();
+    assert_eq!(region.replaced_tiers(), 0);
+    region.begin_change(T1).unwrap().install(false).unwrap();
+    assert_eq!(region.reclaim(), 1);
+    assert_eq!(region.registered_bytes(), 2048 + 16384);
+    let mut demote = region.begin_change(T0).unwrap();
+    demote.provision().unwrap();
+    assert_eq!(
+        demote.provenance(),
+        Some(Provenance::Reservoir),
+        "tier 0 still retained"
+    );
+    demote.install(false).unwrap();
+    assert_eq!(region.reclaim(), 1);
+    assert_eq!(region.registered_bytes(), 2048);
+    assert_eq!(budget.in_use(), 2048);
+}
+
+/// A retained tier that a demotion gives back still waits for the peer's release when its
+/// change asked for one, whether the release came while it was retained or after.
+#[test]
+fn retained_tiers_given_back_by_a_demotion_still_wait_for_the_peer() {
+    let (budget, reservoir) = setup(1 << 20, 0, true);
+    let region = TieredRegion::new(reservoir).unwrap();
+    region.begin_change(T1).unwrap().install(true).unwrap();
+    region.begin_change(T2).unwrap().install(true).unwrap();
+    assert!(
+        region.peer_released(T0),
+        "retained tier 0 waits for the peer"
+    );
+    region.begin_change(T0).unwrap().install(true).unwrap();
+    assert_eq!(
+        region.reclaim(),
+        0,
+        "the peer has released neither tier 1 nor tier 2"
+    );
+    assert!(region.peer_released(T2));
+    assert_eq!(region.reclaim(), 1);
+    assert!(region.peer_released(T1));
+    assert_eq!(region.reclaim(), 1);
+    assert_eq!(budget.in_use(), 2048);
+}
+
 #[test]
 fn owned_slots_cross_threads_and_hold_their_tier() {
     let (budget, reservoir) = setup(1 << 20, 0, false);
@@ -181,16 +265,25 @@ fn owned_slots_cross_threads_and_hold_their_tier() {
     assert_eq!(budget.in_use(), 16384);
 }
 
+#[test]
+fn stress_many_threads_across_thousands_of_changes() {
+    stress(false);
+}
+
+#[test]
+fn stress_many_threads_across_thousands_of_changes_retaining_replaced_tiers() {
+    stress(true);
+}
+
 /// Four threads cycle slots through their own caches, each stamping every slot with its
 /// own pattern and checking it just before release, while a fifth thread changes the tier
 /// back and forth thousands of times and reclaims. A tier freed, recycled or handed to
 /// another owner while a slot of it is held would break a pattern, or crash on unmapped
 /// memory; the debug assertion in `Tier`'s drop also fails if any tier is dropped with a
 /// slot held.
-#[test]
-fn stress_many_threads_across_thousands_of_changes() {
+fn stress(retain: bool) {
     const CHANGES: usize = 20_000;
-    let (budget, reservoir) = setup(64 << 20, 2, false);
+    let (budget, reservoir) = setup(64 << 20, 2, retain);
     reservoir.fill().unwrap();
     let region = TieredRegion::new(Arc::clone(&reservoir)).unwrap();
     let stop = AtomicBool::new(false);
