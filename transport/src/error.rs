@@ -112,6 +112,32 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    /// This side ran out of a resource of its own (open files, say); not the peer's
+    /// fault. The connection is unusable; raising the limit the source names lets a new
+    /// one work.
+    ///
+    /// ```
+    /// use tierbuf_transport::TransportError;
+    /// let error = TransportError::LocalResource {
+    ///     provider: "shm",
+    ///     operation: "taking a memory file the peer passed",
+    ///     source: rustix::io::Errno::MFILE.into(),
+    /// };
+    /// assert!(error.to_string().contains("not the peer's fault"), "{error}");
+    /// ```
+    #[error(
+        "the {provider} provider ran out of a resource of this process \
+         (not the peer's fault): {operation}"
+    )]
+    LocalResource {
+        /// The provider's name.
+        provider: &'static str,
+        /// What it was doing, and what the resource was where that is known.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Connecting failed: the peer refused, or answered what a peer of this provider
     /// and version would not.
     #[error("the {provider} handshake failed: {detail}")]

@@ -6,10 +6,14 @@
 //!   and segmentation, echoed back: every message arrives once, in order, byte for byte;
 //! - a peer whose budget refuses promotion (a nack): messages still arrive, segmented;
 //! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
-//! - a message longer than the posted receive: an error on both sides, nothing written.
+//! - a message longer than the posted receive: an error on both sides, nothing written;
+//! - a process at its limit of open files, handed a memory file by its peer (a region
+//!   announced, or the hello of a connection it accepts): a local-resource error, not a
+//!   protocol violation of the peer.
 
 mod traffic;
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -23,7 +27,7 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Provider,
-    ShmEndpoint, ShmProvider,
+    ShmEndpoint, ShmProvider, TransportError,
 };
 
 const ROLE: &str = "TIERBUF_SHM_ROLE";
@@ -53,6 +57,14 @@ fn main() {
             "a_message_longer_than_the_posted_receive_is_a_length_error",
             a_message_longer_than_the_posted_receive_is_a_length_error,
         ),
+        Trial::test(
+            "a_region_announced_to_a_process_out_of_files_is_a_local_resource_error",
+            a_region_announced_to_a_process_out_of_files_is_a_local_resource_error,
+        ),
+        Trial::test(
+            "a_hello_accepted_by_a_process_out_of_files_is_a_local_resource_error",
+            a_hello_accepted_by_a_process_out_of_files_is_a_local_resource_error,
+        ),
     ];
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }
@@ -64,6 +76,8 @@ fn run_peer(role: &str, socket: &Path) {
         "echo-small-budget" => echo(socket, SMALL_BUDGET),
         "die-mid-promotion" => die_mid_promotion(socket),
         "short-receive" => short_receive(socket),
+        "send-out-of-files" => send_out_of_files(socket),
+        "accept-out-of-files" => accept_out_of_files(socket),
         other => panic!("unknown role {other}"),
     }
 }
@@ -308,4 +322,112 @@ fn a_message_longer_than_the_posted_receive_is_a_length_error() -> Result<(), Fa
         return Err(format!("{completion:?}").into());
     }
     session.finish(true)
+}
+
+/// Lowers this process's limit of open files (`RLIMIT_NOFILE`) so that `room` more can be
+/// opened: every descriptor below the new limit but those is in use.
+fn limit_open_files(room: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let lowest_free = rustix::io::fcntl_dupfd_cloexec(std::io::stderr(), 0).expect("a descriptor");
+    let in_use = lowest_free.as_raw_fd() as u64;
+    drop(lowest_free);
+    let limit = Rlimit {
+        current: Some(in_use + room),
+        maximum: getrlimit(Resource::Nofile).maximum,
+    };
+    setrlimit(Resource::Nofile, limit).expect("a lower limit of open files");
+}
+
+/// Fails unless `error` is a local-resource error whose source is `EMFILE`.
+fn assert_out_of_files(error: &TransportError) {
+    let text = chain(error);
+    let TransportError::LocalResource { source, .. } = error else {
+        panic!("not a local-resource error: {text}");
+    };
+    assert_eq!(
+        source.raw_os_error(),
+        Some(rustix::io::Errno::MFILE.raw_os_error()),
+        "{text}"
+    );
+    assert!(text.contains("RLIMIT_NOFILE"), "{text}");
+}
+
+/// Connects, then runs out of open files and sends: the peer's receive lies in a region
+/// it announces with its memory file, which this process cannot take.
+fn send_out_of_files(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 1).expect("a pool");
+    let message = pool.try_acquire_owned().expect("a slot");
+    let mut endpoint = provider.connect(socket, 4, 4).expect("connect");
+    limit_open_files(0);
+    // SAFETY: `message` is left alone until the endpoint is gone.
+    unsafe { endpoint.post_send(&[BufferRef::from(&message)], 1) }.expect("post the send");
+    let mut completions = [Completion::default(); 1];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        match endpoint.poll(&mut completions) {
+            Err(error) => break error,
+            Ok(_) if Instant::now() > deadline => panic!("no error"),
+            Ok(_) => std::thread::yield_now(),
+        }
+    };
+    assert_out_of_files(&error);
+    assert_eq!(endpoint.state(), EndpointState::Broken);
+}
+
+fn a_region_announced_to_a_process_out_of_files_is_a_local_resource_error() -> Result<(), Failed> {
+    let session = Session::start("send-out-of-files", 1 << 20);
+    let pool = SlotPool::new(&*session.provider.registrar(), 4096, 1).map_err(|e| e.to_string())?;
+    let inbox = pool.try_acquire_owned().ok_or("a slot")?;
+    let mut endpoint = session.accept();
+    // SAFETY: `inbox` is not read; the endpoint is dropped before it.
+    unsafe { endpoint.post_recv(BufferRef::from(&inbox), 1) }.map_err(|e| e.to_string())?;
+    let finished = session.finish(true);
+    drop(endpoint);
+    finished
+}
+
+/// Listens at `socket`, then runs out of open files but the one the connection takes:
+/// the peer's hello carries the connection segment's memory file.
+fn accept_out_of_files(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    let listener = provider.listen(socket).expect("listen");
+    limit_open_files(1);
+    let error = listener
+        .accept(4, 4)
+        .expect_err("a handshake without its segment");
+    assert_out_of_files(&error);
+}
+
+fn a_hello_accepted_by_a_process_out_of_files_is_a_local_resource_error() -> Result<(), Failed> {
+    let path = std::env::temp_dir().join(format!(
+        "tierbuf-test-{}-accept-out-of-files.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        .env(ROLE, "accept-out-of-files")
+        .env(SOCKET, &path)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Until the peer listens, connecting finds no socket.
+    let refused = loop {
+        match provider.connect(&path, 4, 4) {
+            Err(TransportError::Provider { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => break chain(&error),
+            Ok(_) => return Err("the peer accepted without the segment".into()),
+        }
+    };
+    if !refused.contains("closed the socket before its welcome") {
+        return Err(format!("unexpected error: {refused}").into());
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("the peer process exited with {status}").into());
+    }
+    Ok(())
 }

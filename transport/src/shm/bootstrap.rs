@@ -13,6 +13,11 @@
 //!   one that arrives with a malformed record is closed, not leaked.
 //! - A memory file is mapped only after its length and seals are checked: it must be
 //!   sealed against shrinking, so the mapping stays backed for as long as it lives.
+//! - A receive the kernel marked `MSG_CTRUNC` is never taken as a record: a descriptor
+//!   that came with it was dropped. With no descriptor received, this process could not
+//!   take it (its limit of open files, or a security module), a
+//!   [`SocketError::LocalResource`]; with one received, the peer sent more than a record
+//!   carries, a [`RecordError`].
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -21,7 +26,7 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
 
@@ -249,6 +254,13 @@ pub(crate) enum SocketError {
         #[source]
         source: std::io::Error,
     },
+    /// This process could not take a descriptor the peer passed; not the peer's fault.
+    #[error("{operation}")]
+    LocalResource {
+        operation: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn io_error(operation: &'static str) -> impl FnOnce(rustix::io::Errno) -> SocketError {
@@ -323,10 +335,14 @@ pub(crate) fn receive_record(socket: BorrowedFd<'_>, wait: bool) -> Result<Incom
             descriptors.extend(fds);
         }
     }
+    if received.flags.contains(ReturnFlags::CTRUNC) && descriptors.is_empty() {
+        return Err(descriptor_dropped(socket));
+    }
     if received.bytes == 0 && descriptors.is_empty() {
         return Ok(Incoming::Closed);
     }
-    if descriptors.len() > 1 {
+    // With one received and the rest cut off, the peer passed more than one.
+    if descriptors.len() > 1 || received.flags.contains(ReturnFlags::CTRUNC) {
         return Err(RecordError::Descriptor {
             kind: "bootstrap",
             carried: "carried more than one",
@@ -338,6 +354,28 @@ pub(crate) fn receive_record(socket: BorrowedFd<'_>, wait: bool) -> Result<Incom
         record,
         descriptor: descriptors.pop(),
     }))
+}
+
+/// Why the kernel dropped a descriptor the peer passed (`MSG_CTRUNC` with none received):
+/// the room for it was there, so this process could not take it. Taking one more now
+/// tells which limit that was.
+fn descriptor_dropped(socket: BorrowedFd<'_>) -> SocketError {
+    match rustix::io::fcntl_dupfd_cloexec(socket, 0) {
+        Err(errno) => SocketError::LocalResource {
+            operation: "taking a file descriptor the peer passed: the kernel dropped it \
+                        (MSG_CTRUNC) and this process can open no more files \
+                        (its limit, RLIMIT_NOFILE, is reached)",
+            source: errno.into(),
+        },
+        Ok(_probe) => SocketError::LocalResource {
+            operation: "taking a file descriptor the peer passed: the kernel dropped it \
+                        (MSG_CTRUNC)",
+            source: std::io::Error::other(
+                "this process can take one now: its limit of open files (RLIMIT_NOFILE) \
+                 was reached and has been freed since, or a security module refused the file",
+            ),
+        },
+    }
 }
 
 /// A shared mapping of a peer's memory file, unmapped on drop.
@@ -546,6 +584,35 @@ mod tests {
         assert!(matches!(
             receive_record(b.as_fd(), false).unwrap(),
             Incoming::Closed
+        ));
+    }
+
+    /// More descriptors than the receive has room for: the kernel cuts them off
+    /// (`MSG_CTRUNC`), but some arrived, so this process could take them and the peer
+    /// broke the protocol.
+    #[test]
+    fn descriptors_cut_off_after_some_arrived_are_the_peers_fault() {
+        let (a, b) = socket_pair();
+        let descriptors = [a.as_fd(), a.as_fd(), a.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&descriptors)));
+        let announce = Record::Announce {
+            remote_key: 5,
+            remote_addr: 0x1000,
+            file_len: 4096,
+        }
+        .encode();
+        rustix::net::sendmsg(
+            &a,
+            &[IoSlice::new(&announce)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .unwrap();
+        assert!(matches!(
+            receive_record(b.as_fd(), false),
+            Err(SocketError::Record(RecordError::Descriptor { .. }))
         ));
     }
 

@@ -271,19 +271,34 @@ impl ShmEndpoint {
         self.segment().ring(self.peer(), self.recv_ring)
     }
 
-    /// Breaks the connection and records `detail` as the error the next poll reports.
-    fn violation(&mut self, detail: String) {
+    /// Breaks the connection and records `error` as the error the next poll reports,
+    /// unless one is recorded already.
+    fn fail(&mut self, error: TransportError) {
         self.segment().break_connection();
         if self.failure.is_none() {
-            self.failure = Some(TransportError::ProtocolViolation {
-                provider: "shm",
-                detail,
-            });
+            self.failure = Some(error);
         }
     }
 
+    /// Breaks the connection and records the peer's violation, `detail`.
+    fn violation(&mut self, detail: String) {
+        self.fail(TransportError::ProtocolViolation {
+            provider: "shm",
+            detail,
+        });
+    }
+
     fn socket_failed(&mut self, error: SocketError) {
-        self.violation(format!("bootstrap socket: {error}"));
+        match error {
+            SocketError::LocalResource { operation, source } => {
+                self.fail(TransportError::LocalResource {
+                    provider: "shm",
+                    operation,
+                    source,
+                })
+            }
+            error => self.violation(format!("bootstrap socket: {error}")),
+        }
     }
 
     /// Handles one record of the peer's from the socket.

@@ -281,6 +281,11 @@ fn socket_error(error: SocketError) -> TransportError {
             operation,
             source,
         },
+        SocketError::LocalResource { operation, source } => TransportError::LocalResource {
+            provider: "shm",
+            operation,
+            source,
+        },
         record => handshake_error(record.to_string()),
     }
 }
