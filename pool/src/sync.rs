@@ -3,7 +3,7 @@
 //! Every lock-free structure of this crate takes its atomics and `Arc` from here, so that
 //! `RUSTFLAGS="--cfg loom"` model-checks the shipped code rather than a copy of it.
 //!
-//! Under `cfg(loom)` the module also exposes [`planted`]: switches that replace one
+//! Under `cfg(loom)` the module also exposes `planted`: switches that replace one
 //! correct step of a protocol with a known bug, so that each loom model can show it
 //! catches the bug it was written for. They exist only in loom builds.
 
