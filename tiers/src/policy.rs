@@ -573,7 +573,7 @@ fn threshold_of(capacity: &FrameCapacity, tier: TierIndex) -> Result<usize, Poli
 /// Decides, for one direction of one connection, when it steps back down the ladder.
 ///
 /// - **Need.** A message of `len` bytes *needs* the smallest tier that fits it
-///   ([`TierLadder::tier_for_len`]; a message past the top needs the top). A promotion to a
+///   ([`FrameCapacity::needed_tier`]; a message past the top needs the top). A promotion to a
 ///   tier counts as a need of that tier at the moment it takes effect.
 /// - **Idle.** The connection is idle once no message has needed the tier in force, or a
 ///   larger one, for the ladder's `demote_after` (the definition of
