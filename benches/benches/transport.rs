@@ -580,13 +580,14 @@ fn promotion_over<E: Endpoint>(
         b.progress().expect("progress");
     }
     let mut seq = 0;
-    group.bench_function(BenchmarkId::new("already_promoted", provider), |bench| {
-        bench.iter(|| {
-            seq += 1;
-            stamp(&mut bytes, seq);
-            deliver(&mut a, &mut b, &bytes, seq);
-        })
-    });
+    steady(
+        group,
+        "already_promoted",
+        provider,
+        (&mut a, &mut b),
+        &mut bytes,
+        &mut seq,
+    );
     let stats = a.stats();
     assert_eq!(
         (stats.promotions, stats.demotions),
@@ -594,18 +595,38 @@ fn promotion_over<E: Endpoint>(
         "already_promoted stayed on its tier"
     );
     let (mut a, mut b) = connect_pair(one_tier, one_tier_reservoir);
-    group.bench_function(BenchmarkId::new("segmented", provider), |bench| {
-        bench.iter(|| {
-            seq += 1;
-            stamp(&mut bytes, seq);
-            deliver(&mut a, &mut b, &bytes, seq);
-        })
-    });
+    steady(
+        group,
+        "segmented",
+        provider,
+        (&mut a, &mut b),
+        &mut bytes,
+        &mut seq,
+    );
     let stats = a.stats();
     assert_eq!(
         stats.messages_segmented, stats.messages_sent,
         "every message segmented"
     );
+}
+
+/// `NAME/PROVIDER`: `bytes` delivered from `a` to `b` over and over, each restamped with the
+/// next number of `seq`.
+fn steady<E: Endpoint>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    provider: &str,
+    (a, b): (&mut Connection<E>, &mut Connection<E>),
+    bytes: &mut [u8],
+    seq: &mut u64,
+) {
+    group.bench_function(BenchmarkId::new(name, provider), |bench| {
+        bench.iter(|| {
+            *seq += 1;
+            stamp(bytes, *seq);
+            deliver(a, b, bytes, *seq);
+        })
+    });
 }
 
 /// The environment variable that makes this binary the peer process of a shm bench; its

@@ -472,6 +472,7 @@ impl TierController {
         self.pump_once(channel, now)?;
         self.handle_events(now)?;
         if self.negotiation.pending_request().is_none()
+            && self.send_tier() > TierIndex::SMALLEST
             && let Some(target) = self.demotion.poll(now)
             && target < self.send_tier()
         {

@@ -106,6 +106,20 @@ impl ControlPath {
         }
     }
 
+    /// Whether [`ControlPath::pump`] has anything to do at `now`: a frame of the peer's
+    /// waits, the controller has a message to send, or one of its timers is due. A user's
+    /// channel may hold frames this side cannot see, so it is always pumped.
+    pub(super) fn has_work(&self, controller: &TierController, now: Instant) -> bool {
+        match self {
+            ControlPath::InBand(in_band) => {
+                !in_band.incoming.is_empty()
+                    || controller.has_transmit()
+                    || controller.poll_timeout().is_some_and(|due| due <= now)
+            }
+            ControlPath::External(_) => true,
+        }
+    }
+
     /// Whether nothing waits to be posted as a control frame.
     pub(super) fn is_idle(&self) -> bool {
         match self {

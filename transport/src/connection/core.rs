@@ -373,7 +373,12 @@ impl ConnectionCore {
         while let Some(slot) = self.returned.take_returned() {
             self.recycle(slot);
         }
-        self.pump_control(now);
+        // A pass with no control work (most passes of a steady connection) costs one look.
+        if self.control.has_work(&self.tiers, now) {
+            self.pump_control(now);
+        } else {
+            self.send_control();
+        }
         while self.drains_owed > 0 && self.credits.total() > 0 {
             if !self.post_frame(FrameHeader::drain(), Payload::Empty, false) {
                 break;
