@@ -766,3 +766,31 @@ fn a_gather_send_is_one_message_where_the_stream_send_takes_a_prefix() {
         vec![header.clone(), [header, body].concat()]
     );
 }
+
+/// Both users hold every message they receive while they go on sending, as RPC servers
+/// that keep requests until their replies are out: the receives their tier has left would
+/// give each peer one credit, which data frames never take, so before the connection kept
+/// receives posted the two sides traded credit-only frames for ever and no data moved
+/// (until a demotion, `demote_after` later, posted a new tier's receives).
+#[test]
+fn users_that_hold_every_message_while_sending_both_ways_still_get_everything() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.sides[0].hold = true;
+    pair.sides[1].hold = true;
+    for i in 0..12u8 {
+        pair.send(0, &pattern(60, i));
+        pair.send(1, &pattern(70, i));
+    }
+    pair.settle();
+    for (side, len) in [(1, 60), (0, 70)] {
+        let held: Vec<Vec<u8>> = pair.sides[side].held.iter().map(|m| m.to_vec()).collect();
+        let expected: Vec<Vec<u8>> = (0..12u8).map(|i| pattern(len, i)).collect();
+        assert_eq!(held, expected, "side {side} got every message, in order");
+        let stats = pair.sides[side].core.stats();
+        assert!(stats.messages_copied_to_keep_receives > 0, "{stats:?}");
+        assert!(
+            stats.posted_receives >= 2,
+            "receives kept posted: {stats:?}"
+        );
+    }
+}

@@ -8,6 +8,7 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::policy::FrameCapacity;
 use tierbuf_tiers::{NegotiationConfig, wire};
 
+use super::credits::MIN_POSTED;
 use super::errors::ConnectionError;
 use super::header::HEADER_LEN;
 
@@ -39,7 +40,7 @@ impl ConnectionConfig {
     /// # Errors
     ///
     /// A [`ConnectionError`] of the caller's configuration: tier 0 cannot carry a control
-    /// frame, a tier has fewer than two slots, or the ladder cannot be negotiated.
+    /// frame, a tier has fewer than three slots, or the ladder cannot be negotiated.
     pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConnectionError> {
         let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
         let smallest = ladder.tiers()[0].slot_size();
@@ -49,7 +50,10 @@ impl ConnectionConfig {
                 needed,
             });
         }
-        if let Some((tier, spec)) = ladder.iter().find(|(_, spec)| spec.slot_count() < 2) {
+        if let Some((tier, spec)) = ladder
+            .iter()
+            .find(|(_, spec)| spec.slot_count() < MIN_POSTED as usize)
+        {
             return Err(ConnectionError::TooFewSlots {
                 tier,
                 slot_count: spec.slot_count(),

@@ -48,7 +48,7 @@ use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
 
 use super::config::ConnectionConfig;
 use super::control::{ControlPath, InBand};
-use super::credits::{Credits, PendingGrants};
+use super::credits::{Credits, MIN_POSTED, PendingGrants};
 use super::errors::ConnectionError;
 use super::header::{FrameHeader, Grant, HEADER_LEN};
 use super::reassembly::Reassembly;
@@ -134,6 +134,10 @@ pub struct ConnectionStats {
     pub messages_segmented: u64,
     /// Messages delivered.
     pub messages_received: u64,
+    /// Messages handed over as a copy rather than in their receive slot, because the user
+    /// held so many others that too few receives would have stayed posted
+    /// ([`ConnectionCore::try_recv`]).
+    pub messages_copied_to_keep_receives: u64,
     /// Bytes of delivered messages.
     pub bytes_received: u64,
     /// Frames posted (data, control, credit and drain).
@@ -160,6 +164,10 @@ pub struct ConnectionCore {
     pub(super) control: ControlPath,
     pub(super) credits: Credits,
     pub(super) grants: PendingGrants,
+    /// Whether a pending grant is for a receive that a data or control frame (or a message
+    /// the user dropped) freed, as opposed to one a credit or drain frame consumed: only
+    /// those make a grant urgent, so two idle sides never trade credit frames for ever.
+    pub(super) grants_wanted: bool,
     pub(super) reassembly: Reassembly,
     pub(super) posted: Slab<OwnedTierSlot>,
     /// The slot of each send posted and not completed; `None` for one copied from the
@@ -267,6 +275,7 @@ impl ConnectionCore {
             control,
             credits,
             grants: PendingGrants::default(),
+            grants_wanted: false,
             posted: Slab::new(),
             sending: Slab::new(),
             spare_send_slots: Vec::new(),
@@ -292,11 +301,6 @@ impl ConnectionCore {
     /// The next work request for the provider endpoint, in order.
     pub fn poll_work(&mut self) -> Option<WorkRequest> {
         self.work.pop_front()
-    }
-
-    /// The next delivered message, in the order the peer sent them.
-    pub fn try_recv(&mut self) -> Option<Message> {
-        self.delivered.pop_front()
     }
 
     /// The next time [`ConnectionCore::progress`] must run even if nothing arrives: a
@@ -372,6 +376,7 @@ impl ConnectionCore {
         // reposted as they come back, so nothing else needs posting here.
         while let Some(slot) = self.returned.take_returned() {
             self.recycle(slot);
+            self.grants_wanted = true;
         }
         // A pass with no control work (most passes of a steady connection) costs one look.
         if self.control.has_work(&self.tiers, now) {
@@ -404,14 +409,22 @@ impl ConnectionCore {
     }
 
     /// Whether receives posted since the peer last heard of them are enough to send a
-    /// credit frame for: half the receives posted (at least two), or any while this
-    /// side's last credit is the one the frame would take. [`ConnectionCore::progress`]
-    /// sends it; a driver that takes many completions in a row (segments of a large
-    /// message) runs `progress` as soon as this says so, so the peer can go on sending
-    /// while this side reassembles.
+    /// credit frame for: half the receives posted (at least two); or any freed by data,
+    /// control or a dropped message while this side's last credit is the one the frame
+    /// would take, or while the receives the peer knows of are fewer than `MIN_POSTED`. Receives that credit and drain
+    /// frames consumed are granted with the next frame, never urgently: otherwise two sides
+    /// left one credit each would answer each other's credit frames for ever.
+    /// [`ConnectionCore::progress`] sends it; a driver that takes many completions in a row
+    /// (segments of a large message) runs `progress` as soon as this says so, so the peer
+    /// can go on sending while this side reassembles.
     pub fn owes_credit(&self) -> bool {
+        let pending = self.grants.total();
         let threshold = (self.posted.len() as u32 / 2).max(2);
-        self.grants.total() >= threshold || (self.grants.total() > 0 && self.credits.total() == 1)
+        let known_to_peer = (self.posted.len() as u32).saturating_sub(pending);
+        pending >= threshold
+            || (self.grants_wanted
+                && pending > 0
+                && (self.credits.total() == 1 || known_to_peer < MIN_POSTED))
     }
 
     /// Pumps the negotiation through the control path, applies the tier changes it made,
@@ -432,7 +445,10 @@ impl ConnectionCore {
                     self.drains_owed = self.credits.ahead_of(to.get());
                     self.spare_send_slots.clear();
                 }
-                Change::RecvTier { .. } => self.post_receives(),
+                Change::RecvTier { .. } => {
+                    self.post_receives();
+                    self.grants_wanted = true;
+                }
                 other => tracing::debug!(?other, "tier change"),
             }
         }

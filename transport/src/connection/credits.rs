@@ -17,6 +17,14 @@ use super::header::Grant;
 /// Credits data frames leave for credit and control frames.
 pub(super) const RESERVED_CREDITS: u32 = 1;
 
+/// Receives a side keeps posted however many messages its user holds, and so the fewest
+/// slots a tier may have: one for the credit data frames leave ([`RESERVED_CREDITS`]),
+/// one for data, and one more so that a credit frame sent to a peer left one credit
+/// grants it at least two receives for the one it consumes. With two, two sides each
+/// left one credit would either trade one-receive credit frames for ever or wait for
+/// each other for ever.
+pub(super) const MIN_POSTED: u32 = 3;
+
 /// The peer's posted receives, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Credits {

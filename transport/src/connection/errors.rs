@@ -52,9 +52,10 @@ pub enum ConnectionError {
         /// Header plus the largest control frame.
         needed: usize,
     },
-    /// A tier has fewer than two slots: one credit is always kept back, so a tier of one
-    /// slot could carry no data (the caller's ladder).
-    #[error("{tier} has {slot_count} slot(s); a connection needs at least 2 per tier")]
+    /// A tier has fewer than three slots: one credit is kept back for credit and control
+    /// frames, one carries data, and a third lets a credit frame grant more receives than
+    /// it consumes (the caller's ladder).
+    #[error("{tier} has {slot_count} slot(s); a connection needs at least 3 per tier")]
     TooFewSlots {
         /// The tier.
         tier: TierIndex,

@@ -10,6 +10,7 @@ use tierbuf_tiers::OwnedTierSlot;
 
 use super::control::{ControlFrame, ControlPath};
 use super::core::{ConnectionCore, WorkRequest};
+use super::credits::MIN_POSTED;
 use super::errors::{ConnectionError, PeerViolation, WorkKind};
 use super::header::{FrameHeader, FrameKind, HEADER_LEN};
 use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
@@ -17,6 +18,41 @@ use crate::provider::BufferRef;
 use crate::sync;
 
 impl ConnectionCore {
+    /// The next delivered message, in the order the peer sent them.
+    ///
+    /// A message that arrived in one frame is handed over in its receive slot (zero-copy)
+    /// while the user holds few enough others that `MIN_POSTED` receives of its tier can
+    /// stay posted; past that it is handed over as a copy and its slot is posted again
+    /// ([`ConnectionStats::messages_copied_to_keep_receives`](super::ConnectionStats)).
+    /// A user that holds every message it receives while it waits to send (an RPC server
+    /// keeping requests until their replies are out, on both sides) would otherwise leave
+    /// both peers too few credits to send data, and they would wait for each other.
+    pub fn try_recv(&mut self) -> Option<Message> {
+        let message = self.delivered.pop_front()?;
+        let Body::Slot { slot, .. } = &message.body else {
+            return Some(message);
+        };
+        let slots = slot
+            .tier()
+            .and_then(|tier| self.config.ladder().tier(tier))
+            .map_or(0, |spec| spec.slot_count());
+        // Lent slots not given back, less this one and those still queued here (usually
+        // none): the ones the user holds.
+        let queued = self.delivered.iter().filter(|queued| queued.is_zero_copy()).count();
+        let held = self.lent - self.returned.given_back() - queued - 1;
+        if held + 1 + MIN_POSTED as usize <= slots {
+            return Some(message);
+        }
+        let mut copy = self.returned.take_buffer(message.len());
+        copy.extend_from_slice(&message);
+        // Dropping the message gives its slot back, to be posted at the next progress.
+        drop(message);
+        self.stats.messages_copied_to_keep_receives += 1;
+        Some(Message {
+            body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, copy)),
+        })
+    }
+
     /// Posts every free slot of the receive tier in force as a receive.
     pub(super) fn post_receives(&mut self) {
         while let Some(slot) = self.tiers.recv_slot() {
@@ -148,6 +184,7 @@ impl ConnectionCore {
                 ControlPath::InBand(in_band) => {
                     in_band.incoming.push_back(ControlFrame::new(payload));
                     self.recycle(slot);
+                    self.grants_wanted = true;
                     self.pump_control(now);
                     return Ok(());
                 }
@@ -155,9 +192,14 @@ impl ConnectionCore {
                     return Err(peer(PeerViolation::UnexpectedControlFrame));
                 }
             },
-            FrameKind::Credit | FrameKind::Drain => {}
+            FrameKind::Credit | FrameKind::Drain => {
+                // Granted with the next frame, not urgently (`owes_credit`).
+                self.recycle(slot);
+                return Ok(());
+            }
         }
         self.recycle(slot);
+        self.grants_wanted = true;
         Ok(())
     }
 }

@@ -37,7 +37,7 @@
 use std::fmt;
 use std::ops::Deref;
 
-use tierbuf_tiers::OwnedTierSlot;
+use tierbuf_tiers::{OwnedTierSlot, TierIndex};
 
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, UnboundedQueue};
 
@@ -182,6 +182,13 @@ pub(super) struct LentSlot {
     /// `Some` until the drop gives it back.
     slot: Option<OwnedTierSlot>,
     returns: Arc<ReturnedSlots>,
+}
+
+impl LentSlot {
+    /// The tier of the slot lent.
+    pub(super) fn tier(&self) -> Option<TierIndex> {
+        self.slot.as_ref().map(OwnedTierSlot::tier)
+    }
 }
 
 impl Deref for LentSlot {
