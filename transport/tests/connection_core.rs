@@ -33,6 +33,8 @@ struct Side {
     /// While set, delivered messages are kept whole (holding their receive slots) in
     /// `held` instead of being copied into `received`.
     hold: bool,
+    /// While set, delivered messages are left in the core (its user is busy elsewhere).
+    not_reading: bool,
     held: Vec<Message>,
 }
 
@@ -86,6 +88,7 @@ impl Pair {
                 sends: VecDeque::new(),
                 received: Vec::new(),
                 hold: false,
+                not_reading: false,
                 held: Vec::new(),
             }
         };
@@ -141,7 +144,7 @@ impl Pair {
                 moved = true;
             }
         }
-        for side in &mut self.sides {
+        for side in self.sides.iter_mut().filter(|side| !side.not_reading) {
             while let Some(message) = side.core.try_recv() {
                 if side.hold {
                     side.held.push(message);
@@ -793,4 +796,48 @@ fn users_that_hold_every_message_while_sending_both_ways_still_get_everything() 
             "receives kept posted: {stats:?}"
         );
     }
+}
+
+/// Both users send at once without reading what arrives meanwhile (two blocking `send`s),
+/// so delivered messages wait in the core holding their receive slots: a side that runs
+/// out of credits copies them out of their slots, so the peer gets receives to send into.
+#[test]
+fn users_that_send_at_once_without_reading_still_get_everything() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.sides[0].not_reading = true;
+    pair.sides[1].not_reading = true;
+    let outgoing = |side: usize| (0..12u8).map(move |i| pattern(60 + 10 * side, i));
+    let mut queues: [Vec<Vec<u8>>; 2] = [outgoing(0).collect(), outgoing(1).collect()];
+    for _ in 0..10_000 {
+        for (side, queue) in queues.iter_mut().enumerate() {
+            if let Some(next) = queue.first() {
+                let now = pair.now;
+                match pair.sides[side].core.try_send(now, &[IoSlice::new(next)]) {
+                    Ok(_) => {
+                        queue.remove(0);
+                    }
+                    Err(SendError::WouldBlock(_)) => {}
+                    Err(other) => panic!("side {side}: {other}"),
+                }
+            }
+        }
+        if queues.iter().all(Vec::is_empty) {
+            break;
+        }
+        pair.step();
+    }
+    assert!(queues.iter().all(Vec::is_empty), "both sends finished");
+    pair.sides[0].not_reading = false;
+    pair.sides[1].not_reading = false;
+    pair.settle();
+    for side in 0..2 {
+        let expected: Vec<Vec<u8>> = outgoing(1 - side).collect();
+        assert_eq!(pair.sides[side].received, expected, "side {side}");
+    }
+    let copied: u64 = pair
+        .sides
+        .iter()
+        .map(|side| side.core.stats().messages_copied_to_keep_receives)
+        .sum();
+    assert!(copied > 0, "the queued messages were copied out");
 }

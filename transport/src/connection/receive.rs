@@ -38,7 +38,11 @@ impl ConnectionCore {
             .map_or(0, |spec| spec.slot_count());
         // Lent slots not given back, less this one and those still queued here (usually
         // none): the ones the user holds.
-        let queued = self.delivered.iter().filter(|queued| queued.is_zero_copy()).count();
+        let queued = self
+            .delivered
+            .iter()
+            .filter(|queued| queued.is_zero_copy())
+            .count();
         let held = self.lent - self.returned.given_back() - queued - 1;
         if held + 1 + MIN_POSTED as usize <= slots {
             return Some(message);
@@ -51,6 +55,34 @@ impl ConnectionCore {
         Some(Message {
             body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, copy)),
         })
+    }
+
+    /// Copies zero-copy messages still queued for the user out of their receive slots,
+    /// oldest first, while fewer than `MIN_POSTED` receives are posted, and posts the
+    /// slots again. Run when this side cannot send for want of credits: its user is busy
+    /// sending and not reading, and if the peer's user is too, the receives both queues
+    /// hold would leave each side too few credits to send data, each waiting for the other.
+    pub(super) fn relieve_receives(&mut self) {
+        let mut freed = 0;
+        for message in &mut self.delivered {
+            if self.posted.len() + freed >= MIN_POSTED as usize {
+                break;
+            }
+            if let Body::Slot { .. } = message.body {
+                freed += 1;
+                let mut copy = self.returned.take_buffer(message.len());
+                copy.extend_from_slice(message);
+                // Replacing the message drops its slot, which goes back to be posted.
+                *message = Message {
+                    body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, copy)),
+                };
+                self.stats.messages_copied_to_keep_receives += 1;
+            }
+        }
+        while let Some(slot) = self.returned.take_returned() {
+            self.recycle(slot);
+            self.grants_wanted = true;
+        }
     }
 
     /// Posts every free slot of the receive tier in force as a receive.

@@ -217,6 +217,7 @@ impl ConnectionCore {
         };
         if accepted == 0 && !message.is_empty() {
             // A segmented message taken on with no segment posted yet: offer it again.
+            self.relieve_receives();
             return Err(SendError::WouldBlock(WouldBlock::NoCredit));
         }
         Ok(accepted)
@@ -255,6 +256,7 @@ impl ConnectionCore {
             });
         }
         if self.outbox.is_some() {
+            self.relieve_receives();
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
         }
         let plan = match source {
@@ -290,6 +292,7 @@ impl ConnectionCore {
             },
         };
         if !self.post_frame(FrameHeader::whole(plan.bytes), payload, true) {
+            self.relieve_receives();
             return Err(SendError::WouldBlock(WouldBlock::NoCredit));
         }
         self.stats.messages_sent += 1;
