@@ -136,3 +136,91 @@ fn a_stream_of_messages_the_size_of_a_slot_stays_promoted_once_the_header_is_cou
         }
     )));
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Ladders of 2 to 4 tiers (slot sizes 64 B to 1 MiB), measured with the 16-byte header.
+    fn ladders() -> impl Strategy<Value = Arc<TierLadder>> {
+        (prop::collection::vec(1usize..=3, 1..=3), 1u64..50, 0u64..20).prop_map(
+            |(steps, demote_ms, hysteresis_ms)| {
+                let mut builder = TierLadder::builder();
+                let mut slot_size = 128;
+                builder = builder.tier(slot_size, 4, slot_size);
+                for step in steps {
+                    slot_size <<= 2 * step;
+                    builder = builder.tier(slot_size, 4, slot_size - 16 * step);
+                }
+                Arc::new(
+                    builder
+                        .demote_after(Duration::from_millis(demote_ms))
+                        .hysteresis(Duration::from_millis(hysteresis_ms))
+                        .build()
+                        .unwrap(),
+                )
+            },
+        )
+    }
+
+    proptest! {
+        /// Two controllers joined by a channel, fed random messages at random times: every
+        /// message planned whole fits a tier both sides carry, each side's tier changes are
+        /// reported once and in order, the receiving side's tier follows the sending side's
+        /// grant once the channel is quiet, and nothing is registered past each side's tier
+        /// in force once replaced tiers have retired.
+        #[test]
+        fn the_controller_plans_within_the_tiers_both_sides_carry(
+            ladder in ladders(),
+            steps in prop::collection::vec((0u64..30, 0usize..2, 0usize..300_000), 1..80),
+        ) {
+            let start = Instant::now();
+            let (a_end, b_end) = InMemoryNegotiator::pair();
+            let mut sides = [(controller(&ladder, start), a_end), (controller(&ladder, start), b_end)];
+            let capacity = FrameCapacity::new(Arc::clone(&ladder), HEADER).unwrap();
+            let mut send_tiers = [TierIndex::SMALLEST; 2];
+            let mut recv_tiers = [TierIndex::SMALLEST; 2];
+            let mut now = start;
+            for (advance, from, len) in steps {
+                now += Duration::from_millis(advance);
+                let controller = &mut sides[from].0;
+                let usable = controller.usable_tier();
+                let plan = controller.plan_message(now, len).unwrap();
+                if plan.framing == Framing::Whole {
+                    prop_assert!(len <= capacity.whole(usable).unwrap(), "{len} whole on {usable}");
+                    prop_assert!(usable <= recv_tiers[1 - from], "the peer receives on {}", recv_tiers[1 - from]);
+                } else {
+                    prop_assert!(len > capacity.whole(usable).unwrap());
+                }
+                for (side, change) in settle(&mut sides, now) {
+                    match change {
+                        Change::SendTier { from: old, to } => {
+                            prop_assert_eq!(old, send_tiers[side]);
+                            send_tiers[side] = to;
+                        }
+                        Change::RecvTier { from: old, to } => {
+                            prop_assert_eq!(old, recv_tiers[side]);
+                            recv_tiers[side] = to;
+                        }
+                        other => prop_assert!(false, "unexpected {other:?}"),
+                    }
+                }
+                for side in 0..2 {
+                    prop_assert_eq!(sides[side].0.send_tier(), send_tiers[side]);
+                    prop_assert_eq!(sides[side].0.recv_tier(), recv_tiers[side]);
+                    prop_assert_eq!(recv_tiers[1 - side], send_tiers[side], "quiet channel: the grant is the receive tier");
+                }
+            }
+            for (controller, _) in &sides {
+                controller.reclaim();
+                let in_force = |tier: TierIndex| {
+                    let spec = ladder.tier(tier).unwrap();
+                    (spec.slot_size() * spec.slot_count()) as u64
+                };
+                let bound = in_force(controller.send_tier()) + in_force(controller.recv_tier());
+                prop_assert!(controller.registered_bytes() <= bound, "{} > {bound}", controller.registered_bytes());
+            }
+        }
+    }
+}

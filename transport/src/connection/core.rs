@@ -225,7 +225,36 @@ impl ConnectionCore {
     /// [`ConnectionCore::new`], negotiating tiers through `negotiator`, a channel of the
     /// caller's own (a TCP connection beside the data path, say), instead of in band. Both
     /// sides must use one. The channel must deliver frames in order; it need not be
-    /// ordered with the connection's data.
+    /// ordered with the connection's data. `transport/tests/negotiator_tcp.rs` runs one
+    /// over a TCP side channel; here the two ends of an in-process channel:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_tiers::{Reservoir, ladder::TierLadder, negotiator::InMemoryNegotiator};
+    /// use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+    /// use tierbuf_transport::{LoopbackProvider, Provider};
+    ///
+    /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    /// let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
+    /// let (a_channel, b_channel) = InMemoryNegotiator::pair();
+    /// let connect = |endpoint, channel| {
+    ///     let core = ConnectionCore::with_negotiator(
+    ///         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), channel, Instant::now(),
+    ///     )?;
+    ///     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+    /// };
+    /// let (mut a, mut b) = (connect(a, a_channel)?, connect(b, b_channel)?);
+    /// for _ in 0..2 {
+    ///     a.send(&[7u8; 4000])?; // past tier 0: promoted over the channel
+    ///     assert_eq!(b.recv()?.len(), 4000);
+    /// }
+    /// assert_eq!(a.stats().send_tier, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     ///
