@@ -116,7 +116,7 @@ impl SlotPool {
             return Err(PoolError::ZeroSlotSize);
         }
         let region_len = region.len();
-        if region_len % slot_size != 0 {
+        if !region_len.is_multiple_of(slot_size) {
             return Err(PoolError::SlotSizeDoesNotDivide {
                 region_len,
                 slot_size,

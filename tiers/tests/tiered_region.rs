@@ -301,7 +301,7 @@ fn stress(retain: bool) {
                         held.push(slot);
                         acquired.fetch_add(1, Ordering::Relaxed);
                     }
-                    if held.len() > 2 || (round % 3 == 0 && !held.is_empty()) {
+                    if held.len() > 2 || (round.is_multiple_of(3) && !held.is_empty()) {
                         let slot = held.remove(0);
                         assert!(
                             slot.iter().all(|&b| b == worker),

@@ -52,7 +52,7 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 pub(crate) fn format_size_exact(bytes: u64) -> String {
     match UNITS
         .iter()
-        .find(|&&(_, multiplier)| bytes != 0 && bytes % multiplier == 0)
+        .find(|&&(_, multiplier)| bytes != 0 && bytes.is_multiple_of(multiplier))
     {
         Some((unit, multiplier)) => format!("{}{unit}", bytes / multiplier),
         None => format!("{bytes}B"),
@@ -69,7 +69,7 @@ pub(crate) fn format_size_readable(bytes: u128) -> String {
         return format!("{bytes} B");
     };
     let multiplier = u128::from(multiplier);
-    if bytes % multiplier == 0 {
+    if bytes.is_multiple_of(multiplier) {
         format!("{} {unit}", bytes / multiplier)
     } else {
         // Rounded to tenths in integers: exact, and no overflow even near u128::MAX.

@@ -36,9 +36,9 @@ impl MessageSizes {
     pub(super) fn size(&self, connection: usize, sequence: usize) -> usize {
         let draw = mix(self.seed ^ ((connection as u64) << 32) ^ sequence as u64);
         let pick = draw as usize;
-        if pick % self.large_every != 0 {
+        if !pick.is_multiple_of(self.large_every) {
             1 + (pick >> 8) % self.small_max
-        } else if (pick >> 4) % 10 == 0 {
+        } else if (pick >> 4).is_multiple_of(10) {
             self.top + 1 + (pick >> 8) % (2 * self.top)
         } else {
             self.small_max + 1 + (pick >> 8) % (self.top - self.small_max)

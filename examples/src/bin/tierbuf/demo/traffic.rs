@@ -198,7 +198,7 @@ impl<'a> PeakWatch<'a> {
     /// is time.
     fn round_done(&mut self) {
         self.rounds += 1;
-        if self.rounds % ROUNDS_PER_PEAK_READING == 0 {
+        if self.rounds.is_multiple_of(ROUNDS_PER_PEAK_READING) {
             self.peak.fetch_max(self.budget.in_use(), Ordering::Relaxed);
         }
     }
