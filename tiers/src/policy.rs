@@ -3,10 +3,11 @@
 //!
 //! Everything here is sans-IO: the planners are pure functions of the ladder, the tier in
 //! force and the lengths, and the [`DemotionTracker`] is told the time (`std::time::Instant`)
-//! with every input instead of reading a clock. The owner (a connection) applies the plans:
-//! it asks the negotiation for a promotion, reports "0 bytes transferred" while that promotion
-//! is pending (as the patent's send routine does), and arms a timer at
-//! [`DemotionTracker::next_deadline`].
+//! with every input instead of reading a clock. The owner, a connection's
+//! [`TierController`](crate::controller::TierController), applies the plans: it asks the
+//! negotiation for the tier a plan names, sends the message meanwhile in segments on the tier
+//! in force (where the patent's send routine reports "0 bytes transferred" until the
+//! promotion lands), and arms a timer at [`DemotionTracker::next_deadline`].
 //!
 //! # Invariants kept here
 //!
@@ -271,8 +272,10 @@ pub enum MessagePlan {
         tier: TierIndex,
     },
     /// The message does not fit the tier in force: ask for a promotion to `to`, the smallest
-    /// tier that fits it (any tier above, not only the next). Nothing is sent until the
-    /// promotion completes; the send reports "0 bytes transferred" meanwhile and is retried.
+    /// tier that fits it (any tier above, not only the next). The patent's sender sends
+    /// nothing until the promotion completes ("0 bytes transferred"); the
+    /// [`TierController`](crate::controller::TierController) sends this message in segments
+    /// on the tier in force meanwhile.
     Promote {
         /// The tier to promote to.
         to: TierIndex,

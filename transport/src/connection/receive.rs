@@ -23,7 +23,8 @@ impl ConnectionCore {
     /// A message that arrived in one frame is handed over in its receive slot (zero-copy)
     /// while the user holds few enough others that `MIN_POSTED` receives of its tier can
     /// stay posted; past that it is handed over as a copy and its slot is posted again
-    /// ([`ConnectionStats::messages_copied_to_keep_receives`](super::ConnectionStats)).
+    /// ([`ConnectionStats::messages_copied_to_keep_receives`](super::ConnectionStats)); a
+    /// tier of no more than `MIN_POSTED` slots hands every message over as a copy.
     /// A user that holds every message it receives while it waits to send (an RPC server
     /// keeping requests until their replies are out, on both sides) would otherwise leave
     /// both peers too few credits to send data, and they would wait for each other.
