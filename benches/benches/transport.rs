@@ -108,6 +108,9 @@ const IN_PLACE_MAX: usize = 64 * 1024;
 /// every message built in place. Control frames are at most 64 bytes.
 const IN_PLACE_HEAD: usize = 64;
 
+/// Exchanges at most made to warm a connection up to the tier of its message.
+const WARM_EXCHANGES: usize = 8;
+
 /// The size of the `transport/promotion` message: past tier 0, within tier 1.
 const PROMOTION_SIZE: usize = 8 * 1024;
 
@@ -258,28 +261,39 @@ struct Warmed {
 }
 
 impl Warmed {
-    /// Sends a message of `size` bytes from one side to the other and back once, so both
-    /// directions are on the tier it needs.
+    /// Sends a message of `size` bytes from one side to the other and back until neither
+    /// side's tier changes from one exchange to the next, so both directions are on the
+    /// tier it needs (the first oversize message goes out in segments while its promotion
+    /// lands, so one exchange may leave a promotion in flight).
     fn new(size: usize) -> Warmed {
         let mut message = message(size);
         stamp(&mut message, 0);
-        let (a, b) = pair();
+        let (mut a, mut b) = pair();
         let expected = &message;
-        let ((), (), a, b) = on_two_cores(
-            a,
-            b,
-            |b| {
-                let received = b.recv().expect("a message");
-                check(&received, 0, expected);
-                b.send(&received).expect("echo");
-                b.flush().expect("flush");
-            },
-            |a| {
-                a.send(expected).expect("send");
-                check(&a.recv().expect("the echo"), 0, expected);
-            },
-        );
-        let tiers = [tiers(a.stats()), tiers(b.stats())];
+        let mut tiers_seen = [tiers(a.stats()), tiers(b.stats())];
+        for _ in 0..WARM_EXCHANGES {
+            let exchanged = on_two_cores(
+                a,
+                b,
+                |b| {
+                    let received = b.recv().expect("a message");
+                    check(&received, 0, expected);
+                    b.send(&received).expect("echo");
+                    b.flush().expect("flush");
+                },
+                |a| {
+                    a.send(expected).expect("send");
+                    check(&a.recv().expect("the echo"), 0, expected);
+                },
+            );
+            (a, b) = (exchanged.2, exchanged.3);
+            let now = [tiers(a.stats()), tiers(b.stats())];
+            if now == tiers_seen {
+                break;
+            }
+            tiers_seen = now;
+        }
+        let tiers = tiers_seen;
         Warmed {
             pair: Some((a, b)),
             message,
@@ -826,8 +840,9 @@ struct ShmSession {
 }
 
 impl ShmSession {
-    /// Starts a peer process for messages of `size` bytes, connects to it, and sends one
-    /// message there and back so both directions are on the tier it needs.
+    /// Starts a peer process for messages of `size` bytes, connects to it, and sends a
+    /// message there and back until neither side's tier changes from one exchange to the
+    /// next, so both directions are on the tier it needs.
     fn new(size: usize) -> ShmSession {
         pin_to_core(0);
         let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
@@ -842,13 +857,20 @@ impl ShmSession {
             next_seq: 0,
             tiers: Default::default(),
         };
-        let first = session.start_batch(PeerCommand::Echo, 1);
-        stamp(&mut session.outgoing, first);
-        session.connection.send(&session.outgoing).expect("send");
-        let echo = session.connection.recv().expect("the echo");
-        check(&echo, first, &session.expected);
-        drop(echo);
         session.tiers = session.tier_states();
+        for _ in 0..WARM_EXCHANGES {
+            let first = session.start_batch(PeerCommand::Echo, 1);
+            stamp(&mut session.outgoing, first);
+            session.connection.send(&session.outgoing).expect("send");
+            let echo = session.connection.recv().expect("the echo");
+            check(&echo, first, &session.expected);
+            drop(echo);
+            let now = session.tier_states();
+            if now == session.tiers {
+                break;
+            }
+            session.tiers = now;
+        }
         session
     }
 
