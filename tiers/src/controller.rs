@@ -534,7 +534,8 @@ impl TierController {
                             true
                         }
                     };
-                    if refused {
+                    // A failed demotion refuses nothing: the tiers above stay askable.
+                    if refused && tier > self.send_tier() {
                         self.refuse(now, tier);
                     }
                     tracing::info!(%tier, ?cause, refused, "tier request failed");

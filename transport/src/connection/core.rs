@@ -225,7 +225,8 @@ impl ConnectionCore {
     /// [`ConnectionCore::new`], negotiating tiers through `negotiator`, a channel of the
     /// caller's own (a TCP connection beside the data path, say), instead of in band. Both
     /// sides must use one. The channel must deliver frames in order; it need not be
-    /// ordered with the connection's data. `transport/tests/negotiator_tcp.rs` runs one
+    /// ordered with the connection's data. Every progress pass polls it (`recv_frame`), so
+    /// it should answer "nothing waiting" cheaply. `transport/tests/negotiator_tcp.rs` runs one
     /// over a TCP side channel; here the two ends of an in-process channel:
     ///
     /// ```
