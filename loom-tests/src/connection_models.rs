@@ -11,8 +11,10 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
-/// Receives each side posts: the model's one tier has this many slots.
-const RECEIVES: u64 = 3;
+/// Receives each side posts: the model's one tier has this many slots, enough for the
+/// user to hold two messages zero-copy while the connection keeps its `MIN_POSTED` (3)
+/// receives posted.
+const RECEIVES: u64 = 5;
 
 fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
     let ladder = TierLadder::builder()
@@ -25,7 +27,8 @@ fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<Loop
         provider.registrar(),
         Arc::clone(config.ladder()),
     ));
-    let (a, b) = provider.pair(4, 4).expect("a pair");
+    let depth = config.queue_depth();
+    let (a, b) = provider.pair(depth, depth).expect("a pair");
     let core = || {
         ConnectionCore::new(
             Arc::clone(&config),
@@ -55,6 +58,7 @@ pub fn returned_slots_across_threads() {
     assert!(first.is_zero_copy());
     sender.send(b"second").expect("send the second message");
     let second = receiver.recv().expect("the second message");
+    assert!(second.is_zero_copy());
     let dropper = thread::spawn(move || {
         assert_eq!(&first[..], b"first");
         drop(first);
