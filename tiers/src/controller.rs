@@ -480,9 +480,12 @@ impl TierController {
                 .request_tier(now, target)
                 .map_err(|error| ControllerError::Internal(InternalError::Request(error)))?;
         }
-        // Answers queued while handling events go out now, not at the next pump.
-        self.pump_once(channel, now)?;
-        self.handle_events(now)
+        // Answers and requests queued since go out now, not at the next pump.
+        if self.negotiation.has_transmits() {
+            self.pump_once(channel, now)?;
+            self.handle_events(now)?;
+        }
+        Ok(())
     }
 
     fn pump_once<N: Negotiator>(

@@ -48,7 +48,7 @@ use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
 
 use super::config::ConnectionConfig;
 use super::control::{ControlPath, InBand};
-use super::credits::{Credits, MIN_POSTED, PendingGrants};
+use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
 use super::errors::ConnectionError;
 use super::header::{FrameHeader, Grant, HEADER_LEN};
 use super::reassembly::Reassembly;
@@ -164,10 +164,6 @@ pub struct ConnectionCore {
     pub(super) control: ControlPath,
     pub(super) credits: Credits,
     pub(super) grants: PendingGrants,
-    /// Whether a pending grant is for a receive that a data or control frame (or a message
-    /// the user dropped) freed, as opposed to one a credit or drain frame consumed: only
-    /// those make a grant urgent, so two idle sides never trade credit frames for ever.
-    pub(super) grants_wanted: bool,
     pub(super) reassembly: Reassembly,
     pub(super) posted: Slab<OwnedTierSlot>,
     /// The slot of each send posted and not completed; `None` for one copied from the
@@ -305,7 +301,6 @@ impl ConnectionCore {
             control,
             credits,
             grants: PendingGrants::default(),
-            grants_wanted: false,
             posted: Slab::new(),
             sending: Slab::new(),
             spare_send_slots: Vec::new(),
@@ -405,8 +400,7 @@ impl ConnectionCore {
         // Free receive slots of the tier in force are posted when it is installed and
         // reposted as they come back, so nothing else needs posting here.
         while let Some(slot) = self.returned.take_returned() {
-            self.recycle(slot);
-            self.grants_wanted = true;
+            self.recycle(slot, Urgency::Soon);
         }
         // A pass with no control work (most passes of a steady connection) costs one look.
         if self.control.has_work(&self.tiers, now) {
@@ -452,8 +446,7 @@ impl ConnectionCore {
         let threshold = (self.posted.len() as u32 / 2).max(2);
         let known_to_peer = (self.posted.len() as u32).saturating_sub(pending);
         pending >= threshold
-            || (self.grants_wanted
-                && pending > 0
+            || (self.grants.is_urgent()
                 && (self.credits.total() == 1 || known_to_peer < MIN_POSTED))
     }
 
@@ -475,10 +468,7 @@ impl ConnectionCore {
                     self.drains_owed = self.credits.ahead_of(to.get());
                     self.spare_send_slots.clear();
                 }
-                Change::RecvTier { .. } => {
-                    self.post_receives();
-                    self.grants_wanted = true;
-                }
+                Change::RecvTier { .. } => self.post_receives(),
                 other => tracing::debug!(?other, "tier change"),
             }
         }

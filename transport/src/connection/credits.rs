@@ -84,19 +84,32 @@ impl Credits {
     }
 }
 
+/// How soon the peer must hear of a receive just posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Urgency {
+    /// Soon: it stands for room that data, control or a dropped message freed.
+    Soon,
+    /// With whatever frame goes next: it replaces one a credit or drain frame consumed,
+    /// and granting it at once would answer a credit frame with a credit frame.
+    WithNextFrame,
+}
+
 /// Receives this side posted and has not granted to the peer yet, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct PendingGrants {
     runs: VecDeque<(u8, u32)>,
     total: u32,
+    /// Whether any pending receive was posted [`Urgency::Soon`].
+    urgent: bool,
 }
 
 impl PendingGrants {
-    /// Records `count` receives of `tier` just posted.
-    pub(super) fn posted(&mut self, tier: u8, count: u32) {
+    /// Records `count` receives of `tier` just posted, as `urgency` says.
+    pub(super) fn posted(&mut self, tier: u8, count: u32, urgency: Urgency) {
         if count == 0 {
             return;
         }
+        self.urgent |= urgency == Urgency::Soon;
         match self.runs.back_mut() {
             Some((run_tier, run)) if *run_tier == tier => *run += count,
             _ => self.runs.push_back((tier, count)),
@@ -107,6 +120,11 @@ impl PendingGrants {
     /// Receives not yet granted.
     pub(super) fn total(&self) -> u32 {
         self.total
+    }
+
+    /// Whether a pending receive was posted [`Urgency::Soon`].
+    pub(super) fn is_urgent(&self) -> bool {
+        self.urgent
     }
 
     /// The oldest run (at most `u16::MAX` of it) for the next frame's header; a zero grant
@@ -122,6 +140,7 @@ impl PendingGrants {
             self.runs.pop_front();
         }
         self.total -= count;
+        self.urgent &= self.total > 0;
         Grant {
             tier,
             count: count as u16,
@@ -162,9 +181,9 @@ mod tests {
     #[test]
     fn pending_grants_leave_in_posting_order_and_split_large_runs() {
         let mut pending = PendingGrants::default();
-        pending.posted(0, 3);
-        pending.posted(0, 2);
-        pending.posted(2, 70_000);
+        pending.posted(0, 3, Urgency::Soon);
+        pending.posted(0, 2, Urgency::Soon);
+        pending.posted(2, 70_000, Urgency::Soon);
         assert_eq!(pending.take(), grant(0, 5));
         assert_eq!(pending.take(), grant(2, u16::MAX));
         assert_eq!(
@@ -183,7 +202,7 @@ mod tests {
             let mut credits = Credits::default();
             let mut expected = Vec::new();
             for &(tier, count) in &posts {
-                pending.posted(tier, count);
+                pending.posted(tier, count, Urgency::Soon);
                 expected.extend(std::iter::repeat_n(tier, count as usize));
                 if count % 2 == 0 {
                     credits.grant(pending.take());

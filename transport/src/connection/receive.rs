@@ -10,7 +10,7 @@ use tierbuf_tiers::OwnedTierSlot;
 
 use super::control::{ControlFrame, ControlPath};
 use super::core::{ConnectionCore, WorkRequest};
-use super::credits::MIN_POSTED;
+use super::credits::{MIN_POSTED, Urgency};
 use super::errors::{ConnectionError, PeerViolation, WorkKind};
 use super::header::{FrameHeader, FrameKind, HEADER_LEN};
 use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
@@ -37,25 +37,24 @@ impl ConnectionCore {
             .tier()
             .and_then(|tier| self.config.ladder().tier(tier))
             .map_or(0, |spec| spec.slot_count());
-        // Lent slots not given back, less this one and those still queued here (usually
-        // none): the ones the user holds.
-        let queued = self
-            .delivered
-            .iter()
-            .filter(|queued| queued.is_zero_copy())
-            .count();
-        let held = self.lent - self.returned.given_back() - queued - 1;
-        if held + 1 + MIN_POSTED as usize <= slots {
-            return Some(message);
+        // Lent slots not given back: this one, those still queued here, and those the
+        // user holds. Only when they crowd the tier are the queued ones counted out.
+        let lent_now = self.lent - self.returned.given_back();
+        if lent_now + MIN_POSTED as usize > slots {
+            let queued = self
+                .delivered
+                .iter()
+                .filter(|queued| queued.is_zero_copy())
+                .count();
+            let held = lent_now - queued - 1;
+            if held + 1 + MIN_POSTED as usize > slots {
+                self.stats.messages_copied_to_keep_receives += 1;
+                // Dropping the message gives its slot back, to be posted at the next
+                // progress.
+                return Some(Message::copy_of(&message, &self.returned));
+            }
         }
-        let mut copy = self.returned.take_buffer(message.len());
-        copy.extend_from_slice(&message);
-        // Dropping the message gives its slot back, to be posted at the next progress.
-        drop(message);
-        self.stats.messages_copied_to_keep_receives += 1;
-        Some(Message {
-            body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, copy)),
-        })
+        Some(message)
     }
 
     /// Copies zero-copy messages still queued for the user out of their receive slots,
@@ -64,36 +63,34 @@ impl ConnectionCore {
     /// sending and not reading, and if the peer's user is too, the receives both queues
     /// hold would leave each side too few credits to send data, each waiting for the other.
     pub(super) fn relieve_receives(&mut self) {
+        if self.posted.len() >= MIN_POSTED as usize {
+            return;
+        }
         let mut freed = 0;
         for message in &mut self.delivered {
             if self.posted.len() + freed >= MIN_POSTED as usize {
                 break;
             }
-            if let Body::Slot { .. } = message.body {
+            if message.is_zero_copy() {
                 freed += 1;
-                let mut copy = self.returned.take_buffer(message.len());
-                copy.extend_from_slice(message);
-                // Replacing the message drops its slot, which goes back to be posted.
-                *message = Message {
-                    body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, copy)),
-                };
                 self.stats.messages_copied_to_keep_receives += 1;
+                // Replacing the message drops its slot, which goes back to be posted.
+                *message = Message::copy_of(message, &self.returned);
             }
         }
         while let Some(slot) = self.returned.take_returned() {
-            self.recycle(slot);
-            self.grants_wanted = true;
+            self.recycle(slot, Urgency::Soon);
         }
     }
 
     /// Posts every free slot of the receive tier in force as a receive.
     pub(super) fn post_receives(&mut self) {
         while let Some(slot) = self.tiers.recv_slot() {
-            self.post_receive(slot);
+            self.post_receive(slot, Urgency::Soon);
         }
     }
 
-    fn post_receive(&mut self, slot: OwnedTierSlot) {
+    fn post_receive(&mut self, slot: OwnedTierSlot, urgency: Urgency) {
         let tier = slot.tier().get();
         let buffer = BufferRef {
             remote_key: slot.keys().remote_key,
@@ -105,14 +102,14 @@ impl ConnectionCore {
             self.returns_to_lend.push(sync::Arc::clone(&self.returned));
         }
         self.work.push_back(WorkRequest::PostRecv { wr_id, buffer });
-        self.grants.posted(tier, 1);
+        self.grants.posted(tier, 1, urgency);
     }
 
     /// Reposts a receive slot that came back, unless its tier was replaced (even by a
-    /// new registration of the same index).
-    pub(super) fn recycle(&mut self, slot: OwnedTierSlot) {
+    /// new registration of the same index); the peer hears of it as `urgency` says.
+    pub(super) fn recycle(&mut self, slot: OwnedTierSlot, urgency: Urgency) {
         if self.tiers.holds_recv_slot(&slot) {
-            self.post_receive(slot);
+            self.post_receive(slot, urgency);
         }
     }
 
@@ -216,8 +213,7 @@ impl ConnectionCore {
             FrameKind::Control => match &mut self.control {
                 ControlPath::InBand(in_band) => {
                     in_band.incoming.push_back(ControlFrame::new(payload));
-                    self.recycle(slot);
-                    self.grants_wanted = true;
+                    self.recycle(slot, Urgency::Soon);
                     self.pump_control(now);
                     return Ok(());
                 }
@@ -226,13 +222,11 @@ impl ConnectionCore {
                 }
             },
             FrameKind::Credit | FrameKind::Drain => {
-                // Granted with the next frame, not urgently (`owes_credit`).
-                self.recycle(slot);
+                self.recycle(slot, Urgency::WithNextFrame);
                 return Ok(());
             }
         }
-        self.recycle(slot);
-        self.grants_wanted = true;
+        self.recycle(slot, Urgency::Soon);
         Ok(())
     }
 }
@@ -254,6 +248,16 @@ pub struct Message {
 }
 
 impl Message {
+    /// A copy of `message`'s bytes in a buffer of its own (the connection's spare, when it
+    /// is large enough), which goes back to `returned` when the copy is dropped.
+    fn copy_of(message: &Message, returned: &sync::Arc<ReturnedSlots>) -> Message {
+        let mut copy = returned.take_buffer(message.len());
+        copy.extend_from_slice(message);
+        Message {
+            body: Body::Copied(ReturnedSlots::lend_buffer(returned, copy)),
+        }
+    }
+
     /// Whether the bytes are still in the registered receive slot (not copied).
     pub fn is_zero_copy(&self) -> bool {
         matches!(self.body, Body::Slot { .. })

@@ -394,7 +394,6 @@ impl ConnectionCore {
         let len = header.payload_len as usize;
         self.credits.take();
         header.grant = self.grants.take();
-        self.grants_wanted &= self.grants.total() > 0;
         header.encode(&mut slot[..HEADER_LEN]);
         let buffer = BufferRef {
             remote_key: slot.keys().remote_key,
@@ -412,7 +411,6 @@ impl ConnectionCore {
     fn post_copied(&mut self, mut header: FrameHeader, slot: OwnedTierSlot, payload_at: usize) {
         self.credits.take();
         header.grant = self.grants.take();
-        self.grants_wanted &= self.grants.total() > 0;
         let mut encoded = [0u8; HEADER_LEN];
         header.encode(&mut encoded);
         let wr_id = self.sending.insert(Some(slot)) as u64;
