@@ -70,7 +70,11 @@ fn ladder() -> Arc<TierLadder> {
 
 impl Pair {
     fn new(caps: [u64; 2]) -> Pair {
-        let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
+        Pair::with_config(caps, ConnectionConfig::new(ladder()).unwrap())
+    }
+
+    fn with_config(caps: [u64; 2], config: ConnectionConfig) -> Pair {
+        let config = Arc::new(config);
         let budgets = caps.map(MemoryBudget::with_cap);
         let now = Instant::now();
         let side = |budget: &MemoryBudget| {
@@ -840,4 +844,46 @@ fn users_that_send_at_once_without_reading_still_get_everything() {
         .map(|side| side.core.stats().messages_copied_to_keep_receives)
         .sum();
     assert!(copied > 0, "the queued messages were copied out");
+}
+
+/// A peer that sends and sends while it never reads, and so never gives this side a
+/// credit back: this side's user, blocked in its own send, reads nothing either. Relief
+/// copies queued messages out of their slots only up to the unread-copy limit, so the
+/// peer cannot make this side queue copies without end.
+#[test]
+fn relief_queues_a_bounded_number_of_copies_for_a_peer_that_never_reads() {
+    let config = ConnectionConfig::new(ladder())
+        .unwrap()
+        .with_unread_copy_limit(400);
+    let mut pair = Pair::with_config([1 << 20, 1 << 20], config);
+    pair.sides[0].not_reading = true;
+    pair.sides[1].not_reading = true;
+    let mut from_peer = 0u32;
+    for _ in 0..2_000 {
+        let now = pair.now;
+        // This side's user is stuck in a send the peer never makes room for.
+        let _ = pair.sides[0]
+            .core
+            .try_send(now, &[IoSlice::new(&pattern(60, 0))]);
+        let next = pattern(50, from_peer as u8);
+        if pair.sides[1]
+            .core
+            .try_send(now, &[IoSlice::new(&next)])
+            .is_ok()
+        {
+            from_peer += 1;
+        }
+        pair.step();
+    }
+    // Relief stops once 400 bytes (eight 50-byte messages) are queued as copies; the four
+    // slots of tier 0 then hold four more, zero-copy.
+    let queued = pair.sides[0].core.stats().messages_received;
+    assert!(
+        queued <= 12,
+        "{queued} messages queued for a user that reads none"
+    );
+    assert!(
+        u64::from(from_peer) <= queued + 4,
+        "the peer was held back: {from_peer} sent"
+    );
 }

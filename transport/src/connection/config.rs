@@ -19,7 +19,11 @@ pub struct ConnectionConfig {
     negotiation: NegotiationConfig,
     max_message_len: u64,
     spare_buffer_limit: usize,
+    unread_copy_limit: usize,
 }
+
+/// [`ConnectionConfig::unread_copy_limit`] unless set.
+const DEFAULT_UNREAD_COPY_LIMIT: usize = 4 << 20;
 
 /// [`ConnectionConfig::spare_buffer_limit`] unless set.
 const DEFAULT_SPARE_BUFFER_LIMIT: usize = 4 << 20;
@@ -67,6 +71,7 @@ impl ConnectionConfig {
             negotiation,
             max_message_len: 64 << 20,
             spare_buffer_limit: DEFAULT_SPARE_BUFFER_LIMIT,
+            unread_copy_limit: DEFAULT_UNREAD_COPY_LIMIT,
         })
     }
 
@@ -83,6 +88,22 @@ impl ConnectionConfig {
     /// The largest heap buffer kept for reuse per direction.
     pub fn spare_buffer_limit(&self) -> usize {
         self.spare_buffer_limit
+    }
+
+    /// Sets how many bytes of delivered, unread messages a connection may hold as copies
+    /// when it copies messages out of their receive slots so that the peer has receives to
+    /// send into while this side's user is busy sending (`docs/connection.md`, rule 8).
+    /// Past it the peer waits for the user to read, as a socket's peer waits on a full
+    /// buffer; so it also bounds what a peer that never gives credits back can make this
+    /// side copy. Default 4 MiB.
+    pub fn with_unread_copy_limit(mut self, bytes: usize) -> ConnectionConfig {
+        self.unread_copy_limit = bytes;
+        self
+    }
+
+    /// The most bytes of unread messages held as copies.
+    pub fn unread_copy_limit(&self) -> usize {
+        self.unread_copy_limit
     }
 
     /// Sets the longest message either side may send.

@@ -62,8 +62,22 @@ impl ConnectionCore {
     /// slots again. Run when this side cannot send for want of credits: its user is busy
     /// sending and not reading, and if the peer's user is too, the receives both queues
     /// hold would leave each side too few credits to send data, each waiting for the other.
+    ///
+    /// A peer decides when this side's sends find credit, so relief is bounded: it copies
+    /// nothing while the unread messages held as copies reach the configured
+    /// [`unread_copy_limit`](super::ConnectionConfig::unread_copy_limit). Past that the
+    /// peer waits for the user to read, as it would without relief.
     pub(super) fn relieve_receives(&mut self) {
         if self.posted.len() >= MIN_POSTED as usize {
+            return;
+        }
+        let unread_copies: usize = self
+            .delivered
+            .iter()
+            .filter(|message| !message.is_zero_copy())
+            .map(|message| message.len())
+            .sum();
+        if unread_copies >= self.config.unread_copy_limit() {
             return;
         }
         let mut freed = 0;
