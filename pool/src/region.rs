@@ -17,6 +17,7 @@ use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::budget::{MemoryBudget, Reservation};
 use crate::error::PoolError;
@@ -56,6 +57,16 @@ pub unsafe trait Region: Send + Sync + fmt::Debug {
     fn len(&self) -> usize;
     /// The region's keys.
     fn keys(&self) -> RegionKeys;
+
+    /// Whether another process may reach the region's memory outside the provider's
+    /// requests, for as long as it likes: an shm peer that was handed the memory file
+    /// keeps its mapping whatever this side does. Such a region must never serve another
+    /// peer; a reservoir deregisters it instead of keeping it as a spare. Regions a peer
+    /// reaches only through posted requests (host memory, verbs memory regions behind
+    /// queue pairs that refuse remote access) say `false`, the default.
+    fn exposed_to_peer(&self) -> bool {
+        false
+    }
 }
 
 /// Allocates and registers regions.
@@ -188,7 +199,11 @@ impl HostRegistrar {
             len,
             source: std::io::Error::other("a shared mapping came without its memory file"),
         })?;
-        Ok(SharedHostRegion { region, memfd })
+        Ok(SharedHostRegion {
+            region,
+            memfd,
+            exposed: AtomicBool::new(false),
+        })
     }
 
     fn register_host(
@@ -449,6 +464,10 @@ unsafe impl<R: Region + ?Sized> Region for Box<R> {
     fn keys(&self) -> RegionKeys {
         (**self).keys()
     }
+
+    fn exposed_to_peer(&self) -> bool {
+        (**self).exposed_to_peer()
+    }
 }
 
 /// A region of shared memory registered by [`HostRegistrar::register_shared`]: a sealed
@@ -456,15 +475,33 @@ unsafe impl<R: Region + ?Sized> Region for Box<R> {
 /// first [`SharedHostRegion::file_len`] bytes sees the same bytes; dropping the region
 /// unmaps them here, frees its key and returns its budget, while another process's
 /// mapping keeps the file's pages alive until that process unmaps them.
+///
+/// Once its memory file has been handed out ([`SharedHostRegion::expose_memory_file`])
+/// the region says so ([`Region::exposed_to_peer`]) for the rest of its life, so that it
+/// never serves a second peer.
 #[derive(Debug)]
 pub struct SharedHostRegion {
     region: HostRegion,
     memfd: OwnedFd,
+    exposed: AtomicBool,
 }
 
 impl SharedHostRegion {
-    /// The memory file, for passing to another process.
-    pub fn memory_file(&self) -> BorrowedFd<'_> {
+    /// The memory file, for passing to another process. From this call on the region is
+    /// [exposed to a peer](Region::exposed_to_peer): whoever receives the file can map
+    /// the region's bytes for as long as it likes.
+    ///
+    /// ```
+    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, Region};
+    /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
+    /// let region = registrar.register_shared(4096, 4096)?;
+    /// assert!(!region.exposed_to_peer());
+    /// let _file = region.expose_memory_file();
+    /// assert!(region.exposed_to_peer());
+    /// # Ok::<(), tierbuf_pool::PoolError>(())
+    /// ```
+    pub fn expose_memory_file(&self) -> BorrowedFd<'_> {
+        self.exposed.store(true, Ordering::Release);
         self.memfd.as_fd()
     }
 
@@ -489,6 +526,10 @@ unsafe impl Region for SharedHostRegion {
 
     fn keys(&self) -> RegionKeys {
         self.region.keys()
+    }
+
+    fn exposed_to_peer(&self) -> bool {
+        self.exposed.load(Ordering::Acquire)
     }
 }
 
@@ -590,9 +631,9 @@ mod tests {
             let region = registrar.register_shared(10_000, align).unwrap();
             assert_eq!(region.base().as_ptr() as usize % align, 0, "align {align}");
             assert_eq!(region.file_len(), 12_288);
-            let stat = rustix::fs::fstat(region.memory_file()).unwrap();
+            let stat = rustix::fs::fstat(region.expose_memory_file()).unwrap();
             assert_eq!(stat.st_size, 12_288);
-            assert!(rustix::fs::ftruncate(region.memory_file(), 4096).is_err());
+            assert!(rustix::fs::ftruncate(region.expose_memory_file(), 4096).is_err());
             // A second mapping of the file sees what the region writes.
             // SAFETY: a fresh shared mapping of the whole file, unmapped below.
             let other = unsafe {
@@ -601,7 +642,7 @@ mod tests {
                     12_288,
                     rustix::mm::ProtFlags::READ,
                     rustix::mm::MapFlags::SHARED,
-                    region.memory_file(),
+                    region.expose_memory_file(),
                     0,
                 )
             }

@@ -9,6 +9,10 @@
 //! - A shelf holds at most the ladder's `reservoir_regions` spares; a region given back to
 //!   a full shelf is dropped, which deregisters it.
 //! - A region on shelf `k` is exactly tier `k`'s length, `slot_size * slot_count`.
+//! - **A region exposed to a peer never goes back on a shelf** ([`Region::exposed_to_peer`]:
+//!   an shm peer was handed its memory file and may keep it mapped): it is deregistered
+//!   when given back, so the next connection, whoever its peer, never gets memory another
+//!   peer can still read or write.
 //!
 //! The registrar and the ladder are shared with `std::sync::Arc` in every build: they
 //! take no part in a lock-free protocol, and a trait object cannot sit in loom's `Arc`.
@@ -158,14 +162,16 @@ impl Reservoir {
         Ok((self.register(tier)?, Provenance::Registered))
     }
 
-    /// Puts a region of `tier` back on its shelf, or deregisters it when the shelf is full
-    /// (or the region is not of that tier).
+    /// Puts a region of `tier` back on its shelf, or deregisters it when the shelf is full,
+    /// the region is not of that tier, or it was [exposed to a
+    /// peer](Region::exposed_to_peer).
     pub fn give_back(&self, tier: TierIndex, region: Box<dyn Region>) {
         let quota = self.ladder.policy().reservoir_regions();
-        let fits = self
-            .ladder
-            .tier(tier)
-            .is_some_and(|spec| spec.region_len() == region.len());
+        let fits = !region.exposed_to_peer()
+            && self
+                .ladder
+                .tier(tier)
+                .is_some_and(|spec| spec.region_len() == region.len());
         if let (true, Some(shelf)) = (fits, self.shelves.get(usize::from(tier.get()))) {
             let mut spares = lock(shelf);
             if spares.len() < quota {
@@ -217,5 +223,41 @@ impl fmt::Debug for Reservoir {
         f.debug_struct("Reservoir")
             .field("spares_per_tier", &spares)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use tierbuf_pool::{HostRegistrar, MemoryBudget};
+
+    use super::*;
+
+    fn reservoir() -> (Reservoir, HostRegistrar) {
+        let budget = MemoryBudget::with_cap(64 << 20);
+        let ladder = Arc::new(TierLadder::preset("rpc").expect("the rpc preset"));
+        let registrar = HostRegistrar::new(budget.clone());
+        let reservoir = Reservoir::new(Arc::new(HostRegistrar::new(budget)), ladder);
+        (reservoir, registrar)
+    }
+
+    #[test]
+    fn a_region_exposed_to_a_peer_is_deregistered_instead_of_kept_as_a_spare() {
+        let (reservoir, registrar) = reservoir();
+        let tier = TierIndex::new(1);
+        let len = reservoir.ladder().tier(tier).unwrap().region_len();
+        let kept = registrar.register_shared(len, 4096).unwrap();
+        reservoir.give_back(tier, Box::new(kept));
+        assert_eq!(reservoir.spare(tier), 1, "a region no peer saw is a spare");
+
+        let exposed = registrar.register_shared(len, 4096).unwrap();
+        let _ = exposed.expose_memory_file();
+        let charged = registrar.budget().in_use();
+        reservoir.give_back(tier, Box::new(exposed));
+        assert_eq!(reservoir.spare(tier), 1, "an exposed region is not a spare");
+        assert_eq!(
+            registrar.budget().in_use(),
+            charged - len as u64,
+            "an exposed region given back is deregistered"
+        );
     }
 }

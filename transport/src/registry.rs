@@ -147,6 +147,10 @@ unsafe impl<R: Region> Region for RegisteredRegion<R> {
     fn keys(&self) -> RegionKeys {
         self.registered.region.keys()
     }
+
+    fn exposed_to_peer(&self) -> bool {
+        self.registered.region.exposed_to_peer()
+    }
 }
 
 /// A checked buffer: a strong reference to its region and the buffer's place in it.

@@ -708,7 +708,7 @@ impl ShmEndpoint {
                 remote_addr: keys.remote_addr,
                 file_len: region.file_len() as u64,
             },
-            Some(region.memory_file()),
+            Some(region.expose_memory_file()),
         )?;
         self.segment().direction(self.peer()).announce();
         self.announced.insert(

@@ -1,0 +1,124 @@
+//! What one peer can reach of this process's memory: over shm, the receive regions this
+//! side announced to it (their memory files), and nothing that later serves another
+//! peer. A region announced to a peer is deregistered when its connection gives it back,
+//! never kept in the shared reservoir for the next connection (`docs/transport.md`,
+//! "Registration" of the shm provider).
+
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::{Reservoir, TierIndex};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
+use tierbuf_transport::{Provider, ShmEndpoint, ShmProvider};
+
+/// Spares a shelf keeps: more than a pair of connections takes from one tier.
+const SPARES: usize = 4;
+
+fn ladder() -> Arc<TierLadder> {
+    Arc::new(
+        TierLadder::builder()
+            .tier(256, 8, 240)
+            .tier(4096, 8, 4080)
+            .reservoir_regions(SPARES)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn connected_pair(
+    provider: &ShmProvider,
+    config: &Arc<ConnectionConfig>,
+    reservoir: &Arc<Reservoir>,
+) -> (Connection<ShmEndpoint>, Connection<ShmEndpoint>) {
+    let depth = config.queue_depth();
+    let (a, b) = provider.pair(depth, depth).unwrap();
+    let core = || {
+        ConnectionCore::new(
+            Arc::clone(config),
+            Arc::clone(reservoir),
+            Arc::clone(reservoir),
+            Instant::now(),
+        )
+        .unwrap()
+    };
+    (
+        Connection::new(core(), a).unwrap(),
+        Connection::new(core(), b).unwrap(),
+    )
+}
+
+/// Sends `len` bytes from `a` to `b` and waits, driving both, until `b` has them and `a`
+/// has seen its promotion land.
+fn promote_with(a: &mut Connection<ShmEndpoint>, b: &mut Connection<ShmEndpoint>, len: usize) {
+    let message = vec![0x5A; len];
+    loop {
+        match a.try_send(&[IoSlice::new(&message)]) {
+            Ok(sent) => {
+                assert_eq!(sent, len);
+                break;
+            }
+            Err(SendError::WouldBlock(_)) => {
+                a.progress().unwrap();
+                b.progress().unwrap();
+            }
+            Err(error) => panic!("send: {error}"),
+        }
+    }
+    let received = loop {
+        a.progress().unwrap();
+        if let Some(message) = b.try_recv().unwrap() {
+            break message;
+        }
+    };
+    assert_eq!(&received[..], &message[..]);
+    drop(received);
+    while a.stats().promotions == 0 {
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+}
+
+#[test]
+fn regions_announced_to_a_peer_never_go_back_to_the_shared_reservoir() {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+    let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    reservoir.fill().unwrap();
+    let (small, large) = (TierIndex::new(0), TierIndex::new(1));
+
+    let (mut a, mut b) = connected_pair(&provider, &config, &reservoir);
+    promote_with(&mut a, &mut b, 3000);
+    assert_eq!((a.stats().send_tier, b.stats().recv_tier), (1, 1));
+    // Each side took a send and a receive region of tier 0, `a` a send region of tier 1
+    // and `b` a receive region of tier 1, which it announced to `a`. The tiers they
+    // replaced went back: `a`'s tier-0 send region as a spare, `b`'s tier-0 receive
+    // region, which `a` mapped, deregistered.
+    assert_eq!(reservoir.spare(small), SPARES - 3);
+    assert_eq!(reservoir.spare(large), SPARES - 2);
+    drop(a);
+    drop(b);
+    // The send regions come back as spares; the receive regions, which each peer mapped,
+    // are deregistered.
+    assert_eq!(
+        reservoir.spare(small),
+        SPARES - 2,
+        "tier 0: only the send regions are spares again"
+    );
+    assert_eq!(
+        reservoir.spare(large),
+        SPARES - 1,
+        "tier 1: only the send region is a spare again"
+    );
+
+    // A second pair, as a service's next connection with another peer, gets fresh
+    // receive regions and still works.
+    let (mut c, mut d) = connected_pair(&provider, &config, &reservoir);
+    promote_with(&mut c, &mut d, 3000);
+    assert_eq!((c.stats().send_tier, d.stats().recv_tier), (1, 1));
+}
