@@ -11,7 +11,10 @@
 //!   else can see it, so every process that maps its whole length can touch every byte of
 //!   that mapping for as long as it keeps it (no `SIGBUS` from a truncated file).
 //! - A [`HostRegistrar`]'s remote keys are unique among its live regions.
-//! - A region's bytes are charged to the registrar's [`MemoryBudget`] while it lives.
+//! - A region is charged to the registrar's [`MemoryBudget`] for the memory it maps and
+//!   locks, not the bytes asked for: whole pages (whole huge pages with
+//!   [`HugePages::Explicit`]), for as long as it lives. A budget's cap therefore bounds
+//!   what is pinned, however small the regions.
 
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -99,14 +102,19 @@ pub enum HugePages {
 /// Registers page-aligned anonymous host memory, optionally pinned with `mlock`.
 ///
 /// Remote keys are unique among the registrar's live regions, and the remote address is
-/// the region's virtual address, as with verbs memory regions.
+/// the region's virtual address, as with verbs memory regions. Each region is charged the
+/// whole pages it maps.
 ///
 /// ```
-/// use tierbuf_pool::{HostRegistrar, MemoryBudget, Registrar};
+/// use tierbuf_pool::{HostRegistrar, MemoryBudget, Registrar, page_size};
 /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
 /// let region = registrar.register(8192, 4096)?;
 /// assert_eq!(region.len(), 8192);
 /// assert_eq!(registrar.budget().in_use(), 8192);
+/// let small = registrar.register(100, 64)?;
+/// assert_eq!(small.len(), 100);
+/// assert_eq!(registrar.budget().in_use(), 8192 + page_size() as u64, "a whole page");
+/// drop(small);
 /// drop(region);
 /// assert_eq!(registrar.budget().in_use(), 0);
 /// # Ok::<(), tierbuf_pool::PoolError>(())
@@ -190,7 +198,7 @@ impl HostRegistrar {
     /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
     /// let region = registrar.register_shared(5000, 4096)?;
     /// assert_eq!((region.len(), region.file_len()), (5000, 8192));
-    /// assert_eq!(registrar.budget().in_use(), 5000);
+    /// assert_eq!(registrar.budget().in_use(), 8192, "charged whole pages");
     /// # Ok::<(), tierbuf_pool::PoolError>(())
     /// ```
     pub fn register_shared(&self, len: usize, align: usize) -> Result<SharedHostRegion, PoolError> {
@@ -218,8 +226,15 @@ impl HostRegistrar {
         if !align.is_power_of_two() {
             return Err(PoolError::AlignmentNotPowerOfTwo { align });
         }
-        let reservation = self.budget.reserve(len as u64)?;
+        let mapped = len
+            .checked_next_multiple_of(mapping_granule(self.huge_pages))
+            .ok_or(PoolError::SizeOverflow {
+                slot_size: len,
+                slot_count: 1,
+            })?;
+        let reservation = self.budget.reserve(mapped as u64)?;
         let (mapping, memfd) = Mapping::new(len, align, self.huge_pages, backing)?;
+        debug_assert_eq!(mapping.rounded, mapped, "charged what is mapped");
         if self.lock_memory {
             // SAFETY: `mapping` owns `[base, base + len)`, mapped and not yet shared.
             unsafe { rustix::mm::mlock(mapping.base.as_ptr().cast(), len) }.map_err(|errno| {
@@ -270,6 +285,15 @@ fn huge_page_size() -> usize {
         .unwrap_or(2 << 20)
 }
 
+/// The unit a region's memory is mapped (and locked, and charged) in.
+fn mapping_granule(huge_pages: HugePages) -> usize {
+    match huge_pages {
+        // `munmap` of a hugetlb mapping needs a length in whole huge pages.
+        HugePages::Explicit => huge_page_size(),
+        _ => rustix::param::page_size(),
+    }
+}
+
 /// What a [`Mapping`] maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backing {
@@ -301,11 +325,7 @@ impl Mapping {
         backing: Backing,
     ) -> Result<(Mapping, Option<OwnedFd>), PoolError> {
         use rustix::mm::{Advice, MapFlags, ProtFlags};
-        let page = match huge_pages {
-            // `munmap` of a hugetlb mapping needs a length in whole huge pages.
-            HugePages::Explicit => huge_page_size(),
-            _ => rustix::param::page_size(),
-        };
+        let page = mapping_granule(huge_pages);
         let overflow = || PoolError::SizeOverflow {
             slot_size: len,
             slot_count: 1,
@@ -552,9 +572,37 @@ mod tests {
             let bytes = unsafe { std::slice::from_raw_parts_mut(region.base().as_ptr(), 10_000) };
             bytes.fill(0xA5);
             assert!(bytes.iter().all(|&b| b == 0xA5));
-            assert_eq!(registrar.budget().in_use(), 10_000);
+            assert_eq!(
+                registrar.budget().in_use(),
+                12_288,
+                "the three pages mapped"
+            );
         }
         assert_eq!(registrar.budget().in_use(), 0);
+    }
+
+    #[test]
+    fn a_cap_bounds_the_pages_mapped_however_small_the_regions() {
+        let page = rustix::param::page_size();
+        let pages = 16;
+        let registrar = registrar_with_cap((pages * page) as u64);
+        let mut regions = Vec::new();
+        let refusal = loop {
+            match registrar.register(128, 64) {
+                Ok(region) => regions.push(region),
+                Err(error) => break error,
+            }
+            assert!(
+                regions.len() <= pages,
+                "more regions than the cap has pages"
+            );
+        };
+        assert!(
+            matches!(refusal, PoolError::BudgetExceeded { .. }),
+            "{refusal}"
+        );
+        assert_eq!(regions.len(), pages, "one page a region");
+        assert_eq!(registrar.budget().in_use(), (pages * page) as u64);
     }
 
     #[test]
@@ -653,7 +701,11 @@ mod tests {
             assert_eq!(unsafe { other.cast::<u8>().add(9_999).read() }, 0x5A);
             // SAFETY: exactly what `mmap` returned above.
             unsafe { rustix::mm::munmap(other, 12_288) }.unwrap();
-            assert_eq!(registrar.budget().in_use(), 10_000);
+            assert_eq!(
+                registrar.budget().in_use(),
+                12_288,
+                "the three pages mapped"
+            );
         }
         assert_eq!(registrar.budget().in_use(), 0);
     }

@@ -312,8 +312,10 @@ impl TieredRegion {
         count
     }
 
-    /// Bytes registered for this region now: the tier in force, the replaced tiers not
-    /// yet retired and the retained ones (all below the tier in force).
+    /// Bytes registered for this region now: the lengths of the tier in force, the
+    /// replaced tiers not yet retired and the retained ones (all below the tier in force).
+    /// The budget charges each region the whole pages it maps, so a region shorter than a
+    /// page costs the budget more than its length.
     ///
     /// ```
     /// use std::sync::Arc;

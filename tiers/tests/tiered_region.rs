@@ -13,6 +13,10 @@ const T0: TierIndex = TierIndex::SMALLEST;
 const T1: TierIndex = TierIndex::new(1);
 const T2: TierIndex = TierIndex::new(2);
 
+/// What tier 0's region (4 slots of 512 bytes, 2048 bytes) is charged to the budget: the
+/// whole page it maps.
+const T0_CHARGED: u64 = 4096;
+
 fn ladder(spares: usize, retain: bool) -> Arc<TierLadder> {
     Arc::new(
         TierLadder::builder()
@@ -104,9 +108,9 @@ fn one_change_at_a_time_and_only_within_the_ladder() {
         Err(TierError::ChangePending { pending: T1 })
     ));
     first.provision().unwrap();
-    assert_eq!(budget.in_use(), 2048 + 16384);
+    assert_eq!(budget.in_use(), T0_CHARGED + 16384);
     drop(first); // abandoned: the claim and the provisioned region are given back
-    assert_eq!(budget.in_use(), 2048);
+    assert_eq!(budget.in_use(), T0_CHARGED);
     assert_eq!(region.tier(), T0);
     region.begin_change(T2).unwrap().install(false).unwrap();
     assert_eq!(region.tier(), T2);
@@ -116,7 +120,7 @@ fn one_change_at_a_time_and_only_within_the_ladder() {
 fn promotion_takes_a_spare_from_the_reservoir_and_returns_it_after_retirement() {
     let (budget, reservoir) = setup(1 << 20, 1, false);
     assert_eq!(reservoir.fill().unwrap(), 3);
-    let spare_bytes = 2048 + 16384 + 32768;
+    let spare_bytes = T0_CHARGED + 16384 + 32768;
     assert_eq!(budget.in_use(), spare_bytes);
     let region = TieredRegion::new(Arc::clone(&reservoir)).unwrap();
     assert_eq!(reservoir.spare(T0), 0);
@@ -136,14 +140,14 @@ fn promotion_takes_a_spare_from_the_reservoir_and_returns_it_after_retirement() 
 
 #[test]
 fn over_budget_promotion_is_refused_and_loses_nothing() {
-    let (budget, reservoir) = setup(2048 + 16384, 0, false);
+    let (budget, reservoir) = setup(T0_CHARGED + 16384, 0, false);
     let region = TieredRegion::new(reservoir).unwrap();
     let mut change = region.begin_change(T2).unwrap();
     let err = change.provision().unwrap_err();
     assert!(err.is_over_budget(), "{err}");
     drop(change);
     assert_eq!(region.tier(), T0);
-    assert_eq!(budget.in_use(), 2048);
+    assert_eq!(budget.in_use(), T0_CHARGED);
     // A smaller step still fits.
     region.begin_change(T1).unwrap().install(false).unwrap();
     assert_eq!(region.tier(), T1);
@@ -156,13 +160,17 @@ fn retained_tiers_come_back_without_registering() {
     region.begin_change(T2).unwrap().install(false).unwrap();
     assert_eq!(region.reclaim(), 0, "retained, not replaced");
     let held = budget.in_use();
-    assert_eq!(held, 2048 + 32768);
+    assert_eq!(held, T0_CHARGED + 32768);
     let mut demote = region.begin_change(T0).unwrap();
     demote.provision().unwrap();
     assert_eq!(budget.in_use(), held, "tier 0 was kept registered");
     demote.install(false).unwrap();
     assert_eq!(region.tier(), T0);
-    assert_eq!(region.registered_bytes(), held);
+    assert_eq!(
+        region.registered_bytes(),
+        2048 + 32768,
+        "the two regions' lengths"
+    );
 }
 
 /// Retaining keeps only the tiers below the one in force: a demotion gives back the tiers
@@ -202,7 +210,7 @@ fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
     assert_eq!(region.replaced_tiers(), 0);
     assert_eq!(region.registered_bytes(), 2048, "tier 0's region only");
     assert_eq!(cache.tier(), T0);
-    assert_eq!(budget.in_use(), 2048, "tiers 1 and 2 deregistered");
+    assert_eq!(budget.in_use(), T0_CHARGED, "tiers 1 and 2 deregistered");
 
     // Up again and down to the middle: tier 0 stays retained, tier 2 retires.
     region.begin_change(T1).unwrap().install(false).unwrap();
@@ -221,7 +229,7 @@ fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
     demote.install(false).unwrap();
     assert_eq!(region.reclaim(), 1);
     assert_eq!(region.registered_bytes(), 2048);
-    assert_eq!(budget.in_use(), 2048);
+    assert_eq!(budget.in_use(), T0_CHARGED);
 }
 
 /// A retained tier that a demotion gives back still waits for the peer's release when its
@@ -246,7 +254,7 @@ fn retained_tiers_given_back_by_a_demotion_still_wait_for_the_peer() {
     assert_eq!(region.reclaim(), 1);
     assert!(region.peer_released(T1));
     assert_eq!(region.reclaim(), 1);
-    assert_eq!(budget.in_use(), 2048);
+    assert_eq!(budget.in_use(), T0_CHARGED);
 }
 
 #[test]

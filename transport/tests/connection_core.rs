@@ -57,6 +57,11 @@ struct Pair {
     budgets: [MemoryBudget; 2],
 }
 
+/// What the budget charges a region of `len` bytes: the whole pages it maps.
+fn charged(len: u64) -> u64 {
+    len.next_multiple_of(tierbuf_pool::page_size() as u64)
+}
+
 fn ladder() -> Arc<TierLadder> {
     Arc::new(
         TierLadder::builder()
@@ -289,7 +294,7 @@ fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole()
     assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
     // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
     // and tier 0 send buffers only.
-    assert_eq!(pair.budgets[1].in_use(), 8192 * 4 + 128 * 4);
+    assert_eq!(pair.budgets[1].in_use(), 8192 * 4 + charged(128 * 4));
 }
 
 #[test]
@@ -324,7 +329,7 @@ fn messages_past_the_top_tier_are_segmented_and_arrive_as_one() {
 #[test]
 fn a_refused_promotion_falls_back_to_segments_on_the_current_tier() {
     // The receiver's budget holds its tier-0 buffers and nothing larger.
-    let mut pair = Pair::new([1 << 20, 128 * 4 * 2]);
+    let mut pair = Pair::new([1 << 20, charged(128 * 4) * 2]);
     let big = pattern(3000, 4);
     pair.send(0, &big);
     pair.settle();
@@ -486,7 +491,11 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
     assert_eq!(receiver.recv_tier, 0);
     // The large receives were drained and their tier retired: the receiver holds its
     // tier-0 receives and tier-0 send buffers again.
-    assert_eq!(pair.budgets[1].in_use(), 128 * 4 * 2, "was {promoted}");
+    assert_eq!(
+        pair.budgets[1].in_use(),
+        charged(128 * 4) * 2,
+        "was {promoted}"
+    );
     // And the connection still works both ways, promoting again when needed.
     pair.send(0, &pattern(3000, 3));
     pair.send(1, &pattern(20, 4));
@@ -534,7 +543,7 @@ fn a_slot_of_an_earlier_registration_of_the_tier_is_not_reposted() {
 fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
     // Side 1's budget holds its tier-0 buffers and nothing larger, so it can neither
     // provision larger receives nor register larger send buffers.
-    let mut pair = Pair::new([1 << 20, 128 * 4 * 2]);
+    let mut pair = Pair::new([1 << 20, charged(128 * 4) * 2]);
     let big = pattern(3000, 5);
     pair.send(1, &big);
     pair.settle();
@@ -710,7 +719,7 @@ fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
 #[test]
 fn a_reservation_whose_promotion_the_peer_refused_is_reported() {
     // The receiver's budget holds its tier-0 buffers and nothing larger.
-    let mut pair = Pair::new([1 << 20, 128 * 4 * 2]);
+    let mut pair = Pair::new([1 << 20, charged(128 * 4) * 2]);
     let now = pair.now;
     assert!(matches!(
         pair.sides[0].core.try_reserve(now, 3000),

@@ -82,8 +82,9 @@ fn run_peer(role: &str, socket: &Path) {
     }
 }
 
-/// Room for tier 0 (receive and send slots) and nothing larger.
-const SMALL_BUDGET: u64 = 2 * 256 * 8;
+/// Room for tier 0 (receive and send slots, 2 KiB each, charged a page each) and nothing
+/// larger.
+const SMALL_BUDGET: u64 = 2 * 4096;
 
 fn ladder() -> Arc<TierLadder> {
     Arc::new(

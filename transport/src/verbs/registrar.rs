@@ -111,7 +111,8 @@ unsafe impl Region for DeviceMemory {
 /// buffer they are given.
 ///
 /// A region of `len` bytes aligned to `align` registers `len + align - 1` bytes (the
-/// allocation has no alignment of its own) and charges those to the budget.
+/// allocation has no alignment of its own) and charges the budget the pages those can
+/// pin: their length in whole pages, and one more.
 ///
 /// ```no_run
 /// use tierbuf_pool::{MemoryBudget, SlotPool};
@@ -155,7 +156,17 @@ impl Registrar for VerbsRegistrar {
             slot_size: len,
             slot_count: 1,
         })?;
-        let reservation = self.budget.reserve(registered_len as u64)?;
+        // `ibv_reg_mr` pins every page the allocation touches: at most its length in
+        // whole pages and one more, since `ibverbs` places it wherever the heap does.
+        let pinned = registered_len
+            .div_ceil(tierbuf_pool::page_size())
+            .checked_add(1)
+            .and_then(|pages| pages.checked_mul(tierbuf_pool::page_size()))
+            .ok_or(PoolError::SizeOverflow {
+                slot_size: len,
+                slot_count: 1,
+            })?;
+        let reservation = self.budget.reserve(pinned as u64)?;
         let mut memory = self
             .device
             .domain()
