@@ -35,6 +35,10 @@
 //!   suggests, which is below the tier granted.
 //! - **A peer's request is provisioned only on the ladder** (the negotiation nacks the rest
 //!   without asking) and within the reservoir's budget (a refusal is a nack, not an error).
+//! - **The receive region holds the tier in force and at most one replaced tier** (besides
+//!   retained tiers below the one in force): a request for another tier while a replaced
+//!   one still has slots out is answered `Busy`, so no peer can make this side register
+//!   more by asking tier after tier without sending into what was posted for it.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -133,6 +137,13 @@ pub struct ControllerStats {
     pub send_buffers_refused: u64,
     /// Times this side's budget (or ladder) refused receive buffers the peer asked for.
     pub recv_buffers_refused: u64,
+    /// Messages that needed a larger tier and went out on the tier in force without
+    /// asking, because a refusal of that tier (a nack, a timeout, or this side's budget
+    /// refusing send buffers) held its back-off.
+    pub held_back_by_refusal: u64,
+    /// Requests of the peer answered `Busy` because a receive tier they replaced was
+    /// still draining (the peer had not sent into its receives yet).
+    pub recv_requests_busy: u64,
 }
 
 /// Why a controller failed. The connection it belongs to cannot go on.
@@ -409,6 +420,7 @@ impl TierController {
             .refused
             .is_some_and(|(refused, until)| refused <= target && now < until)
         {
+            self.stats.held_back_by_refusal += 1;
             return Ok(false);
         }
         if target <= self.send_tier() {
@@ -562,9 +574,18 @@ impl TierController {
         Ok(())
     }
 
-    /// Puts the receive region on `tier` for the peer's request.
+    /// Puts the receive region on `tier` for the peer's request: `Busy` while a tier it
+    /// replaced still has receives out (the peer has not sent into them), so the region
+    /// never holds more than the tier in force and one draining tier, besides the retained
+    /// ones below the tier in force.
     fn provision(&mut self, tier: TierIndex) -> Result<RegionDescriptor, NackReason> {
         let from = self.recv_cache.tier();
+        self.recv_region.reclaim();
+        if tier != from && self.recv_region.replaced_tiers() > 0 {
+            self.stats.recv_requests_busy += 1;
+            tracing::info!(%tier, "the peer asked for a tier while the last one drains");
+            return Err(NackReason::Busy);
+        }
         let descriptor = match self.recv_region.begin_change(tier) {
             Ok(mut change) => change
                 .provision()

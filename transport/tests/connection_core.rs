@@ -505,7 +505,7 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
 }
 
 #[test]
-fn a_slot_of_an_earlier_registration_of_the_tier_is_not_reposted() {
+fn a_held_message_of_a_replaced_tier_defers_the_next_change_until_it_is_dropped() {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
     pair.send(0, &pattern(5000, 0)); // promotes, going in segments itself
     pair.settle();
@@ -516,27 +516,34 @@ fn a_slot_of_an_earlier_registration_of_the_tier_is_not_reposted() {
     pair.sides[1].hold = false;
     let held = pair.sides[1].held.pop().expect("the message");
     assert!(held.is_zero_copy());
-    // ...while the connection steps down to tier 0 and is promoted to tier 2 again, on a
-    // new registration of it.
+    // ...while the connection steps down to tier 0: tier 2 is replaced, and drains only
+    // once that slot is back.
     pair.now += Duration::from_secs(60);
     pair.settle();
     assert_eq!(pair.sides[1].core.stats().recv_tier, 0);
+    // Until then the receiver holds no third tier: asked for tier 2 again, it answers
+    // `Busy`, and the message goes in segments on tier 0.
     pair.send(0, &pattern(5000, 2));
     pair.settle();
-    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
-    // The old slot comes back: it belongs to the replaced registration, which retires,
-    // and is not posted beside the new tier's four receives.
+    let receiver = pair.sides[1].core.stats();
+    assert_eq!(receiver.recv_tier, 0, "{receiver:?}");
+    assert_eq!(receiver.recv_requests_busy, 1, "{receiver:?}");
+    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(5000, 2));
+    // The old slot comes back, its tier retires, and the next message is promoted.
     assert_eq!(&held[..], &pattern(5000, 1)[..]);
     drop(held);
     pair.settle();
+    pair.send(0, &pattern(5000, 3));
+    pair.settle();
     let receiver = pair.sides[1].core.stats();
+    assert_eq!(receiver.recv_tier, 2, "{receiver:?}");
     assert_eq!(receiver.posted_receives, 4, "{receiver:?}");
     assert_eq!(
         receiver.registered_bytes,
         8192 * 4 + 128 * 4,
         "tier-2 receives and tier-0 send buffers only: {receiver:?}"
     );
-    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(5000, 2));
+    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(5000, 3));
 }
 
 #[test]
@@ -547,8 +554,16 @@ fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
     let big = pattern(3000, 5);
     pair.send(1, &big);
     pair.settle();
-    assert_eq!(pair.sides[0].received, vec![big]);
-    assert_eq!(pair.sides[1].core.stats().messages_sent, 1);
+    pair.send(1, &big);
+    pair.settle();
+    assert_eq!(pair.sides[0].received, vec![big.clone(), big]);
+    let stats = pair.sides[1].core.stats();
+    assert_eq!(stats.messages_sent, 2);
+    assert_eq!(stats.messages_segmented, 2, "{stats:?}");
+    // The stats say why both went in segments: the first's promotion was granted and
+    // this side's budget refused the send buffers; the second did not ask again.
+    assert_eq!(stats.send_buffers_refused, 1, "{stats:?}");
+    assert_eq!(stats.held_back_by_refusal, 1, "{stats:?}");
 }
 
 #[test]

@@ -126,6 +126,13 @@ pub struct ConnectionStats {
     pub send_buffers_refused: u64,
     /// Times this side's budget refused receive buffers the peer asked for (it was nacked).
     pub recv_buffers_refused: u64,
+    /// Messages that needed a larger tier and were segmented on the tier in force without
+    /// asking, because a refusal of that tier held its back-off (see
+    /// [`ControllerStats::held_back_by_refusal`](tierbuf_tiers::controller::ControllerStats)).
+    pub held_back_by_refusal: u64,
+    /// The peer's tier requests answered `Busy` because a receive tier they replaced was
+    /// still draining: what bounds a peer that asks tier after tier to two receive tiers.
+    pub recv_requests_busy: u64,
     /// Messages accepted for sending.
     pub messages_sent: u64,
     /// Bytes of accepted messages.
@@ -346,6 +353,8 @@ impl ConnectionCore {
             timeouts: tiers.timeouts,
             send_buffers_refused: tiers.send_buffers_refused,
             recv_buffers_refused: tiers.recv_buffers_refused,
+            held_back_by_refusal: tiers.held_back_by_refusal,
+            recv_requests_busy: tiers.recv_requests_busy,
             registered_bytes: self.tiers.registered_bytes(),
             posted_receives: self.posted.len() as u64,
             receives_lent: (self.lent - self.returned.given_back()) as u64,
