@@ -30,6 +30,15 @@
 //!   64 bytes (which control and command frames may have used meanwhile) and restamps
 //!   the sequence number, leaving the rest as it stands, as an MPI or UCX bandwidth bench
 //!   sends an unchanged buffer. The peer checks every message as in `stream/shm`.
+//! - `transport/pingpong_consumed` and `transport/stream_consumed`: the same as
+//!   `transport/pingpong` and `transport/stream`, but every receiver reads every byte of
+//!   every message (sums it as 64-bit words and compares the sum with the sender's), so
+//!   the messages end read by the receiving core, as an MPI receive ends with the bytes
+//!   in the receiver's buffer. These are the figures to hold against MPI and UCX
+//!   bandwidth and latency; `transport/stream` and `transport/pingpong` measure delivery
+//!   into a registered receive slot (zero-copy), whose receiver checks only a message's
+//!   length, sequence number, middle and last bytes, so most of a large message's cache
+//!   lines may never reach the receiving core there.
 //! - `transport/promotion`: from the first `send` of an 8 KiB message on a fresh tier-0
 //!   connection to its delivery, against the same message on an already-promoted
 //!   connection, over loopback and over shm within one process. The first message goes
@@ -209,6 +218,53 @@ fn check(received: &[u8], seq: u64, expected: &[u8]) {
     );
 }
 
+/// How the receiving side reads each message it gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// Its length, sequence number, middle and last bytes ([`check`]): the bytes stay
+    /// where the provider delivered them, in a registered receive slot, and most of their
+    /// cache lines may never reach the receiving core.
+    Spot,
+    /// Every byte, summed as words and compared with the sender's sum: the receiving core
+    /// reads the whole message, as an MPI receive ends with the bytes in its buffer.
+    Whole,
+}
+
+impl Reading {
+    /// Checks `received` as message number `seq` built like `expected`, whose words after
+    /// the sequence number sum to `rest` ([`rest_sum`]).
+    fn check(self, received: &[u8], seq: u64, expected: &[u8], rest: u64) {
+        match self {
+            Reading::Spot => check(received, seq, expected),
+            Reading::Whole => {
+                assert_eq!(received.len(), expected.len(), "length of message {seq}");
+                assert_eq!(
+                    word_sum(received),
+                    seq.wrapping_add(rest),
+                    "sum of message {seq}"
+                );
+            }
+        }
+    }
+}
+
+/// The wrapping sum of `bytes` read as little-endian 64-bit words, the last one padded
+/// with zeros.
+fn word_sum(bytes: &[u8]) -> u64 {
+    let words = bytes.chunks_exact(8);
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    words
+        .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+        .fold(u64::from_le_bytes(last), u64::wrapping_add)
+}
+
+/// The sum [`Reading::Whole`] expects of a message built like `expected`, less its
+/// sequence number (its first word).
+fn rest_sum(expected: &[u8]) -> u64 {
+    word_sum(&expected[8..])
+}
+
 /// Runs `peer` with `b` on a second thread pinned to core 1 and `main` with `a` on this
 /// thread pinned to core 0, both starting behind a barrier (so neither the thread's start
 /// nor its pinning is in `main`'s timing). Each side owns its connection while it runs:
@@ -328,9 +384,19 @@ impl Warmed {
 }
 
 fn pingpong(c: &mut Criterion) {
-    let mut group = c.benchmark_group("transport/pingpong");
+    pingpong_reading(c, "transport/pingpong", Reading::Spot);
+}
+
+fn pingpong_consumed(c: &mut Criterion) {
+    pingpong_reading(c, "transport/pingpong_consumed", Reading::Whole);
+}
+
+/// The pingpong group `name`, each side reading what it receives as `reading` says.
+fn pingpong_reading(c: &mut Criterion, name: &str, reading: Reading) {
+    let mut group = c.benchmark_group(name);
     for size in SIZES {
         let mut warmed = Warmed::new(size);
+        let rest = rest_sum(&warmed.message);
         group.bench_function(BenchmarkId::new("loopback", size), |bench| {
             bench.iter_custom(|iters| {
                 let (a, b, first) = warmed.take(iters);
@@ -342,7 +408,7 @@ fn pingpong(c: &mut Criterion) {
                     |echo| {
                         for seq in first..first + iters {
                             let received = echo.recv().expect("a message");
-                            check(&received, seq, expected);
+                            reading.check(&received, seq, expected, rest);
                             echo.send(&received).expect("echo");
                         }
                         echo.flush().expect("flush");
@@ -352,7 +418,7 @@ fn pingpong(c: &mut Criterion) {
                         for seq in first..first + iters {
                             stamp(&mut message, seq);
                             a.send(&message).expect("send");
-                            check(&a.recv().expect("the echo"), seq, expected);
+                            reading.check(&a.recv().expect("the echo"), seq, expected, rest);
                         }
                         start.elapsed() / 2
                     },
@@ -365,7 +431,7 @@ fn pingpong(c: &mut Criterion) {
         let mut session = ShmSession::new(size);
         group.bench_function(BenchmarkId::new("shm", size), |bench| {
             bench.iter_custom(|iters| {
-                let first = session.start_batch(PeerCommand::Echo, iters);
+                let first = session.start_batch(PeerCommand::Echo(reading), iters);
                 let ShmSession {
                     connection,
                     outgoing,
@@ -376,7 +442,8 @@ fn pingpong(c: &mut Criterion) {
                 for seq in first..first + iters {
                     stamp(outgoing, seq);
                     connection.send(outgoing).expect("send");
-                    check(&connection.recv().expect("the echo"), seq, expected);
+                    let echo = connection.recv().expect("the echo");
+                    reading.check(&echo, seq, expected, rest);
                 }
                 start.elapsed() / 2
             })
@@ -408,9 +475,20 @@ fn pingpong_endpoint(c: &mut Criterion) {
 }
 
 fn stream(c: &mut Criterion) {
-    let mut group = c.benchmark_group("transport/stream");
+    stream_reading(c, "transport/stream", Reading::Spot);
+}
+
+fn stream_consumed(c: &mut Criterion) {
+    stream_reading(c, "transport/stream_consumed", Reading::Whole);
+}
+
+/// The stream group `name`, the receiver reading each message as `reading` says; with
+/// [`Reading::Spot`] it also has `shm_in_place`.
+fn stream_reading(c: &mut Criterion, name: &str, reading: Reading) {
+    let mut group = c.benchmark_group(name);
     for size in SIZES {
         let mut warmed = Warmed::new(size);
+        let rest = rest_sum(&warmed.message);
         group.throughput(Throughput::Bytes(size as u64));
         group.bench_function(BenchmarkId::new("loopback", size), |bench| {
             bench.iter_custom(|iters| {
@@ -422,7 +500,8 @@ fn stream(c: &mut Criterion) {
                     b,
                     |receiver| {
                         for seq in first..first + iters {
-                            check(&receiver.recv().expect("a message"), seq, expected);
+                            let received = receiver.recv().expect("a message");
+                            reading.check(&received, seq, expected, rest);
                         }
                         Instant::now()
                     },
@@ -444,7 +523,7 @@ fn stream(c: &mut Criterion) {
         let mut session = ShmSession::new(size);
         group.bench_function(BenchmarkId::new("shm", size), |bench| {
             bench.iter_custom(|iters| {
-                let first = session.start_batch(PeerCommand::Sink, iters);
+                let first = session.start_batch(PeerCommand::Sink(reading), iters);
                 let ShmSession {
                     connection,
                     outgoing,
@@ -459,12 +538,12 @@ fn stream(c: &mut Criterion) {
                 done - start
             })
         });
-        if (IN_PLACE_MIN..=IN_PLACE_MAX).contains(&size) {
+        if reading == Reading::Spot && (IN_PLACE_MIN..=IN_PLACE_MAX).contains(&size) {
             // Messages built in their send slots: see the module documentation.
             let mut built = HashSet::new();
             group.bench_function(BenchmarkId::new("shm_in_place", size), |bench| {
                 bench.iter_custom(|iters| {
-                    let first = session.start_batch(PeerCommand::Sink, iters);
+                    let first = session.start_batch(PeerCommand::Sink(Reading::Spot), iters);
                     let ShmSession {
                         connection,
                         expected,
@@ -738,10 +817,11 @@ impl PeerProcess {
 /// What the bench asks of the peer process of a connection bench, ahead of each batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PeerCommand {
-    /// Echo the next `count` messages back.
-    Echo,
-    /// Take the next `count` messages and report once the last has arrived.
-    Sink,
+    /// Echo the next `count` messages back, reading each as the [`Reading`] says.
+    Echo(Reading),
+    /// Take the next `count` messages, reading each as the [`Reading`] says, and report
+    /// once the last has arrived.
+    Sink(Reading),
     /// Report and do nothing else.
     Report,
 }
@@ -753,9 +833,11 @@ impl PeerCommand {
 
     fn encode(self, first: u64, count: u64) -> [u8; PeerCommand::LEN] {
         let tag: u64 = match self {
-            PeerCommand::Echo => 1,
-            PeerCommand::Sink => 2,
+            PeerCommand::Echo(Reading::Spot) => 1,
+            PeerCommand::Sink(Reading::Spot) => 2,
             PeerCommand::Report => 3,
+            PeerCommand::Echo(Reading::Whole) => 4,
+            PeerCommand::Sink(Reading::Whole) => 5,
         };
         let mut bytes = [0; PeerCommand::LEN];
         for (field, value) in bytes.chunks_exact_mut(8).zip([tag, first, count]) {
@@ -770,9 +852,11 @@ impl PeerCommand {
         let field =
             |index: usize| u64::from_le_bytes(bytes[index * 8..][..8].try_into().expect("8 bytes"));
         let command = match field(0) {
-            1 => PeerCommand::Echo,
-            2 => PeerCommand::Sink,
+            1 => PeerCommand::Echo(Reading::Spot),
+            2 => PeerCommand::Sink(Reading::Spot),
             3 => PeerCommand::Report,
+            4 => PeerCommand::Echo(Reading::Whole),
+            5 => PeerCommand::Sink(Reading::Whole),
             tag => panic!("unknown command {tag}"),
         };
         (command, field(1), field(2))
@@ -863,7 +947,7 @@ impl ShmSession {
         };
         session.tiers = session.tier_states();
         for _ in 0..WARM_EXCHANGES {
-            let first = session.start_batch(PeerCommand::Echo, 1);
+            let first = session.start_batch(PeerCommand::Echo(Reading::Spot), 1);
             stamp(&mut session.outgoing, first);
             session.connection.send(&session.outgoing).expect("send");
             let echo = session.connection.recv().expect("the echo");
@@ -1034,6 +1118,7 @@ fn serve_connection(socket: &Path, size: usize) {
     let endpoint = provider.connect(socket, DEPTH, DEPTH).expect("connect");
     let mut connection = connect(&config, &reservoir, endpoint);
     let expected = message(size);
+    let rest = rest_sum(&expected);
     loop {
         let (command, first, count) = match connection.recv() {
             Ok(command) => PeerCommand::decode(&command),
@@ -1049,16 +1134,17 @@ fn serve_connection(socket: &Path, size: usize) {
         let report = PeerReport::now(connection.stats());
         connection.send(&report.encode()).expect("report");
         match command {
-            PeerCommand::Echo => {
+            PeerCommand::Echo(reading) => {
                 for seq in first..first + count {
                     let received = connection.recv().expect("a message");
-                    check(&received, seq, &expected);
+                    reading.check(&received, seq, &expected, rest);
                     connection.send(&received).expect("echo");
                 }
             }
-            PeerCommand::Sink => {
+            PeerCommand::Sink(reading) => {
                 for seq in first..first + count {
-                    check(&connection.recv().expect("a message"), seq, &expected);
+                    let received = connection.recv().expect("a message");
+                    reading.check(&received, seq, &expected, rest);
                 }
                 let report = PeerReport::now(connection.stats());
                 connection.send(&report.encode()).expect("acknowledge");
@@ -1115,7 +1201,15 @@ fn serve_endpoint(socket: &Path, size: usize) {
     }
 }
 
-criterion_group!(benches, pingpong, pingpong_endpoint, stream, promotion);
+criterion_group!(
+    benches,
+    pingpong,
+    pingpong_consumed,
+    pingpong_endpoint,
+    stream,
+    stream_consumed,
+    promotion
+);
 
 /// Runs as the peer process of a shm bench when started as one (see [`PeerProcess`]);
 /// otherwise runs the benches.
