@@ -39,6 +39,11 @@
 //!   retained tiers below the one in force): a request for another tier while a replaced
 //!   one still has slots out is answered `Busy`, so no peer can make this side register
 //!   more by asking tier after tier without sending into what was posted for it.
+//! - **A pending demotion is never superseded.** The peer installs the smaller receives
+//!   when it provisions them; a promotion asked meanwhile would leave them in force while
+//!   this side sends on its larger grant, which they cannot take. A message that needs a
+//!   larger tier goes out on the tier in force, and the promotion is asked once the
+//!   demotion lands.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -141,6 +146,9 @@ pub struct ControllerStats {
     /// asking, because a refusal of that tier (a nack, a timeout, or this side's budget
     /// refusing send buffers) held its back-off.
     pub held_back_by_refusal: u64,
+    /// Messages that needed a larger tier while this side's demotion was pending: they go
+    /// out on the tier in force, and the promotion is asked once the demotion lands.
+    pub held_back_by_demotion: u64,
     /// Requests of the peer answered `Busy` because a receive tier they replaced was
     /// still draining (the peer had not sent into its receives yet).
     pub recv_requests_busy: u64,
@@ -230,6 +238,8 @@ pub struct TierController {
     recv_cache: OwnedTierCache,
     /// The smallest tier refused, and until when the refusal holds.
     refused: Option<(TierIndex, Instant)>,
+    /// Until when no demotion is asked for, after one failed.
+    demotion_held_until: Option<Instant>,
     changes: VecDeque<Change>,
     stats: ControllerStats,
 }
@@ -260,6 +270,7 @@ impl TierController {
             send_region,
             recv_region,
             refused: None,
+            demotion_held_until: None,
             changes: VecDeque::new(),
             stats: ControllerStats::default(),
         })
@@ -427,12 +438,18 @@ impl TierController {
             // Granted, but this side's budget kept its send buffers lower: try them again.
             return Ok(self.follow_grant(now, self.send_tier()));
         }
-        if self
-            .negotiation
-            .pending_request()
-            .is_some_and(|pending| pending.target >= target)
-        {
-            return Ok(true);
+        if let Some(pending) = self.negotiation.pending_request() {
+            if pending.target >= target {
+                return Ok(true);
+            }
+            if pending.target < self.send_tier() {
+                // A demotion is pending, and the peer may have put the smaller receives in
+                // force already. Superseding it would leave them there while this side
+                // goes on sending on its larger grant, which they cannot take: ask once
+                // the demotion lands.
+                self.stats.held_back_by_demotion += 1;
+                return Ok(false);
+            }
         }
         self.negotiation
             .request_tier(now, target)
@@ -460,13 +477,17 @@ impl TierController {
     }
 
     fn refuse(&mut self, now: Instant, tier: TierIndex) {
-        let backoff = self
-            .capacity
+        self.refused = now.checked_add(self.backoff()).map(|until| (tier, until));
+    }
+
+    /// How long a refusal, or a failed demotion, holds: the ladder's hysteresis, at least
+    /// [`MIN_BACKOFF`].
+    fn backoff(&self) -> Duration {
+        self.capacity
             .ladder()
             .policy()
             .hysteresis()
-            .max(MIN_BACKOFF);
-        self.refused = now.checked_add(backoff).map(|until| (tier, until));
+            .max(MIN_BACKOFF)
     }
 
     /// Moves control messages through `channel` at `now`: lets due timers fire, takes in the
@@ -485,6 +506,7 @@ impl TierController {
         self.handle_events(now)?;
         if self.negotiation.pending_request().is_none()
             && self.send_tier() > TierIndex::SMALLEST
+            && self.demotion_held_until.is_none_or(|until| now >= until)
             && let Some(target) = self.demotion.poll(now)
             && target < self.send_tier()
         {
@@ -549,9 +571,14 @@ impl TierController {
                             true
                         }
                     };
-                    // A failed demotion refuses nothing: the tiers above stay askable.
+                    // A failed demotion refuses nothing: the tiers above stay askable. It
+                    // holds the next demotion back, so a peer that cannot provision the
+                    // smaller tier is not asked again at every pass.
                     if refused && tier > self.send_tier() {
                         self.refuse(now, tier);
+                    }
+                    if tier < self.send_tier() {
+                        self.demotion_held_until = now.checked_add(self.backoff());
                     }
                     tracing::info!(%tier, ?cause, refused, "tier request failed");
                 }
@@ -576,8 +603,8 @@ impl TierController {
 
     /// Puts the receive region on `tier` for the peer's request: `Busy` while a tier it
     /// replaced still has receives out (the peer has not sent into them), so the region
-    /// never holds more than the tier in force and one draining tier, besides the retained
-    /// ones below the tier in force.
+    /// holds the tier in force and at most one draining tier, besides the retained ones
+    /// below the tier in force (module invariants).
     fn provision(&mut self, tier: TierIndex) -> Result<RegionDescriptor, NackReason> {
         let from = self.recv_cache.tier();
         self.recv_region.reclaim();
@@ -618,10 +645,11 @@ impl TierController {
     /// When [`TierController::pump`] must run even if nothing arrives: a negotiation
     /// timer, or the moment the send tier may step down.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (
-            self.negotiation.poll_timeout(),
-            self.demotion.next_deadline(),
-        ) {
+        let demotion = match (self.demotion.next_deadline(), self.demotion_held_until) {
+            (Some(due), Some(held)) => Some(due.max(held)),
+            (due, _) => due,
+        };
+        match (self.negotiation.poll_timeout(), demotion) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

@@ -29,7 +29,8 @@ use crate::sync::{Mutex, lock};
 /// Where a provisioned region came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Provenance {
-    /// Taken from the reservoir: no registration on the critical path.
+    /// Taken from the reservoir, or a retained or replaced registration of the region put
+    /// back in force: no registration on the critical path.
     Reservoir,
     /// Registered on the spot because the shelf was empty.
     Registered,

@@ -384,14 +384,23 @@ impl TieredRegion {
         from
     }
 
-    /// The target tier: a retained one if the policy kept it, else a reservoir spare or a
-    /// new registration.
+    /// The target tier: a retained one if the policy kept it, else the newest replaced
+    /// registration of it not yet retired (put back in force: a peer that abandoned an
+    /// offer returns to the tier it never left, and no registration is needed), else a
+    /// reservoir spare or a new registration.
     fn provision_target(&self, target: TierIndex) -> Result<(Arc<Tier>, Provenance), TierError> {
         let mut retained = lock(&self.retained);
         if let Some(position) = retained.iter().position(|r| r.tier.index == target) {
             return Ok((retained.swap_remove(position).tier, Provenance::Reservoir));
         }
         drop(retained);
+        let mut replaced = lock(&self.replaced);
+        if let Some(position) = replaced.iter().rposition(|r| r.tier.index == target) {
+            let tier = replaced.remove(position).tier;
+            self.replaced_len.store(replaced.len(), Ordering::Release);
+            return Ok((tier, Provenance::Reservoir));
+        }
+        drop(replaced);
         provision_tier(&self.reservoir, target)
     }
 }

@@ -137,6 +137,103 @@ fn a_stream_of_messages_the_size_of_a_slot_stays_promoted_once_the_header_is_cou
     )));
 }
 
+/// 512 B, 4 KiB and 64 KiB slots, demoted after a second idle.
+fn three_tiers() -> Arc<TierLadder> {
+    Arc::new(
+        TierLadder::builder()
+            .tier(512, 4, 496)
+            .tier(4096 + 64, 4, 4096)
+            .tier(65_536 + 64, 4, 65_536)
+            .demote_after(Duration::from_secs(1))
+            .hysteresis(Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A controller `a` promoted to tier 1 over `peer`, idle long enough that its next pump
+/// asks to step down; returns the demotion request it sent, unanswered.
+fn promoted_then_demoting(
+    ladder: &Arc<TierLadder>,
+    start: Instant,
+) -> (
+    TierController,
+    InMemoryNegotiator,
+    InMemoryNegotiator,
+    ControlMessage,
+) {
+    let (a_end, b_end) = InMemoryNegotiator::pair();
+    let mut sides = [
+        (controller(ladder, start), a_end),
+        (controller(ladder, start), b_end),
+    ];
+    sides[0].0.plan_message(start, 4000).unwrap();
+    settle(&mut sides, start);
+    assert_eq!(sides[0].0.send_tier(), TierIndex::new(1));
+    let [(mut a, mut channel), (_, mut peer)] = sides;
+    a.pump(&mut channel, start + Duration::from_secs(120))
+        .unwrap();
+    let request = request_sent(&mut peer);
+    assert!(
+        matches!(request, ControlMessage::Request { tier, .. } if tier == TierIndex::SMALLEST),
+        "a demotion: {request:?}"
+    );
+    (a, channel, peer, request)
+}
+
+#[test]
+fn a_pending_demotion_is_not_superseded_by_a_promotion() {
+    // The peer puts the smaller receives in force when it provisions them; a promotion
+    // asked meanwhile would leave them there while this side sends on its larger grant.
+    let ladder = three_tiers();
+    let start = Instant::now();
+    let (mut a, mut channel, mut peer, _demotion) = promoted_then_demoting(&ladder, start);
+    let later = start + Duration::from_secs(120) + Duration::from_millis(1);
+    assert_eq!(
+        a.plan_message(later, 20_000).unwrap().framing,
+        Framing::Segmented
+    );
+    a.pump(&mut channel, later).unwrap();
+    let mut frame = [0u8; wire::MAX_FRAME_LEN];
+    assert_eq!(
+        peer.recv_frame(&mut frame).unwrap(),
+        None,
+        "nothing asked while the demotion is pending"
+    );
+    assert_eq!(a.stats().held_back_by_demotion, 1);
+}
+
+#[test]
+fn a_refused_demotion_is_not_asked_again_until_the_back_off_ends() {
+    let ladder = three_tiers();
+    let start = Instant::now();
+    let (mut a, mut channel, mut peer, demotion) = promoted_then_demoting(&ladder, start);
+    let mut now = start + Duration::from_secs(120);
+    nack(&mut peer, demotion, NackReason::OverBudget);
+    a.pump(&mut channel, now).unwrap();
+    assert_eq!(a.send_tier(), TierIndex::new(1), "still on the larger tier");
+    let mut frame = [0u8; wire::MAX_FRAME_LEN];
+    for _ in 0..10 {
+        now += Duration::from_millis(1);
+        a.pump(&mut channel, now).unwrap();
+        assert_eq!(
+            peer.recv_frame(&mut frame).unwrap(),
+            None,
+            "not asked again at once"
+        );
+    }
+    let held_until = a.poll_timeout().expect("a timer for the next demotion");
+    assert!(
+        held_until >= now,
+        "the timer is not in the past, so no pass spins"
+    );
+    a.pump(&mut channel, held_until).unwrap();
+    assert!(
+        peer.recv_frame(&mut frame).unwrap().is_some(),
+        "asked again after it"
+    );
+}
+
 mod properties {
     use proptest::prelude::*;
 

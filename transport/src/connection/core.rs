@@ -130,6 +130,9 @@ pub struct ConnectionStats {
     /// asking, because a refusal of that tier held its back-off (see
     /// [`ControllerStats::held_back_by_refusal`](tierbuf_tiers::controller::ControllerStats)).
     pub held_back_by_refusal: u64,
+    /// Messages that needed a larger tier while this side's demotion was pending (see
+    /// [`ControllerStats::held_back_by_demotion`](tierbuf_tiers::controller::ControllerStats)).
+    pub held_back_by_demotion: u64,
     /// The peer's tier requests answered `Busy` because a receive tier they replaced was
     /// still draining: what bounds a peer that asks tier after tier to two receive tiers.
     pub recv_requests_busy: u64,
@@ -354,6 +357,7 @@ impl ConnectionCore {
             send_buffers_refused: tiers.send_buffers_refused,
             recv_buffers_refused: tiers.recv_buffers_refused,
             held_back_by_refusal: tiers.held_back_by_refusal,
+            held_back_by_demotion: tiers.held_back_by_demotion,
             recv_requests_busy: tiers.recv_requests_busy,
             registered_bytes: self.tiers.registered_bytes(),
             posted_receives: self.posted.len() as u64,
