@@ -36,9 +36,10 @@
 //! - **A peer's request is provisioned only on the ladder** (the negotiation nacks the rest
 //!   without asking) and within the reservoir's budget (a refusal is a nack, not an error).
 //! - **The receive region holds the tier in force and at most one replaced tier** (besides
-//!   retained tiers below the one in force): a request for another tier while a replaced
-//!   one still has slots out is answered `Busy`, so no peer can make this side register
-//!   more by asking tier after tier without sending into what was posted for it.
+//!   retained tiers below the one in force): a request for a tier that needs a new
+//!   registration while a replaced one still has slots out is answered `Busy` (a request
+//!   for the replaced tier itself puts it back in force), so no peer can make this side
+//!   register more by asking tier after tier without sending into what was posted for it.
 //! - **A pending demotion is never superseded.** The peer installs the smaller receives
 //!   when it provisions them; a promotion asked meanwhile would leave them in force while
 //!   this side sends on its larger grant, which they cannot take. A message that needs a
@@ -602,13 +603,17 @@ impl TierController {
     }
 
     /// Puts the receive region on `tier` for the peer's request: `Busy` while a tier it
-    /// replaced still has receives out (the peer has not sent into them), so the region
-    /// holds the tier in force and at most one draining tier, besides the retained ones
-    /// below the tier in force (module invariants).
+    /// replaced still has receives out (the peer has not sent into them) and `tier` would
+    /// need a new registration, so the region holds the tier in force and at most one
+    /// draining tier, besides the retained ones below the tier in force (module
+    /// invariants). A replaced registration of `tier` itself is put back in force.
     fn provision(&mut self, tier: TierIndex) -> Result<RegionDescriptor, NackReason> {
         let from = self.recv_cache.tier();
         self.recv_region.reclaim();
-        if tier != from && self.recv_region.replaced_tiers() > 0 {
+        if tier != from
+            && self.recv_region.replaced_tiers() > 0
+            && !self.recv_region.has_replaced(tier)
+        {
             self.stats.recv_requests_busy += 1;
             tracing::info!(%tier, "the peer asked for a tier while the last one drains");
             return Err(NackReason::Busy);

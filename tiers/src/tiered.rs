@@ -353,6 +353,12 @@ impl TieredRegion {
         lock(&self.replaced).len()
     }
 
+    /// Whether a replaced registration of `tier` has not retired yet, so that changing to
+    /// `tier` puts it back in force instead of registering anew.
+    pub fn has_replaced(&self, tier: TierIndex) -> bool {
+        lock(&self.replaced).iter().any(|r| r.tier.index == tier)
+    }
+
     fn install(&self, tier: Arc<Tier>, replaced_awaits_peer: bool) -> TierIndex {
         let index = tier.index;
         // Both lists stay locked while tiers move between them (module invariants).

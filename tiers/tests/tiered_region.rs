@@ -348,3 +348,31 @@ fn stress(retain: bool) {
     drop(reservoir);
     assert_eq!(budget.in_use(), 0, "every byte back");
 }
+
+#[test]
+fn a_replaced_tier_not_yet_retired_is_put_back_in_force_instead_of_registered_again() {
+    let (budget, reservoir) = setup(1 << 20, 0, false);
+    let region = TieredRegion::new(reservoir).unwrap();
+    let mut cache = region.cache();
+    let held = cache.try_acquire().unwrap(); // keeps tier 0 from retiring
+    region.begin_change(T1).unwrap().install(false).unwrap();
+    assert_eq!(region.replaced_tiers(), 1);
+    let charged = budget.in_use();
+    let mut back = region.begin_change(T0).unwrap();
+    back.provision().unwrap();
+    assert_eq!(back.provenance(), Some(Provenance::Reservoir));
+    back.install(false).unwrap();
+    assert_eq!(
+        budget.in_use(),
+        charged,
+        "tier 0's registration came back, no new one"
+    );
+    assert_eq!(
+        held.tier(),
+        region.tier(),
+        "the held slot is of the tier in force again"
+    );
+    drop(held);
+    assert_eq!(region.reclaim(), 1, "tier 1 retires");
+    assert_eq!(budget.in_use(), T0_CHARGED);
+}
