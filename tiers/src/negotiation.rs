@@ -79,6 +79,11 @@ impl TierShape {
     }
 }
 
+/// The longest request timeout: an hour. Every deadline of the negotiation is the time now
+/// plus the timeout, which then never overflows an `Instant`; and a request unanswered for
+/// an hour is one no connection is waiting for.
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
 /// What the negotiation needs to know of a ladder and of its timers.
 ///
 /// ```
@@ -126,6 +131,14 @@ pub enum ConfigError {
     /// The request timeout is zero.
     #[error("the request timeout must be longer than zero")]
     ZeroTimeout,
+    /// The request timeout is past [`MAX_REQUEST_TIMEOUT`].
+    #[error("a request timeout of {timeout:?} passes the maximum of {max:?}")]
+    TimeoutTooLong {
+        /// The timeout given.
+        timeout: Duration,
+        /// The longest allowed, [`MAX_REQUEST_TIMEOUT`].
+        max: Duration,
+    },
     /// Zero attempts would never send a request.
     #[error("max_attempts must be at least 1")]
     ZeroAttempts,
@@ -143,7 +156,8 @@ pub enum ConfigError {
 
 impl NegotiationConfig {
     /// A configuration for a ladder of `tiers` (tier 0 first), re-sending an unanswered request
-    /// every `request_timeout` and giving up after `max_attempts` sends.
+    /// every `request_timeout` (at most [`MAX_REQUEST_TIMEOUT`]) and giving up after
+    /// `max_attempts` sends.
     pub fn new(
         tiers: Vec<TierShape>,
         request_timeout: Duration,
@@ -165,6 +179,12 @@ impl NegotiationConfig {
         }
         if request_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
+        }
+        if request_timeout > MAX_REQUEST_TIMEOUT {
+            return Err(ConfigError::TimeoutTooLong {
+                timeout: request_timeout,
+                max: MAX_REQUEST_TIMEOUT,
+            });
         }
         if max_attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
@@ -223,6 +243,13 @@ impl NegotiationConfig {
     /// How long to wait for an answer before sending again.
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
+    }
+
+    /// When a timer started at `now` fires: `now` plus the request timeout. The timeout is
+    /// at most [`MAX_REQUEST_TIMEOUT`], so the sum fits any `Instant` a clock gives; were it
+    /// not to, the timer fires at once rather than the arithmetic panicking.
+    pub fn deadline_after(&self, now: Instant) -> Instant {
+        now.checked_add(self.request_timeout).unwrap_or(now)
     }
 
     /// How many times a request is sent before it is given up.

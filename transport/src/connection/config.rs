@@ -8,7 +8,6 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::policy::FrameCapacity;
 use tierbuf_tiers::{NegotiationConfig, wire};
 
-use super::credits::MIN_POSTED;
 use super::errors::ConnectionError;
 use super::header::HEADER_LEN;
 
@@ -44,7 +43,10 @@ impl ConnectionConfig {
     /// # Errors
     ///
     /// A [`ConnectionError`] of the caller's configuration: tier 0 cannot carry a control
-    /// frame, a tier has fewer than three slots, or the ladder cannot be negotiated.
+    /// frame, or the ladder cannot be negotiated. Every bound on the ladder itself (at
+    /// least three slots a tier, slot, region and policy maxima) is the ladder's own
+    /// validation ([`TierLadder::builder`], and so the ladder loader and `tierbuf ladder
+    /// check`): a `TierLadder` that exists has passed it.
     pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConnectionError> {
         let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
         let smallest = ladder.tiers()[0].slot_size();
@@ -52,15 +54,6 @@ impl ConnectionConfig {
             return Err(ConnectionError::SmallestTierTooSmall {
                 slot_size: smallest,
                 needed,
-            });
-        }
-        if let Some((tier, spec)) = ladder
-            .iter()
-            .find(|(_, spec)| spec.slot_count() < MIN_POSTED as usize)
-        {
-            return Err(ConnectionError::TooFewSlots {
-                tier,
-                slot_count: spec.slot_count(),
             });
         }
         let negotiation = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(100), 5)
@@ -116,7 +109,9 @@ impl ConnectionConfig {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Negotiation`] for a zero timeout or zero attempts.
+    /// [`ConnectionError::Negotiation`] for a zero timeout, one past
+    /// [`MAX_REQUEST_TIMEOUT`](tierbuf_tiers::negotiation::MAX_REQUEST_TIMEOUT) (an hour),
+    /// or zero attempts.
     pub fn with_request_timeout(
         mut self,
         request_timeout: Duration,

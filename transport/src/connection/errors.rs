@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use tierbuf_tiers::TierIndex;
 use tierbuf_tiers::controller::ControllerError;
 use tierbuf_tiers::policy::CapacityError;
 use tierbuf_tiers::{TierError, negotiation::ConfigError};
@@ -51,16 +50,6 @@ pub enum ConnectionError {
         slot_size: usize,
         /// Header plus the largest control frame.
         needed: usize,
-    },
-    /// A tier has fewer than three slots: one credit is kept back for credit and control
-    /// frames, one carries data, and a third lets a credit frame grant more receives than
-    /// it consumes (the caller's ladder).
-    #[error("{tier} has {slot_count} slot(s); a connection needs at least 3 per tier")]
-    TooFewSlots {
-        /// The tier.
-        tier: TierIndex,
-        /// Its slot count.
-        slot_count: usize,
     },
     /// The ladder cannot be negotiated (the caller's ladder).
     #[error("the ladder cannot be negotiated")]
@@ -162,7 +151,6 @@ impl ConnectionError {
     pub fn fault(&self) -> Fault {
         match self {
             ConnectionError::SmallestTierTooSmall { .. }
-            | ConnectionError::TooFewSlots { .. }
             | ConnectionError::Negotiation(_)
             | ConnectionError::Capacity(_)
             | ConnectionError::QueueTooShallow { .. }
