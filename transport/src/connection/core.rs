@@ -289,11 +289,13 @@ impl ConnectionCore {
         .map_err(ConnectionError::Register)?;
         let spare_buffer_limit = config.spare_buffer_limit();
         let smallest = &config.ladder().tiers()[0];
-        let mut credits = Credits::default();
-        credits.grant(Grant {
-            tier: 0,
-            count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
-        });
+        let credits = Credits::starting_with(
+            config.max_send_credits(),
+            Grant {
+                tier: 0,
+                count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
+            },
+        );
         let mut core = ConnectionCore {
             reassembly: Reassembly::new(config.max_message_len()),
             config,

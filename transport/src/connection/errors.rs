@@ -135,6 +135,22 @@ pub enum PeerViolation {
         /// Tiers on the ladder.
         len: usize,
     },
+    /// A frame's grant would take this side's credits past every receive the peer could
+    /// have posted
+    /// ([`ConnectionConfig::max_send_credits`](super::ConnectionConfig::max_send_credits)).
+    #[error(
+        "the peer granted {count} receives of tier {tier} on top of {held}, past the {limit} it can have posted"
+    )]
+    GrantBeyondReceives {
+        /// The grant's tier.
+        tier: u8,
+        /// The grant's count.
+        count: u16,
+        /// The credits held before it.
+        held: u32,
+        /// The most the peer can have granted.
+        limit: u32,
+    },
     /// A malformed or out-of-protocol control message.
     #[error("the tier negotiation")]
     Negotiation(#[source] ControllerError),

@@ -1,0 +1,169 @@
+//! A `ConnectionCore` against a hostile peer, at the sans-IO level: the peer is nothing but
+//! the frames the test writes into the core's posted receives, built by hand from the
+//! frame header's layout (`transport/src/connection/header.rs`: kind, grant tier, grant
+//! count, payload length, message length, little-endian). Whatever the peer sends, the
+//! core must neither panic nor grow without bound: it fails the connection with an error
+//! that blames the peer and names what it did.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tierbuf_pool::{HostRegistrar, MemoryBudget};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::BufferRef;
+use tierbuf_transport::connection::{
+    ConnectionConfig, ConnectionCore, ConnectionError, Fault, FrameKind, HEADER_LEN, PeerViolation,
+    WorkKind, WorkRequest,
+};
+
+/// The patent's ladder: 16 slots of 512 B, 16 of 8 KiB.
+fn ladder() -> Arc<TierLadder> {
+    Arc::new(TierLadder::preset("patent").unwrap())
+}
+
+/// One frame as a peer would write it.
+fn frame(kind: FrameKind, grant: (u8, u16), payload: &[u8], message_len: u64) -> Vec<u8> {
+    let mut bytes = vec![kind as u8, grant.0];
+    bytes.extend_from_slice(&grant.1.to_le_bytes());
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&message_len.to_le_bytes());
+    assert_eq!(bytes.len(), HEADER_LEN);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// The side under attack: its core and the receives it has posted, oldest first. Its
+/// sends are never carried out (the peer does not read), so it holds them.
+struct Victim {
+    core: ConnectionCore,
+    recvs: VecDeque<(u64, BufferRef)>,
+    sends_posted: usize,
+    now: Instant,
+}
+
+impl Victim {
+    fn new() -> Victim {
+        let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
+        let registrar = Arc::new(HostRegistrar::new(MemoryBudget::with_cap(1 << 20)));
+        let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
+        let now = Instant::now();
+        let core = ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now).unwrap();
+        let mut victim = Victim {
+            core,
+            recvs: VecDeque::new(),
+            sends_posted: 0,
+            now,
+        };
+        victim.collect();
+        victim
+    }
+
+    /// Takes the work the core handed out.
+    fn collect(&mut self) {
+        while let Some(work) = self.core.poll_work() {
+            match work {
+                WorkRequest::PostRecv { wr_id, buffer } => self.recvs.push_back((wr_id, buffer)),
+                WorkRequest::PostSend { .. } => self.sends_posted += 1,
+                other => panic!("unexpected work {other:?}"),
+            }
+        }
+    }
+
+    /// Writes the peer's `frame` into the oldest posted receive and completes it, as a
+    /// provider would; then lets the core make progress.
+    fn deliver(&mut self, frame: &[u8]) -> Result<(), Arc<ConnectionError>> {
+        self.collect();
+        let (wr_id, buffer) = self.recvs.pop_front().expect("a posted receive");
+        assert!(
+            frame.len() <= buffer.len as usize,
+            "the test overran a receive"
+        );
+        // SAFETY: the receive buffer is a slot the core holds while the receive is posted,
+        // at least `frame.len()` bytes long, and nothing else touches it meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), buffer.addr as *mut u8, frame.len());
+        }
+        self.now += Duration::from_micros(1);
+        let delivered =
+            self.core
+                .handle_completion(self.now, WorkKind::Recv, wr_id, frame.len() as u32);
+        self.core.progress(self.now);
+        self.collect();
+        delivered
+    }
+}
+
+/// Credit frames that each grant 65 535 receives: more than the peer could ever have
+/// posted. Summed they passed 32 bits and the addition panicked; now the first grant past
+/// what the ladder lets the peer post fails the connection, naming the grant.
+#[test]
+fn grants_past_the_receives_a_peer_can_post_are_a_violation_not_an_overflow() {
+    let mut victim = Victim::new();
+    let credit = frame(FrameKind::Credit, (0, u16::MAX), &[], 0);
+    let mut outcome = Ok(());
+    for _ in 0..70_000 {
+        outcome = victim.deliver(&credit);
+        if outcome.is_err() {
+            break;
+        }
+    }
+    let error = outcome.expect_err("a peer granting without end is refused");
+    assert_eq!(error.fault(), Fault::Peer, "{error}");
+    let ConnectionError::PeerProtocol(PeerViolation::GrantBeyondReceives {
+        tier,
+        count,
+        limit,
+        ..
+    }) = &*error
+    else {
+        panic!("not a grant violation: {error:?}");
+    };
+    assert_eq!((*tier, *count), (0, u16::MAX));
+    // Every slot of every tier posted at once, twice over.
+    assert_eq!(*limit, 2 * (16 + 16));
+    assert!(victim.core.stats().send_credits <= u64::from(*limit));
+}
+
+/// Grants alternating between two tiers, one receive each, would make a run per frame; the
+/// same bound stops them before the list of runs grows past it.
+#[test]
+fn alternating_small_grants_are_bounded_too() {
+    let mut victim = Victim::new();
+    let mut outcome = Ok(());
+    for index in 0..1000u32 {
+        let credit = frame(FrameKind::Credit, ((index % 2) as u8, 1), &[], 0);
+        outcome = victim.deliver(&credit);
+        if outcome.is_err() {
+            break;
+        }
+    }
+    let error = outcome.expect_err("refused once past the bound");
+    assert!(
+        matches!(
+            &*error,
+            ConnectionError::PeerProtocol(PeerViolation::GrantBeyondReceives { .. })
+        ),
+        "{error:?}"
+    );
+    assert!(victim.core.stats().send_credits <= 2 * (16 + 16));
+}
+
+/// A grant the peer could have made is still taken: the bound is not a cap on honest
+/// credits.
+#[test]
+fn grants_within_what_the_peer_can_post_are_taken() {
+    let mut victim = Victim::new();
+    let before = victim.core.stats();
+    victim
+        .deliver(&frame(FrameKind::Credit, (1, 4), &[], 0))
+        .unwrap();
+    victim
+        .deliver(&frame(FrameKind::Credit, (0, 4), &[], 0))
+        .unwrap();
+    let after = victim.core.stats();
+    // Each frame the victim sent meanwhile (a credit frame of its own) took one.
+    let spent = after.frames_sent - before.frames_sent;
+    assert_eq!(after.send_credits, before.send_credits + 8 - spent);
+}
