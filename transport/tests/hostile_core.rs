@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tierbuf_pool::{HostRegistrar, MemoryBudget};
-use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::wire::{self, ControlMessage, Epoch};
+use tierbuf_tiers::{Reservoir, TierIndex};
 use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
     ConnectionConfig, ConnectionCore, ConnectionError, Fault, FrameKind, HEADER_LEN, PeerViolation,
@@ -166,4 +167,91 @@ fn grants_within_what_the_peer_can_post_are_taken() {
     // Each frame the victim sent meanwhile (a credit frame of its own) took one.
     let spent = after.frames_sent - before.frames_sent;
     assert_eq!(after.send_credits, before.send_credits + 8 - spent);
+}
+
+/// One control frame carrying `message`, granting nothing.
+fn control(message: ControlMessage) -> Vec<u8> {
+    let mut encoded = [0u8; wire::MAX_FRAME_LEN];
+    let len = wire::encode(&message, &mut encoded).unwrap();
+    frame(FrameKind::Control, (0, 0), &encoded[..len], 0)
+}
+
+/// A valid promotion request, repeated 100 000 times by a peer that grants no credit:
+/// every repeat used to queue one more answer for a credit that never came (about 47 MB
+/// for a million). A repeat of a request already answered queues nothing: the answer
+/// still waiting stands for it. The connection keeps working.
+#[test]
+fn a_request_repeated_without_credit_queues_one_answer() {
+    let mut victim = Victim::new();
+    let request = control(ControlMessage::Request {
+        epoch: Epoch::new(1),
+        tier: TierIndex::new(1),
+        current: Epoch::INITIAL,
+    });
+    let mut most_waiting = 0;
+    for _ in 0..100_000 {
+        victim
+            .deliver(&request)
+            .expect("a repeated request is no violation");
+        most_waiting = most_waiting.max(victim.core.stats().control_frames_waiting);
+    }
+    let stats = victim.core.stats();
+    assert_eq!(stats.recv_tier, 1, "the request was provisioned once");
+    assert_eq!(stats.send_credits, 0, "the peer granted nothing");
+    assert!(most_waiting <= 1, "{most_waiting} control frames waited");
+    assert!(victim.core.failure().is_none());
+}
+
+/// Requests of ever newer epochs, each refused (a tier past the ladder), from a peer that
+/// grants no credit: each answer makes the one before it moot, so one waits at most.
+#[test]
+fn answers_to_newer_requests_replace_the_ones_still_waiting() {
+    let mut victim = Victim::new();
+    let mut most_waiting = 0;
+    for epoch in 1..=20_000 {
+        let request = control(ControlMessage::Request {
+            epoch: Epoch::new(epoch),
+            tier: TierIndex::new(9),
+            current: Epoch::INITIAL,
+        });
+        victim
+            .deliver(&request)
+            .expect("a request past the ladder is nacked");
+        most_waiting = most_waiting.max(victim.core.stats().control_frames_waiting);
+    }
+    assert!(most_waiting <= 1, "{most_waiting} control frames waited");
+    assert!(victim.core.failure().is_none());
+}
+
+/// What this side asks on its own account still needs credits: a peer that never grants
+/// one while this side keeps asking for a promotion (each request given up after its
+/// attempts and asked again later) fails the connection once the waiting control frames
+/// pass the limit, blaming the peer, instead of queueing them without end.
+#[test]
+fn control_frames_waiting_past_the_limit_fail_the_connection() {
+    let mut victim = Victim::new();
+    let mut most_waiting = 0;
+    let error = loop {
+        // A message built in place needs tier 1: it asks for it (or the refusal holds).
+        let _ = victim.core.try_reserve(victim.now, 4000);
+        for _ in 0..8 {
+            victim.now += Duration::from_secs(1);
+            victim.core.progress(victim.now);
+            victim.collect();
+        }
+        most_waiting = most_waiting.max(victim.core.stats().control_frames_waiting);
+        if let Some(error) = victim.core.failure() {
+            break Arc::clone(error);
+        }
+        assert!(most_waiting < 1000, "{most_waiting} control frames wait");
+    };
+    assert_eq!(error.fault(), Fault::Peer);
+    assert!(
+        matches!(
+            &*error,
+            ConnectionError::PeerProtocol(PeerViolation::ControlBacklog { limit: 256, .. })
+        ),
+        "{error:?}"
+    );
+    assert!(most_waiting <= 258, "{most_waiting} control frames waited");
 }

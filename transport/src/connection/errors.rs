@@ -154,6 +154,18 @@ pub enum PeerViolation {
     /// A malformed or out-of-protocol control message.
     #[error("the tier negotiation")]
     Negotiation(#[source] ControllerError),
+    /// In-band control frames piled up past the limit waiting for a credit the peer did
+    /// not grant: it took none of them for a long time while this side kept asking
+    /// (`docs/threats.md`).
+    #[error(
+        "{waiting} control frames wait for a credit the peer does not grant (the limit is {limit})"
+    )]
+    ControlBacklog {
+        /// Control frames waiting.
+        waiting: usize,
+        /// The most that may wait.
+        limit: usize,
+    },
     /// A control frame on a connection that negotiates over a channel of its own.
     #[error("a control frame on a connection whose negotiation runs elsewhere")]
     UnexpectedControlFrame,
