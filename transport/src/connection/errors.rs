@@ -169,7 +169,8 @@ pub enum PeerViolation {
     /// A control frame on a connection that negotiates over a channel of its own.
     #[error("a control frame on a connection whose negotiation runs elsewhere")]
     UnexpectedControlFrame,
-    /// The provider's own protocol (a bad record, a delivery longer than the buffer).
+    /// The provider's own protocol (a bad record, a delivery longer than the buffer, a
+    /// peer that stalled past the provider's deadline).
     #[error("the provider's protocol")]
     Provider(#[source] TransportError),
 }
@@ -216,7 +217,7 @@ impl ConnectionError {
     pub(super) fn of_transport(error: TransportError) -> ConnectionError {
         match error {
             TransportError::PeerDied { .. } => ConnectionError::PeerDied(error),
-            TransportError::ProtocolViolation { .. } => {
+            TransportError::ProtocolViolation { .. } | TransportError::PeerStalled { .. } => {
                 ConnectionError::PeerProtocol(PeerViolation::Provider(error))
             }
             other => ConnectionError::Provider(other),
