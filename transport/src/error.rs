@@ -81,8 +81,9 @@ pub enum PostError {
     /// The peer closed its endpoint.
     #[error("the peer closed the connection")]
     PeerClosed,
-    /// An error completion broke the connection; every request is flushed from then on.
-    #[error("the connection broke after an error completion")]
+    /// The connection is broken (an error completion, or a failure of the peer's that the
+    /// endpoint's next `poll` reports); every request is flushed from then on.
+    #[error("the connection is broken")]
     ConnectionBroken,
 }
 

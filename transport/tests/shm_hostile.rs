@@ -2,7 +2,9 @@
 //! bootstrap socket's records by hand and writing the connection segment's words through
 //! the segment's own (hidden) public type. Whatever it does, the endpoint under attack
 //! must not wait on it past its peer timeout: not in `poll`, `close` or drop, not in a
-//! `try_` call, not in `accept`.
+//! `try_` call, not in `accept`; and when the peer dies, the error says so.
+
+mod errors;
 
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
@@ -13,11 +15,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use errors::chain;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
     SocketFlags, SocketType,
 };
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, Fault, SendError,
+};
 use tierbuf_transport::shm_segment::{Direction, PostedBuffer, RingSize, Segment};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, Provider, RING_CAPACITY, ShmEndpoint, ShmProvider,
@@ -332,4 +340,42 @@ fn a_silent_client_does_not_hold_up_accept() {
     assert!(error.to_string().contains("hello"), "{error}");
     assert!(took <= PEER_TIMEOUT + HOSTAGE, "{took:?}");
     drop(silent);
+}
+
+/// A peer process killed (its socket closed, the segment left open) while this side is
+/// about to announce its first receive buffers: the connection's error says the peer died,
+/// down its `source()` chain, instead of only that the connection failed.
+#[test]
+fn a_peer_that_dies_is_named_as_the_cause() {
+    let provider = provider();
+    let path = socket_path("died");
+    let (endpoint, peer) =
+        RawPeer::accept_from(&path, 64, |path| provider.connect(path, 64, 64).unwrap());
+    drop(peer);
+    let ladder = Arc::new(TierLadder::preset("patent").unwrap());
+    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let core =
+        ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now()).unwrap();
+    let (error, _) = within_bound("finding the peer gone", move || {
+        let mut connection = match Connection::new(core, endpoint) {
+            Ok(connection) => connection,
+            Err(error) => return error,
+        };
+        // Found at the first post or poll that meets the closed socket.
+        loop {
+            let step = connection
+                .send(b"anyone there?")
+                .and_then(|()| connection.progress().map_err(SendError::Failed));
+            if let Err(SendError::Failed(error)) = step {
+                return error;
+            }
+        }
+    });
+    assert_eq!(error.fault(), Fault::Peer, "{}", chain(&*error));
+    let text = chain(&*error);
+    assert!(text.contains("died"), "the cause is lost: {text}");
 }

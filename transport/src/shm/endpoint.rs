@@ -315,8 +315,10 @@ impl ShmEndpoint {
         });
     }
 
-    /// Fails the connection for what the socket said: a send that timed out is a peer
-    /// that does not read.
+    /// Fails the connection for what the socket said, keeping it as the cause: a socket
+    /// the peer's side closed is the peer gone; a send that timed out, a peer that does
+    /// not read; a record that does not parse, the peer's violation; anything else, the
+    /// socket's error as it came.
     fn socket_failed(&mut self, error: SocketError) {
         use rustix::io::Errno;
         match error {
@@ -328,10 +330,27 @@ impl ShmEndpoint {
                 })
             }
             SocketError::Io { source, .. }
+                if [
+                    Errno::PIPE,
+                    Errno::CONNRESET,
+                    Errno::NOTCONN,
+                    Errno::CONNREFUSED,
+                ]
+                .iter()
+                .any(|gone| source.raw_os_error() == Some(gone.raw_os_error())) =>
+            {
+                self.peer_vanished()
+            }
+            SocketError::Io { source, .. }
                 if source.raw_os_error() == Some(Errno::AGAIN.raw_os_error()) =>
             {
                 self.stalled("the peer's read of its bootstrap socket", SOCKET_TIMEOUT)
             }
+            SocketError::Io { operation, source } => self.fail(TransportError::Provider {
+                provider: "shm",
+                operation,
+                source,
+            }),
             error => self.violation(format!("bootstrap socket: {error}")),
         }
     }
