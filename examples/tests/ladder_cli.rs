@@ -88,6 +88,60 @@ fn check_rejects_an_invalid_file_with_its_line_and_column() {
     );
 }
 
+/// `check` approves only what a connection accepts: a ladder one slot per tier, or past a
+/// bound on counts, sizes, the reserve or the policy's durations, is refused naming the key.
+#[test]
+fn check_rejects_a_ladder_no_connection_accepts_naming_the_key() {
+    let tier = |slot_size: &str, slot_count: &str| {
+        format!(
+            "[[tier]]\nslot_size = {slot_size}\nslot_count = {slot_count}\npromote_threshold = 64\n"
+        )
+    };
+    let cases = [
+        (
+            "one-slot.toml",
+            tier("512", "1"),
+            "3:14: tier 0: slot_count 1 is below 3",
+        ),
+        (
+            "many-slots.toml",
+            tier("64", "4294967296"),
+            "3:14: tier 0: slot_count 4294967296 passes the maximum of 16384",
+        ),
+        (
+            "huge-slots.toml",
+            tier("\"4GiB\"", "3"),
+            "2:13: tier 0: slot_size 4294967296 passes the maximum of 1073741824 bytes",
+        ),
+        (
+            "reserve.toml",
+            format!(
+                "[policy]\nreservoir_regions = 9223372036854775807\n{}",
+                tier("512", "3")
+            ),
+            "2:21: policy: reservoir_regions 9223372036854775807 passes the maximum of 1024",
+        ),
+        (
+            "hysteresis.toml",
+            format!(
+                "[policy]\nhysteresis = \"18446744073709551615s\"\n{}",
+                tier("512", "3")
+            ),
+            "2:14: policy: hysteresis",
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = scratch_file(name, &text);
+        let output = tierbuf(&["ladder", "check", path.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(1), "{name}: {}", stdout(&output));
+        let message = stderr(&output);
+        assert!(
+            message.starts_with(&format!("error: {}:{expected}", path.display())),
+            "{name}: {message}"
+        );
+    }
+}
+
 #[test]
 fn check_rejects_a_toml_syntax_error_with_its_line_and_column() {
     let path = scratch_file(

@@ -12,14 +12,15 @@ use tierbuf_tiers::{Reservoir, TierError, TierIndex, TieredRegion};
 
 const SMALL: TierIndex = TierIndex::SMALLEST;
 const LARGE: TierIndex = TierIndex::new(1);
-/// Region lengths of the model's two tiers: 2 slots of 64 bytes, 2 slots of 128 bytes.
-const SMALL_LEN: u64 = 128;
-const LARGE_LEN: u64 = 256;
+/// Region lengths of the model's two tiers: 3 slots of 64 bytes, 3 slots of 128 bytes
+/// (the fewest a ladder allows).
+const SMALL_LEN: u64 = 192;
+const LARGE_LEN: u64 = 384;
 
 fn region() -> (MemoryBudget, Arc<TieredRegion>) {
     let ladder = TierLadder::builder()
-        .tier(64, 2, 64)
-        .tier(128, 2, 128)
+        .tier(64, 3, 64)
+        .tier(128, 3, 128)
         .build()
         .expect("a valid ladder");
     let budget = MemoryBudget::with_cap(1 << 20);
@@ -132,9 +133,9 @@ pub fn release_while_a_demotion_gives_back_a_retained_tier() {
     const MIDDLE: TierIndex = TierIndex::new(1);
     const TOP: TierIndex = TierIndex::new(2);
     let ladder = TierLadder::builder()
-        .tier(64, 2, 64)
-        .tier(128, 2, 128)
-        .tier(256, 2, 256)
+        .tier(64, 3, 64)
+        .tier(128, 3, 128)
+        .tier(256, 3, 256)
         .retain_replaced(true)
         .build()
         .expect("a valid ladder");

@@ -19,13 +19,20 @@
 //! using a ladder may rely on all of these:
 //!
 //! - there is at least one tier and at most [`MAX_TIERS`], so every index fits a [`TierIndex`];
-//! - slot sizes are non-zero multiples of [`SLOT_ALIGN`] and strictly increase up the ladder;
-//! - slot counts are non-zero;
+//! - slot sizes are non-zero multiples of [`SLOT_ALIGN`], at most [`MAX_SLOT_SIZE`], and
+//!   strictly increase up the ladder;
+//! - slot counts are between [`MIN_SLOT_COUNT`] and [`MAX_SLOT_COUNT`]: every tier can keep
+//!   a connection's receives posted, and a tier's count fits a receive queue and the 16-bit
+//!   credit grants of a frame header;
 //! - thresholds are non-zero, at most their tier's slot size, and strictly increase up the
 //!   ladder, so every tier is the smallest fit for some message length;
-//! - the send and receive regions of all tiers up to and including any tier, added together,
-//!   fit in a `u64` (so [`TierSpec::region_len`] and the [`MemoryTable`] never overflow);
-//! - `demote_after` is non-zero.
+//! - every region (`slot_size * slot_count`) is at most [`MAX_REGION_LEN`], so it fits the
+//!   32-bit lengths of the wire and of verbs, and the send and receive regions of all tiers
+//!   added together fit a `u64` (so [`TierSpec::region_len`] and the [`MemoryTable`] never
+//!   overflow);
+//! - `demote_after` is non-zero, and `demote_after` and `hysteresis` are at most
+//!   [`MAX_POLICY_DURATION`], so an `Instant` plus either never overflows;
+//! - `reservoir_regions` is at most [`MAX_RESERVOIR_REGIONS`].
 
 mod file;
 mod memory;
@@ -46,6 +53,36 @@ pub const MAX_TIERS: usize = u8::MAX as usize;
 /// Slot sizes must be multiples of this many bytes: a cache line, so that slots carved from
 /// one region never share a cache line and every slot starts suitably aligned for a registrar.
 pub const SLOT_ALIGN: usize = 64;
+
+/// The fewest slots a tier may have: the receives a connection keeps posted however many
+/// messages its user holds. One is the credit data frames leave for credit and control
+/// frames, one carries data, and a third lets a credit frame sent to a peer left one credit
+/// grant it at least two receives for the one it consumes. With two, two sides each left one
+/// credit would either trade one-receive credit frames for ever or wait for each other for
+/// ever (`docs/connection.md`, rule 3). The connection layer takes this rule from here.
+pub const MIN_SLOT_COUNT: usize = 3;
+
+/// The most slots a tier may have. A connection posts every slot of its receive tier as a
+/// receive, so a slot count is a receive-queue depth: 16 384 is past the deepest queue the
+/// providers offer (shared memory: 1024 entries; verbs devices: commonly 16 K work
+/// requests), and keeps a tier's count within the 16-bit credit grant of a frame header.
+pub const MAX_SLOT_COUNT: usize = 1 << 14;
+
+/// The largest slot: 1 GiB. A slot is one receive buffer, whose length travels in 32 bits
+/// (a verbs scatter-gather element, a frame's payload length).
+pub const MAX_SLOT_SIZE: usize = 1 << 30;
+
+/// The longest region, `slot_size * slot_count`: the largest multiple of [`SLOT_ALIGN`]
+/// below 4 GiB, so that a region's length and every offset in it fit 32 bits, as verbs
+/// lengths and the negotiation's wire fields are.
+pub const MAX_REGION_LEN: usize = u32::MAX as usize & !(SLOT_ALIGN - 1);
+
+/// The most regions of each tier a process keeps registered in reserve.
+pub const MAX_RESERVOIR_REGIONS: usize = 1024;
+
+/// The longest `demote_after` and `hysteresis`: a day. Deadlines are the time now plus one
+/// of these, which then never overflows an `Instant`.
+pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// One rung of a ladder: a registered region of `slot_count` slots of `slot_size` bytes.
 ///
@@ -294,11 +331,44 @@ pub enum LadderError {
         /// The slot size of the tier below.
         below: usize,
     },
+    /// A slot size is past [`MAX_SLOT_SIZE`].
+    #[error("{tier}: slot_size {slot_size} passes the maximum of {max} bytes")]
+    SlotSizeTooLarge {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its slot size.
+        slot_size: usize,
+        /// The largest allowed, [`MAX_SLOT_SIZE`].
+        max: usize,
+    },
     /// A slot count is zero.
     #[error("{tier}: slot_count must be greater than 0")]
     SlotCountZero {
         /// The offending tier.
         tier: TierIndex,
+    },
+    /// A slot count is below [`MIN_SLOT_COUNT`]: a connection could not keep its receives
+    /// posted on the tier.
+    #[error(
+        "{tier}: slot_count {slot_count} is below {min}, the receives a connection keeps posted"
+    )]
+    TooFewSlots {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its slot count.
+        slot_count: usize,
+        /// The fewest allowed, [`MIN_SLOT_COUNT`].
+        min: usize,
+    },
+    /// A slot count is past [`MAX_SLOT_COUNT`].
+    #[error("{tier}: slot_count {slot_count} passes the maximum of {max}")]
+    TooManySlots {
+        /// The offending tier.
+        tier: TierIndex,
+        /// Its slot count.
+        slot_count: usize,
+        /// The most allowed, [`MAX_SLOT_COUNT`].
+        max: usize,
     },
     /// A promotion threshold is zero.
     #[error("{tier}: promote_threshold must be greater than 0")]
@@ -329,9 +399,9 @@ pub enum LadderError {
         /// The threshold of the tier below.
         below: usize,
     },
-    /// The tier's regions, added to those of the tiers below, overflow 64 bits.
+    /// The tier's region, `slot_size * slot_count`, is past [`MAX_REGION_LEN`].
     #[error(
-        "{tier}: slot_count {slot_count} of slot_size {slot_size} makes the send and receive regions up to this tier overflow 64 bits"
+        "{tier}: slot_count {slot_count} of slot_size {slot_size} makes a region past the maximum of {MAX_REGION_LEN} bytes"
     )]
     RegionTooLarge {
         /// The offending tier.
@@ -344,6 +414,24 @@ pub enum LadderError {
     /// The policy's `demote_after` is zero, which would demote after every message.
     #[error("policy: demote_after must be greater than 0")]
     DemoteAfterZero,
+    /// The policy's `demote_after` or `hysteresis` is past [`MAX_POLICY_DURATION`].
+    #[error("policy: {field} {} passes the maximum of {}", humantime::format_duration(*.duration), humantime::format_duration(*.max))]
+    DurationTooLong {
+        /// The key: `demote_after` or `hysteresis`.
+        field: &'static str,
+        /// Its value.
+        duration: Duration,
+        /// The longest allowed, [`MAX_POLICY_DURATION`].
+        max: Duration,
+    },
+    /// The policy's `reservoir_regions` is past [`MAX_RESERVOIR_REGIONS`].
+    #[error("policy: reservoir_regions {reservoir_regions} passes the maximum of {max}")]
+    TooManyReservoirRegions {
+        /// Its value.
+        reservoir_regions: usize,
+        /// The most allowed, [`MAX_RESERVOIR_REGIONS`].
+        max: usize,
+    },
 }
 
 impl LadderError {
@@ -351,18 +439,23 @@ impl LadderError {
     ///
     /// ```
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
-    /// let err = TierLadder::builder().tier(512, 1, 512).tier(512, 1, 512).build().unwrap_err();
+    /// let err = TierLadder::builder().tier(512, 3, 512).tier(512, 3, 512).build().unwrap_err();
     /// assert_eq!(err.tier(), Some(TierIndex::new(1)));
     /// ```
     pub fn tier(&self) -> Option<TierIndex> {
         match *self {
             LadderError::NoTiers
             | LadderError::TooManyTiers { .. }
-            | LadderError::DemoteAfterZero => None,
+            | LadderError::DemoteAfterZero
+            | LadderError::DurationTooLong { .. }
+            | LadderError::TooManyReservoirRegions { .. } => None,
             LadderError::SlotSizeZero { tier }
             | LadderError::SlotSizeUnaligned { tier, .. }
+            | LadderError::SlotSizeTooLarge { tier, .. }
             | LadderError::SlotSizeNotIncreasing { tier, .. }
             | LadderError::SlotCountZero { tier }
+            | LadderError::TooFewSlots { tier, .. }
+            | LadderError::TooManySlots { tier, .. }
             | LadderError::PromoteThresholdZero { tier }
             | LadderError::PromoteThresholdExceedsSlot { tier, .. }
             | LadderError::PromoteThresholdNotIncreasing { tier, .. }
@@ -371,7 +464,8 @@ impl LadderError {
     }
 
     /// The ladder file key the error is about: `tier` (the list of tiers itself),
-    /// `slot_size`, `slot_count`, `promote_threshold` or `demote_after`.
+    /// `slot_size`, `slot_count`, `promote_threshold`, `demote_after`, `hysteresis` or
+    /// `reservoir_regions`.
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
@@ -383,12 +477,18 @@ impl LadderError {
             LadderError::NoTiers | LadderError::TooManyTiers { .. } => "tier",
             LadderError::SlotSizeZero { .. }
             | LadderError::SlotSizeUnaligned { .. }
+            | LadderError::SlotSizeTooLarge { .. }
             | LadderError::SlotSizeNotIncreasing { .. } => "slot_size",
-            LadderError::SlotCountZero { .. } | LadderError::RegionTooLarge { .. } => "slot_count",
+            LadderError::SlotCountZero { .. }
+            | LadderError::TooFewSlots { .. }
+            | LadderError::TooManySlots { .. }
+            | LadderError::RegionTooLarge { .. } => "slot_count",
             LadderError::PromoteThresholdZero { .. }
             | LadderError::PromoteThresholdExceedsSlot { .. }
             | LadderError::PromoteThresholdNotIncreasing { .. } => "promote_threshold",
             LadderError::DemoteAfterZero => "demote_after",
+            LadderError::DurationTooLong { field, .. } => field,
+            LadderError::TooManyReservoirRegions { .. } => "reservoir_regions",
         }
     }
 }
@@ -446,7 +546,6 @@ impl TierLadder {
             });
         }
         let mut specs: Vec<TierSpec> = Vec::with_capacity(tiers.len());
-        let mut registered_through: u64 = 0;
         for (position, &(slot_size, slot_count, promote_threshold)) in tiers.iter().enumerate() {
             let tier = TierIndex::new(position as u8);
             let below = specs.last();
@@ -460,6 +559,13 @@ impl TierLadder {
                     alignment: SLOT_ALIGN,
                 });
             }
+            if slot_size > MAX_SLOT_SIZE {
+                return Err(LadderError::SlotSizeTooLarge {
+                    tier,
+                    slot_size,
+                    max: MAX_SLOT_SIZE,
+                });
+            }
             if let Some(below) = below.filter(|below| slot_size <= below.slot_size) {
                 return Err(LadderError::SlotSizeNotIncreasing {
                     tier,
@@ -469,6 +575,20 @@ impl TierLadder {
             }
             if slot_count == 0 {
                 return Err(LadderError::SlotCountZero { tier });
+            }
+            if slot_count < MIN_SLOT_COUNT {
+                return Err(LadderError::TooFewSlots {
+                    tier,
+                    slot_count,
+                    min: MIN_SLOT_COUNT,
+                });
+            }
+            if slot_count > MAX_SLOT_COUNT {
+                return Err(LadderError::TooManySlots {
+                    tier,
+                    slot_count,
+                    max: MAX_SLOT_COUNT,
+                });
             }
             if promote_threshold == 0 {
                 return Err(LadderError::PromoteThresholdZero { tier });
@@ -488,16 +608,18 @@ impl TierLadder {
                     below: below.promote_threshold,
                 });
             }
-            registered_through = slot_size
+            // With every region within 32 bits, the send and receive regions of at most
+            // `MAX_TIERS` tiers together stay far within a `u64`.
+            if slot_size
                 .checked_mul(slot_count)
-                .and_then(|region_len| u64::try_from(region_len).ok())
-                .and_then(|region_len| region_len.checked_mul(2))
-                .and_then(|send_and_receive| registered_through.checked_add(send_and_receive))
-                .ok_or(LadderError::RegionTooLarge {
+                .is_none_or(|region_len| region_len > MAX_REGION_LEN)
+            {
+                return Err(LadderError::RegionTooLarge {
                     tier,
                     slot_size,
                     slot_count,
-                })?;
+                });
+            }
             specs.push(TierSpec {
                 slot_size,
                 slot_count,
@@ -506,6 +628,24 @@ impl TierLadder {
         }
         if policy.demote_after.is_zero() {
             return Err(LadderError::DemoteAfterZero);
+        }
+        for (field, duration) in [
+            ("demote_after", policy.demote_after),
+            ("hysteresis", policy.hysteresis),
+        ] {
+            if duration > MAX_POLICY_DURATION {
+                return Err(LadderError::DurationTooLong {
+                    field,
+                    duration,
+                    max: MAX_POLICY_DURATION,
+                });
+            }
+        }
+        if policy.reservoir_regions > MAX_RESERVOIR_REGIONS {
+            return Err(LadderError::TooManyReservoirRegions {
+                reservoir_regions: policy.reservoir_regions,
+                max: MAX_RESERVOIR_REGIONS,
+            });
         }
         Ok(TierLadder {
             tiers: specs,
@@ -779,7 +919,7 @@ mod tests {
         let ladder_of = |count: usize| {
             (1..=count)
                 .fold(TierLadder::builder(), |builder, step| {
-                    builder.tier(step * 64, 1, step * 64)
+                    builder.tier(step * 64, 3, step * 64)
                 })
                 .build()
         };
@@ -798,11 +938,11 @@ mod tests {
     fn each_broken_tier_rule_is_its_own_error() {
         let cases: [(TierLadderBuilder, LadderError); 8] = [
             (
-                TierLadder::builder().tier(0, 1, 1),
+                TierLadder::builder().tier(0, 3, 1),
                 LadderError::SlotSizeZero { tier: tier(0) },
             ),
             (
-                TierLadder::builder().tier(512, 1, 512).tier(1000, 1, 1000),
+                TierLadder::builder().tier(512, 3, 512).tier(1000, 3, 1000),
                 LadderError::SlotSizeUnaligned {
                     tier: tier(1),
                     slot_size: 1000,
@@ -810,7 +950,7 @@ mod tests {
                 },
             ),
             (
-                TierLadder::builder().tier(512, 1, 256).tier(512, 1, 512),
+                TierLadder::builder().tier(512, 3, 256).tier(512, 3, 512),
                 LadderError::SlotSizeNotIncreasing {
                     tier: tier(1),
                     slot_size: 512,
@@ -818,7 +958,7 @@ mod tests {
                 },
             ),
             (
-                TierLadder::builder().tier(1024, 1, 256).tier(512, 1, 512),
+                TierLadder::builder().tier(1024, 3, 256).tier(512, 3, 512),
                 LadderError::SlotSizeNotIncreasing {
                     tier: tier(1),
                     slot_size: 512,
@@ -830,11 +970,11 @@ mod tests {
                 LadderError::SlotCountZero { tier: tier(0) },
             ),
             (
-                TierLadder::builder().tier(512, 1, 0),
+                TierLadder::builder().tier(512, 3, 0),
                 LadderError::PromoteThresholdZero { tier: tier(0) },
             ),
             (
-                TierLadder::builder().tier(512, 1, 513),
+                TierLadder::builder().tier(512, 3, 513),
                 LadderError::PromoteThresholdExceedsSlot {
                     tier: tier(0),
                     promote_threshold: 513,
@@ -842,7 +982,7 @@ mod tests {
                 },
             ),
             (
-                TierLadder::builder().tier(512, 1, 512).tier(1024, 1, 500),
+                TierLadder::builder().tier(512, 3, 512).tier(1024, 3, 500),
                 LadderError::PromoteThresholdNotIncreasing {
                     tier: tier(1),
                     promote_threshold: 500,
@@ -856,44 +996,134 @@ mod tests {
     }
 
     #[test]
-    fn regions_that_overflow_64_bits_are_an_error() {
-        let huge_slot = usize::MAX - usize::MAX % 64;
+    fn each_bound_on_sizes_and_counts_is_its_own_error() {
+        let cases: [(TierLadderBuilder, LadderError); 6] = [
+            (
+                TierLadder::builder().tier(512, 2, 512),
+                LadderError::TooFewSlots {
+                    tier: tier(0),
+                    slot_count: 2,
+                    min: MIN_SLOT_COUNT,
+                },
+            ),
+            (
+                TierLadder::builder().tier(512, 3, 512).tier(1024, 1, 1024),
+                LadderError::TooFewSlots {
+                    tier: tier(1),
+                    slot_count: 1,
+                    min: MIN_SLOT_COUNT,
+                },
+            ),
+            (
+                TierLadder::builder().tier(64, MAX_SLOT_COUNT + 1, 64),
+                LadderError::TooManySlots {
+                    tier: tier(0),
+                    slot_count: MAX_SLOT_COUNT + 1,
+                    max: MAX_SLOT_COUNT,
+                },
+            ),
+            (
+                TierLadder::builder().tier(64, usize::MAX, 64),
+                LadderError::TooManySlots {
+                    tier: tier(0),
+                    slot_count: usize::MAX,
+                    max: MAX_SLOT_COUNT,
+                },
+            ),
+            (
+                TierLadder::builder().tier(MAX_SLOT_SIZE + 64, 3, 64),
+                LadderError::SlotSizeTooLarge {
+                    tier: tier(0),
+                    slot_size: MAX_SLOT_SIZE + 64,
+                    max: MAX_SLOT_SIZE,
+                },
+            ),
+            (
+                // 16 slots of 256 MiB: 4 GiB, one cache line past the largest region.
+                TierLadder::builder()
+                    .tier(512, 3, 512)
+                    .tier(256 << 20, 16, 1024),
+                LadderError::RegionTooLarge {
+                    tier: tier(1),
+                    slot_size: 256 << 20,
+                    slot_count: 16,
+                },
+            ),
+        ];
+        for (builder, expected) in cases {
+            assert_eq!(builder.build(), Err(expected));
+        }
+        // Every bound is reachable: a ladder at all of them is valid.
+        let at_the_limits = TierLadder::builder()
+            .tier(64, MAX_SLOT_COUNT, 64)
+            .tier(MAX_REGION_LEN / 4 / 64 * 64, 4, 128)
+            .tier(MAX_SLOT_SIZE, MIN_SLOT_COUNT, MAX_SLOT_SIZE)
+            .demote_after(MAX_POLICY_DURATION)
+            .hysteresis(MAX_POLICY_DURATION)
+            .reservoir_regions(MAX_RESERVOIR_REGIONS)
+            .build()
+            .unwrap();
+        assert_eq!(at_the_limits.tiers()[0].region_len(), 1 << 20);
+        assert!(at_the_limits.tiers()[1].region_len() <= MAX_REGION_LEN);
+    }
+
+    #[test]
+    fn policy_durations_and_reservoir_regions_are_bounded() {
+        let base = TierLadder::builder().tier(512, 3, 512);
+        let too_long = MAX_POLICY_DURATION + Duration::from_nanos(1);
+        for (builder, field, duration) in [
+            (
+                base.clone().demote_after(too_long),
+                "demote_after",
+                too_long,
+            ),
+            (base.clone().hysteresis(too_long), "hysteresis", too_long),
+            (
+                base.clone().hysteresis(Duration::MAX),
+                "hysteresis",
+                Duration::MAX,
+            ),
+        ] {
+            let err = builder.build().unwrap_err();
+            assert_eq!(
+                err,
+                LadderError::DurationTooLong {
+                    field,
+                    duration,
+                    max: MAX_POLICY_DURATION
+                }
+            );
+            assert_eq!((err.tier(), err.field()), (None, field));
+        }
+        let err = base
+            .clone()
+            .reservoir_regions(usize::MAX)
+            .build()
+            .unwrap_err();
         assert_eq!(
-            TierLadder::builder().tier(huge_slot, 2, 64).build(),
-            Err(LadderError::RegionTooLarge {
-                tier: tier(0),
-                slot_size: huge_slot,
-                slot_count: 2
-            })
+            err,
+            LadderError::TooManyReservoirRegions {
+                reservoir_regions: usize::MAX,
+                max: MAX_RESERVOIR_REGIONS
+            }
         );
-        // One region fits, but its send and receive halves together do not.
-        let half = (u64::MAX / 2 + 1) as usize; // 2^63, a multiple of 64
+        assert_eq!(err.field(), "reservoir_regions");
         assert_eq!(
-            TierLadder::builder().tier(half, 1, 64).build(),
-            Err(LadderError::RegionTooLarge {
-                tier: tier(0),
-                slot_size: half,
-                slot_count: 1
-            })
+            err.to_string(),
+            "policy: reservoir_regions 18446744073709551615 passes the maximum of 1024"
         );
-        // Each tier fits alone, but the cumulative registration through tier 1 does not.
-        let quarter = (u64::MAX / 4 + 1) as usize; // 2^62
         assert_eq!(
-            TierLadder::builder()
-                .tier(quarter, 1, 64)
-                .tier(quarter + 64, 1, 128)
-                .build(),
-            Err(LadderError::RegionTooLarge {
-                tier: tier(1),
-                slot_size: quarter + 64,
-                slot_count: 1
-            })
+            base.hysteresis(Duration::from_secs(u64::MAX))
+                .build()
+                .unwrap_err()
+                .to_string(),
+            "policy: hysteresis 584542046090years 7months 15days 17h 5m 3s passes the maximum of 1day"
         );
     }
 
     #[test]
     fn zero_demote_after_is_an_error_but_zero_hysteresis_is_not() {
-        let base = TierLadder::builder().tier(512, 1, 512);
+        let base = TierLadder::builder().tier(512, 3, 512);
         assert_eq!(
             base.clone().demote_after(Duration::ZERO).build(),
             Err(LadderError::DemoteAfterZero)
@@ -904,8 +1134,8 @@ mod tests {
     #[test]
     fn errors_name_their_tier_and_field() {
         let err = TierLadder::builder()
-            .tier(512, 1, 512)
-            .tier(1000, 1, 1000)
+            .tier(512, 3, 512)
+            .tier(1000, 3, 1000)
             .build()
             .unwrap_err();
         assert_eq!((err.tier(), err.field()), (Some(tier(1)), "slot_size"));
@@ -921,9 +1151,9 @@ mod tests {
     #[test]
     fn tier_for_len_picks_the_smallest_fitting_tier() {
         let ladder = TierLadder::builder()
-            .tier(512, 1, 448)
-            .tier(4096, 1, 4096)
-            .tier(65536, 1, 65536)
+            .tier(512, 3, 448)
+            .tier(4096, 3, 4096)
+            .tier(65536, 3, 65536)
             .build()
             .unwrap();
         let expectations = [
@@ -946,7 +1176,7 @@ mod tests {
     #[test]
     fn may_demote_needs_both_idle_time_and_hysteresis() {
         let ladder = TierLadder::builder()
-            .tier(512, 1, 512)
+            .tier(512, 3, 512)
             .demote_after(Duration::from_secs(10))
             .hysteresis(Duration::from_secs(60))
             .build()

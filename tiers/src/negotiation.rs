@@ -41,6 +41,13 @@
 //! - **Epochs only grow.** Each direction's epochs are allocated by its sender, one per
 //!   request; the inbound side remembers the highest it has seen, so late, duplicate and
 //!   reordered messages are recognised and counted in [`NegotiationStats`].
+//! - **What waits to be sent is bounded by the protocol, not by the peer.** A message
+//!   queued while a copy of it still waits is not queued again, and an answer takes the
+//!   place of the older answers still waiting ([`enqueue_control`]): a peer that repeats a
+//!   request, or asks again and again, leaves at most one answer waiting however often it
+//!   does. Dropping a waiting message is safe because the protocol survives the loss of
+//!   any message (timers resend what matters), and keeping the earlier copy of a repeat
+//!   reorders nothing.
 
 mod inbound;
 mod outbound;
@@ -78,6 +85,11 @@ impl TierShape {
         self.slot_size as u64 * self.slot_count as u64
     }
 }
+
+/// The longest request timeout: an hour. Every deadline of the negotiation is the time now
+/// plus the timeout, which then never overflows an `Instant`; and a request unanswered for
+/// an hour is one no connection is waiting for.
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
 /// What the negotiation needs to know of a ladder and of its timers.
 ///
@@ -126,6 +138,14 @@ pub enum ConfigError {
     /// The request timeout is zero.
     #[error("the request timeout must be longer than zero")]
     ZeroTimeout,
+    /// The request timeout is past [`MAX_REQUEST_TIMEOUT`].
+    #[error("a request timeout of {timeout:?} passes the maximum of {max:?}")]
+    TimeoutTooLong {
+        /// The timeout given.
+        timeout: Duration,
+        /// The longest allowed, [`MAX_REQUEST_TIMEOUT`].
+        max: Duration,
+    },
     /// Zero attempts would never send a request.
     #[error("max_attempts must be at least 1")]
     ZeroAttempts,
@@ -143,7 +163,8 @@ pub enum ConfigError {
 
 impl NegotiationConfig {
     /// A configuration for a ladder of `tiers` (tier 0 first), re-sending an unanswered request
-    /// every `request_timeout` and giving up after `max_attempts` sends.
+    /// every `request_timeout` (at most [`MAX_REQUEST_TIMEOUT`]) and giving up after
+    /// `max_attempts` sends.
     pub fn new(
         tiers: Vec<TierShape>,
         request_timeout: Duration,
@@ -165,6 +186,12 @@ impl NegotiationConfig {
         }
         if request_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
+        }
+        if request_timeout > MAX_REQUEST_TIMEOUT {
+            return Err(ConfigError::TimeoutTooLong {
+                timeout: request_timeout,
+                max: MAX_REQUEST_TIMEOUT,
+            });
         }
         if max_attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
@@ -223,6 +250,13 @@ impl NegotiationConfig {
     /// How long to wait for an answer before sending again.
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
+    }
+
+    /// When a timer started at `now` fires: `now` plus the request timeout. The timeout is
+    /// at most [`MAX_REQUEST_TIMEOUT`], so the sum fits any `Instant` a clock gives; were it
+    /// not to, the timer fires at once rather than the arithmetic panicking.
+    pub fn deadline_after(&self, now: Instant) -> Instant {
+        now.checked_add(self.request_timeout).unwrap_or(now)
     }
 
     /// How many times a request is sent before it is given up.
@@ -469,6 +503,61 @@ pub struct NegotiationStats {
     pub protocol_violations: u64,
 }
 
+/// Adds `item`, which carries the control message `message_of(&item)`, to the back of
+/// `waiting`, a queue of control messages not yet sent, unless it is redundant: when a copy
+/// of the message waits already, that copy stands for it and nothing is queued; an answer
+/// (an ack or a nack, which only the inbound side sends) takes the place of every answer
+/// of the same or an older epoch still waiting, since at most one request of the peer's is
+/// outstanding and a newer one resolved the older. Returns whether `item` was queued.
+///
+/// The negotiation keeps its own queue this way, and so does a channel that holds frames
+/// back (the connection's in-band control frames while the peer grants no credit): a peer
+/// repeating a request cannot make either grow.
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use tierbuf_tiers::negotiation::enqueue_control;
+/// use tierbuf_tiers::wire::{ControlMessage, Epoch, NackReason};
+/// use tierbuf_tiers::TierIndex;
+///
+/// let nack = |epoch| ControlMessage::Nack {
+///     epoch: Epoch::new(epoch),
+///     tier: TierIndex::new(3),
+///     reason: NackReason::BeyondLadder,
+/// };
+/// let released = ControlMessage::Released { epoch: Epoch::new(1) };
+/// let mut waiting = VecDeque::new();
+/// for message in [nack(1), released, nack(1), nack(2), released] {
+///     enqueue_control(&mut waiting, message, |message| message);
+/// }
+/// assert_eq!(waiting, [released, nack(2)]);
+/// ```
+pub fn enqueue_control<T>(
+    waiting: &mut VecDeque<T>,
+    item: T,
+    message_of: impl Fn(&T) -> &ControlMessage,
+) -> bool {
+    let message = *message_of(&item);
+    if waiting.iter().any(|queued| *message_of(queued) == message) {
+        return false;
+    }
+    if let Some(epoch) = answered_epoch(&message) {
+        waiting.retain(|queued| answered_epoch(message_of(queued)).is_none_or(|old| old > epoch));
+    }
+    waiting.push_back(item);
+    true
+}
+
+/// The epoch an answer (ack or nack) answers; `None` for any other message.
+fn answered_epoch(message: &ControlMessage) -> Option<Epoch> {
+    match *message {
+        ControlMessage::Ack { epoch, .. } | ControlMessage::Nack { epoch, .. } => Some(epoch),
+        ControlMessage::Request { .. }
+        | ControlMessage::Released { .. }
+        | ControlMessage::Abandon { .. } => None,
+    }
+}
+
 /// The queues both machines write into.
 #[derive(Debug, Default)]
 struct Outputs {
@@ -478,8 +567,9 @@ struct Outputs {
 }
 
 impl Outputs {
+    /// Queues `message` to send, unless it is redundant ([`enqueue_control`]).
     fn send(&mut self, message: ControlMessage) {
-        self.transmits.push_back(message);
+        enqueue_control(&mut self.transmits, message, |message| message);
     }
 
     fn emit(&mut self, event: Event) {

@@ -1336,7 +1336,7 @@ mod tests {
                 let mut slot_size = 0;
                 for (growth, slack) in steps {
                     slot_size += growth * 64;
-                    builder = builder.tier(slot_size, 1, slot_size - slack);
+                    builder = builder.tier(slot_size, 3, slot_size - slack);
                 }
                 let ladder = builder.build().expect("generated ladders are valid");
                 FrameCapacity::new(Arc::new(ladder), overhead).expect("slots pass 32 bytes")
@@ -1455,9 +1455,9 @@ mod tests {
         ) {
             let ladder = Arc::new(capacity_of(
                 TierLadder::builder()
-                    .tier(512, 1, 512)
-                    .tier(4 * KIB, 1, 4 * KIB)
-                    .tier(64 * KIB, 1, 64 * KIB)
+                    .tier(512, 3, 512)
+                    .tier(4 * KIB, 3, 4 * KIB)
+                    .tier(64 * KIB, 3, 64 * KIB)
                     .demote_after(ms(demote_after_ms))
                     .hysteresis(ms(hysteresis_ms))
                     .build()
@@ -1531,8 +1531,8 @@ mod tests {
         ) {
             let ladder = Arc::new(capacity_of(
                 TierLadder::builder()
-                    .tier(512, 1, 512)
-                    .tier(4 * KIB, 1, 4 * KIB)
+                    .tier(512, 3, 512)
+                    .tier(4 * KIB, 3, 4 * KIB)
                     .demote_after(ms(1000))
                     .hysteresis(ms(100))
                     .build()

@@ -81,8 +81,9 @@ pub enum PostError {
     /// The peer closed its endpoint.
     #[error("the peer closed the connection")]
     PeerClosed,
-    /// An error completion broke the connection; every request is flushed from then on.
-    #[error("the connection broke after an error completion")]
+    /// The connection is broken (an error completion, or a failure of the peer's that the
+    /// endpoint's next `poll` reports); every request is flushed from then on.
+    #[error("the connection is broken")]
     ConnectionBroken,
 }
 
@@ -156,6 +157,19 @@ pub enum TransportError {
     PeerDied {
         /// The provider's name.
         provider: &'static str,
+    },
+    /// The peer left this side waiting, past the provider's deadline, for something only
+    /// it can do (finish a copy it started into this side's buffers, send the records it
+    /// counted as sent, say its hello); the connection is broken. A live peer that stalls
+    /// this long is treated as one that broke the protocol: waits on it are bounded.
+    #[error("the {provider} peer stalled: {waiting_for} did not come within {timeout:?}")]
+    PeerStalled {
+        /// The provider's name.
+        provider: &'static str,
+        /// What this side waited for.
+        waiting_for: &'static str,
+        /// How long it waited.
+        timeout: std::time::Duration,
     },
     /// The peer broke the provider's protocol (a malformed record, a buffer it never
     /// registered, a delivery longer than the buffer); the connection is broken.

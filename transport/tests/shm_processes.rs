@@ -11,8 +11,10 @@
 //!   announced, or the hello of a connection it accepts): a local-resource error, not a
 //!   protocol violation of the peer.
 
+mod errors;
 mod traffic;
 
+use errors::chain;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -261,17 +263,6 @@ fn a_peer_that_dies_mid_promotion_is_reported() -> Result<(), Failed> {
     }
     drop(connection);
     session.finish(false)
-}
-
-/// An error with every source under it.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text += &format!(": {cause}");
-        source = cause.source();
-    }
-    text
 }
 
 fn short_receive(socket: &Path) {

@@ -100,9 +100,20 @@ struct RawLadder {
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
     demote_after: Option<Spanned<HumanDuration>>,
-    hysteresis: Option<HumanDuration>,
+    hysteresis: Option<Spanned<HumanDuration>>,
     retain_replaced: Option<bool>,
-    reservoir_regions: Option<usize>,
+    reservoir_regions: Option<Spanned<usize>>,
+}
+
+impl RawPolicy {
+    fn span_of(&self, field: &str) -> Option<Range<usize>> {
+        match field {
+            "demote_after" => self.demote_after.as_ref().map(Spanned::span),
+            "hysteresis" => self.hysteresis.as_ref().map(Spanned::span),
+            "reservoir_regions" => self.reservoir_regions.as_ref().map(Spanned::span),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,14 +193,13 @@ fn locate(raw: &RawLadder, error: &LadderError) -> Range<usize> {
     let span = match error {
         LadderError::TooManyTiers { .. } => tier_span(MAX_TIERS, "tier"),
         LadderError::NoTiers => tiers.map(Spanned::span),
-        LadderError::DemoteAfterZero => raw
-            .policy
-            .as_ref()
-            .and_then(|p| p.demote_after.as_ref())
-            .map(Spanned::span),
-        other => other
-            .tier()
-            .and_then(|tier| tier_span(usize::from(tier.get()), other.field())),
+        other => match other.tier() {
+            Some(tier) => tier_span(usize::from(tier.get()), other.field()),
+            None => raw
+                .policy
+                .as_ref()
+                .and_then(|policy| policy.span_of(other.field())),
+        },
     };
     span.unwrap_or(0..0)
 }
@@ -264,12 +274,18 @@ impl TierLadder {
                         .as_ref()
                         .map_or(defaults.demote_after, |d| d.get_ref().0),
                 )
-                .hysteresis(policy.hysteresis.map_or(defaults.hysteresis, |d| d.0))
+                .hysteresis(
+                    policy
+                        .hysteresis
+                        .as_ref()
+                        .map_or(defaults.hysteresis, |d| d.get_ref().0),
+                )
                 .retain_replaced(policy.retain_replaced.unwrap_or(defaults.retain_replaced))
                 .reservoir_regions(
                     policy
                         .reservoir_regions
-                        .unwrap_or(defaults.reservoir_regions),
+                        .as_ref()
+                        .map_or(defaults.reservoir_regions, |r| *r.get_ref()),
                 );
         }
         builder.build().map_err(|error| {
@@ -401,7 +417,7 @@ promote_threshold = 8192
 
     #[test]
     fn a_missing_policy_or_policy_key_takes_the_documented_default() {
-        let tiers_only = "[[tier]]\nslot_size = 512\nslot_count = 1\npromote_threshold = 512\n";
+        let tiers_only = "[[tier]]\nslot_size = 512\nslot_count = 3\npromote_threshold = 512\n";
         assert_eq!(*load(tiers_only).unwrap().policy(), LadderPolicy::default());
         let partial = format!("[policy]\nreservoir_regions = 7\n{tiers_only}");
         let policy = *load(&partial).unwrap().policy();
@@ -437,7 +453,7 @@ promote_threshold = 8192
 
     #[test]
     fn missing_keys_and_wrong_types_are_rejected() {
-        let (_, message) = located("[[tier]]\nslot_size = 512\nslot_count = 1\n");
+        let (_, message) = located("[[tier]]\nslot_size = 512\nslot_count = 3\n");
         assert!(
             message.contains("missing field `promote_threshold`"),
             "{message}"
@@ -451,7 +467,7 @@ promote_threshold = 8192
         assert_eq!((line, column), (3, 14));
         assert!(message.contains("-1"), "{message}");
         let ((line, column), message) =
-            located("[[tier]]\nslot_size = -512\nslot_count = 1\npromote_threshold = 1\n");
+            located("[[tier]]\nslot_size = -512\nslot_count = 3\npromote_threshold = 1\n");
         assert_eq!((line, column), (2, 13));
         assert!(message.contains("expected a size in bytes"), "{message}");
         let (_, message) = located("tier = 3\n");
@@ -461,17 +477,17 @@ promote_threshold = 8192
     #[test]
     fn bad_sizes_point_at_the_value() {
         let ((line, column), message) =
-            located("[[tier]]\nslot_count = 1\npromote_threshold = 1\nslot_size = \"1.5KiB\"\n");
+            located("[[tier]]\nslot_count = 3\npromote_threshold = 1\nslot_size = \"1.5KiB\"\n");
         assert_eq!((line, column), (4, 13));
         assert!(
             message.contains("invalid size \"1.5KiB\": expected a size in bytes"),
             "{message}"
         );
         let (_, message) =
-            located("[[tier]]\nslot_count = 1\npromote_threshold = 1\nslot_size = \"8KB\"\n");
+            located("[[tier]]\nslot_count = 3\npromote_threshold = 1\nslot_size = \"8KB\"\n");
         assert!(message.contains("decimal units are ambiguous"), "{message}");
         let (_, message) =
-            located("[[tier]]\nslot_count = 1\npromote_threshold = 1\nslot_size = 1.5\n");
+            located("[[tier]]\nslot_count = 3\npromote_threshold = 1\nslot_size = 1.5\n");
         assert!(message.contains("expected a size in bytes"), "{message}");
     }
 
@@ -493,7 +509,7 @@ promote_threshold = 8192
 
     #[test]
     fn validation_errors_point_at_the_key_that_broke_the_rule() {
-        let text = "[[tier]]\nslot_size = 512\nslot_count = 1\npromote_threshold = 512\n\n[[tier]]\nslot_size = \"8KiB\"\nslot_count = 1\npromote_threshold = 100\n";
+        let text = "[[tier]]\nslot_size = 512\nslot_count = 3\npromote_threshold = 512\n\n[[tier]]\nslot_size = \"8KiB\"\nslot_count = 3\npromote_threshold = 100\n";
         let err = load(text).unwrap_err();
         let LoadError::Invalid {
             line,
@@ -519,7 +535,7 @@ promote_threshold = 8192
         );
 
         let unaligned =
-            located("[[tier]]\nslot_count = 1\n    slot_size = 100\npromote_threshold = 1\n");
+            located("[[tier]]\nslot_count = 3\n    slot_size = 100\npromote_threshold = 1\n");
         assert_eq!(
             unaligned,
             (
@@ -537,13 +553,39 @@ promote_threshold = 8192
             )
         );
         let demote = located(
-            "[policy]\ndemote_after = \"0s\"\n[[tier]]\nslot_size = 64\nslot_count = 1\npromote_threshold = 1\n",
+            "[policy]\ndemote_after = \"0s\"\n[[tier]]\nslot_size = 64\nslot_count = 3\npromote_threshold = 1\n",
         );
         assert_eq!(
             demote,
             (
                 (2, 16),
                 "policy: demote_after must be greater than 0".to_owned()
+            )
+        );
+        let few = located("[[tier]]\nslot_size = 64\nslot_count = 2\npromote_threshold = 1\n");
+        assert_eq!(
+            few,
+            (
+                (3, 14),
+                "tier 0: slot_count 2 is below 3, the receives a connection keeps posted"
+                    .to_owned()
+            )
+        );
+        let tier = "[[tier]]\nslot_size = 64\nslot_count = 3\npromote_threshold = 1\n";
+        let hysteresis = located(&format!("[policy]\nhysteresis = \"2days\"\n{tier}"));
+        assert_eq!(
+            hysteresis,
+            (
+                (2, 14),
+                "policy: hysteresis 2days passes the maximum of 1day".to_owned()
+            )
+        );
+        let reservoir = located(&format!("[policy]\n\nreservoir_regions = 1025\n{tier}"));
+        assert_eq!(
+            reservoir,
+            (
+                (3, 21),
+                "policy: reservoir_regions 1025 passes the maximum of 1024".to_owned()
             )
         );
     }
@@ -565,7 +607,7 @@ promote_threshold = 8192
         let text: String = (1..=256)
             .map(|step| {
                 format!(
-                    "[[tier]]\nslot_size = {}\nslot_count = 1\npromote_threshold = {}\n",
+                    "[[tier]]\nslot_size = {}\nslot_count = 3\npromote_threshold = {}\n",
                     step * 64,
                     step * 64
                 )
@@ -579,7 +621,7 @@ promote_threshold = 8192
     #[test]
     fn columns_count_characters_not_bytes() {
         let ((line, column), _) = located(
-            "# ünïcödé\n[[tier]]\nslot_size = 512 # größe\nslot_count = 1\npromote_threshold = \"9ß\"\n",
+            "# ünïcödé\n[[tier]]\nslot_size = 512 # größe\nslot_count = 3\npromote_threshold = \"9ß\"\n",
         );
         assert_eq!((line, column), (5, 21));
         assert_eq!(line_column("aé\nxyz", 3), (1, 3));
@@ -616,11 +658,12 @@ promote_threshold = 8192
         use proptest::prelude::*;
 
         use super::*;
+        use crate::ladder::MAX_POLICY_DURATION;
 
         /// Builder inputs that satisfy every rule: increments keep sizes and thresholds rising,
         /// fractions keep each threshold between the one below and its own slot size.
         fn valid_ladder() -> impl Strategy<Value = TierLadder> {
-            let tier = (1usize..2000, 1usize..500, 0usize..=1000);
+            let tier = (1usize..2000, 3usize..500, 0usize..=1000);
             let policy = (
                 1u64..10_000_000,
                 0u32..1_000_000_000,
@@ -634,7 +677,7 @@ promote_threshold = 8192
                 let mut builder = TierLadder::builder()
                     .demote_after(Duration::from_millis(demote_millis))
                     .hysteresis(Duration::new(
-                        hysteresis_secs % 1_000_000_000,
+                        hysteresis_secs % MAX_POLICY_DURATION.as_secs(),
                         hysteresis_nanos,
                     ))
                     .retain_replaced(retain_replaced)

@@ -255,22 +255,22 @@ mod tests {
 
     #[test]
     fn freeing_replaced_tiers_holds_one_tier_at_a_time() {
-        // Regions: 64 B x 4 = 256 B, 1 KiB x 2 = 2 KiB, 4 KiB x 3 = 12 KiB.
+        // Regions: 64 B x 4 = 256 B, 1 KiB x 3 = 3 KiB, 4 KiB x 3 = 12 KiB.
         let ladder = TierLadder::builder()
             .tier(64, 4, 64)
-            .tier(1024, 2, 1024)
+            .tier(1024, 3, 1024)
             .tier(4096, 3, 4096)
             .build()
             .unwrap();
         let table = ladder.memory_table(10);
         let per_connection: Vec<u64> = table.rows().iter().map(MemoryRow::per_connection).collect();
-        assert_eq!(per_connection, [512, 4096, 24_576]);
+        assert_eq!(per_connection, [512, 6144, 24_576]);
         let totals: Vec<u128> = table
             .rows()
             .iter()
             .map(MemoryRow::all_connections)
             .collect();
-        assert_eq!(totals, [5120, 40_960, 245_760]);
+        assert_eq!(totals, [5120, 61_440, 245_760]);
         assert_eq!(table.static_per_connection(), 24_576);
         assert_eq!(table.static_total(), 245_760);
         assert_eq!(table.reservoir_bytes(), 0);
@@ -280,7 +280,7 @@ mod tests {
     fn retaining_replaced_tiers_holds_every_tier_below_too() {
         let ladder = TierLadder::builder()
             .tier(64, 4, 64)
-            .tier(1024, 2, 1024)
+            .tier(1024, 3, 1024)
             .tier(4096, 3, 4096)
             .retain_replaced(true)
             .reservoir_regions(2)
@@ -288,19 +288,19 @@ mod tests {
             .unwrap();
         let table = ladder.memory_table(10);
         let per_connection: Vec<u64> = table.rows().iter().map(MemoryRow::per_connection).collect();
-        assert_eq!(per_connection, [512, 512 + 4096, 512 + 4096 + 24_576]);
+        assert_eq!(per_connection, [512, 512 + 6144, 512 + 6144 + 24_576]);
         assert_eq!(table.static_per_connection(), 24_576);
-        // Two regions (not pairs) of every tier: 2 x (256 + 2048 + 12288).
-        assert_eq!(table.reservoir_bytes(), 29_184);
+        // Two regions (not pairs) of every tier: 2 x (256 + 3072 + 12288).
+        assert_eq!(table.reservoir_bytes(), 31_232);
     }
 
     #[test]
     fn the_largest_possible_ladder_does_not_overflow_the_totals() {
-        let slot = (u64::MAX / 4) as usize / 64 * 64;
+        use crate::ladder::{MAX_RESERVOIR_REGIONS, MAX_SLOT_SIZE, MIN_SLOT_COUNT};
         let ladder = TierLadder::builder()
-            .tier(slot, 1, 64)
-            .tier(slot + 64, 1, 128)
-            .reservoir_regions(usize::MAX)
+            .tier(MAX_SLOT_SIZE - 64, MIN_SLOT_COUNT, 64)
+            .tier(MAX_SLOT_SIZE, MIN_SLOT_COUNT, 128)
+            .reservoir_regions(MAX_RESERVOIR_REGIONS)
             .build()
             .unwrap();
         let table = ladder.memory_table(usize::MAX);

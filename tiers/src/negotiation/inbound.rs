@@ -141,7 +141,7 @@ impl Inbound {
                 region,
                 deadline,
             } if *offered == epoch => {
-                *deadline = now + config.request_timeout();
+                *deadline = config.deadline_after(now);
                 outputs.send(ControlMessage::Ack {
                     epoch,
                     tier: *tier,
@@ -314,7 +314,7 @@ impl Inbound {
             tier,
             shape,
             region,
-            deadline: now + config.request_timeout(),
+            deadline: config.deadline_after(now),
         };
         outputs.send(ControlMessage::Ack {
             epoch,
@@ -344,7 +344,7 @@ impl Inbound {
         if *deadline > now {
             return;
         }
-        *deadline = now + config.request_timeout();
+        *deadline = config.deadline_after(now);
         outputs.stats.retransmissions += 1;
         tracing::debug!(%epoch, %tier, "unconfirmed offer acked again");
         outputs.send(ControlMessage::Ack {

@@ -82,7 +82,7 @@ impl Outbound {
             epoch,
             target,
             attempts: 1,
-            deadline: now + config.request_timeout(),
+            deadline: config.deadline_after(now),
         });
         tracing::debug!(%epoch, from = %self.grant.tier, to = %target, "tier requested");
         outputs.send(self.request_message(epoch, target));
@@ -199,7 +199,7 @@ impl Outbound {
         if pending.attempts < config.max_attempts() {
             self.pending = Some(PendingRequest {
                 attempts: pending.attempts + 1,
-                deadline: now + config.request_timeout(),
+                deadline: config.deadline_after(now),
                 ..pending
             });
             outputs.stats.retransmissions += 1;

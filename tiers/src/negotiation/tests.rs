@@ -101,6 +101,54 @@ fn config_rejects_empty_and_degenerate_ladders() {
         NegotiationConfig::new(vec![shape], TIMEOUT, 0),
         Err(ConfigError::ZeroAttempts)
     );
+    assert_eq!(
+        NegotiationConfig::new(vec![shape], Duration::MAX, 1),
+        Err(ConfigError::TimeoutTooLong {
+            timeout: Duration::MAX,
+            max: MAX_REQUEST_TIMEOUT
+        })
+    );
+    assert!(NegotiationConfig::new(vec![shape], MAX_REQUEST_TIMEOUT, 1).is_ok());
+}
+
+/// A peer that repeats a request while this side's owner does not send (the channel holds
+/// its frames back): one answer waits, however many repeats, and so does one answer to
+/// ever newer requests.
+#[test]
+fn repeated_and_newer_requests_leave_one_answer_waiting() {
+    let now = Instant::now();
+    let mut receiver = Negotiation::new(ladder(3));
+    let request = |epoch, tier_index| ControlMessage::Request {
+        epoch: Epoch::new(epoch),
+        tier: tier(tier_index),
+        current: Epoch::INITIAL,
+    };
+    receiver.handle_message(now, request(1, 1));
+    let (_, events) = drain(&mut receiver);
+    assert_eq!(events.len(), 1, "asked to provision once");
+    receiver
+        .provisioned(now, Epoch::new(1), Ok(region_for(config_shape(1))))
+        .expect("outstanding");
+    for _ in 0..100_000 {
+        receiver.handle_message(now, request(1, 1));
+    }
+    let (acks, events) = drain(&mut receiver);
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert!(events.is_empty());
+    assert_eq!(receiver.stats().duplicates, 100_000);
+    // Newer requests past the ladder, each refused: the newest answer alone waits.
+    for epoch in 2..10_000 {
+        receiver.handle_message(now, request(epoch, 9));
+    }
+    let (nacks, _) = drain(&mut receiver);
+    assert_eq!(
+        nacks,
+        [ControlMessage::Nack {
+            epoch: Epoch::new(9_999),
+            tier: tier(9),
+            reason: NackReason::BeyondLadder
+        }]
+    );
 }
 
 #[test]
@@ -299,14 +347,23 @@ fn a_lost_request_is_sent_again_with_the_same_epoch() {
         .expect("outstanding");
     receiver.handle_message(later, retry[0]);
     let (acks, _) = drain(&mut receiver);
-    assert_eq!(acks.len(), 2);
-    assert_eq!(acks[0], acks[1]);
+    assert_eq!(
+        acks.len(),
+        1,
+        "the ack still waiting answers the repeat too"
+    );
+    // Once the ack has gone, a repeat is answered again, alike.
+    receiver.handle_message(later, retry[0]);
+    let (again, _) = drain(&mut receiver);
+    assert_eq!(again, acks);
     sender.handle_message(later, acks[0]);
-    sender.handle_message(later, acks[1]);
     let (releases, events) = drain(&mut sender);
     assert_eq!(events.len(), 1, "switched once");
+    sender.handle_message(later, again[0]);
+    let (released_again, events) = drain(&mut sender);
+    assert!(events.is_empty());
     assert_eq!(
-        releases,
+        [releases, released_again].concat(),
         [ControlMessage::Released {
             epoch: Epoch::new(1)
         }; 2],

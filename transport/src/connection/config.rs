@@ -8,7 +8,6 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::policy::FrameCapacity;
 use tierbuf_tiers::{NegotiationConfig, wire};
 
-use super::credits::MIN_POSTED;
 use super::errors::ConnectionError;
 use super::header::HEADER_LEN;
 
@@ -20,6 +19,7 @@ pub struct ConnectionConfig {
     max_message_len: u64,
     spare_buffer_limit: usize,
     unread_copy_limit: usize,
+    max_send_credits: u32,
 }
 
 /// [`ConnectionConfig::unread_copy_limit`] unless set.
@@ -44,7 +44,10 @@ impl ConnectionConfig {
     /// # Errors
     ///
     /// A [`ConnectionError`] of the caller's configuration: tier 0 cannot carry a control
-    /// frame, a tier has fewer than three slots, or the ladder cannot be negotiated.
+    /// frame, or the ladder cannot be negotiated. Every bound on the ladder itself (at
+    /// least three slots a tier, slot, region and policy maxima) is the ladder's own
+    /// validation ([`TierLadder::builder`], and so the ladder loader and `tierbuf ladder
+    /// check`): a `TierLadder` that exists has passed it.
     pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConnectionError> {
         let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
         let smallest = ladder.tiers()[0].slot_size();
@@ -54,17 +57,11 @@ impl ConnectionConfig {
                 needed,
             });
         }
-        if let Some((tier, spec)) = ladder
-            .iter()
-            .find(|(_, spec)| spec.slot_count() < MIN_POSTED as usize)
-        {
-            return Err(ConnectionError::TooFewSlots {
-                tier,
-                slot_count: spec.slot_count(),
-            });
-        }
         let negotiation = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(100), 5)
             .map_err(ConnectionError::Negotiation)?;
+        // The ladder bounds every tier's slots, so the sum fits easily.
+        let every_slot: usize = ladder.tiers().iter().map(|spec| spec.slot_count()).sum();
+        let max_send_credits = u32::try_from(every_slot.saturating_mul(2)).unwrap_or(u32::MAX);
         let capacity = FrameCapacity::new(ladder, HEADER_LEN).map_err(ConnectionError::Capacity)?;
         Ok(ConnectionConfig {
             capacity: Arc::new(capacity),
@@ -72,7 +69,27 @@ impl ConnectionConfig {
             max_message_len: 64 << 20,
             spare_buffer_limit: DEFAULT_SPARE_BUFFER_LIMIT,
             unread_copy_limit: DEFAULT_UNREAD_COPY_LIMIT,
+            max_send_credits,
         })
+    }
+
+    /// The most credits (receives the peer has posted and granted, not yet sent into) a
+    /// side can hold: every slot of every tier of the ladder posted at once, twice over (a
+    /// tier in force and a replaced registration of it still draining). A peer's grant
+    /// past it is a protocol violation
+    /// ([`PeerViolation::GrantBeyondReceives`](super::PeerViolation::GrantBeyondReceives)),
+    /// so credits never overflow and their bookkeeping stays bounded.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tierbuf_tiers::ladder::TierLadder;
+    /// use tierbuf_transport::connection::ConnectionConfig;
+    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?;
+    /// assert_eq!(config.max_send_credits(), 2 * (16 + 16));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_send_credits(&self) -> u32 {
+        self.max_send_credits
     }
 
     /// Sets the largest heap buffer a connection keeps, per direction, for reuse by the
@@ -116,7 +133,9 @@ impl ConnectionConfig {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Negotiation`] for a zero timeout or zero attempts.
+    /// [`ConnectionError::Negotiation`] for a zero timeout, one past
+    /// [`MAX_REQUEST_TIMEOUT`](tierbuf_tiers::negotiation::MAX_REQUEST_TIMEOUT) (an hour),
+    /// or zero attempts.
     pub fn with_request_timeout(
         mut self,
         request_timeout: Duration,

@@ -10,14 +10,29 @@
 //!   `outgoing` until the connection posts it as a control frame (in order, against any
 //!   credit); a received control frame waits in `incoming` only until the next pump, which
 //!   the connection runs as soon as the frame arrives.
+//! - `outgoing` holds no repeat and at most one answer
+//!   ([`enqueue_control`](tierbuf_tiers::negotiation::enqueue_control)): a frame whose copy
+//!   still waits is not queued again, and an answer takes the place of the older ones. So a
+//!   peer that repeats a request, or keeps asking, while it grants no credit leaves at
+//!   most one answer waiting. What this side asks on its own account may still pile up
+//!   while the peer grants nothing; past [`MAX_WAITING_CONTROL_FRAMES`] the connection
+//!   fails, blaming the peer (`PeerViolation::ControlBacklog`).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::time::Instant;
 
 use tierbuf_tiers::controller::{ControllerError, TierController};
+use tierbuf_tiers::negotiation::enqueue_control;
 use tierbuf_tiers::negotiator::Negotiator;
-use tierbuf_tiers::wire::MAX_FRAME_LEN;
+use tierbuf_tiers::wire::{self, ControlMessage, MAX_FRAME_LEN};
+
+/// The most in-band control frames that may wait for a credit. Repeats and superseded
+/// answers are never queued, so an honest peer, which grants a credit back for every
+/// control frame it takes (`docs/connection.md`, rule 3), leaves a handful waiting at
+/// most; this many means it has granted nothing for a long time while this side kept
+/// asking (each request given up and asked again adds two frames), and the connection
+/// fails rather than queue without end.
+pub(super) const MAX_WAITING_CONTROL_FRAMES: usize = 256;
 
 /// One encoded control frame.
 #[derive(Debug, Clone, Copy)]
@@ -39,24 +54,39 @@ impl ControlFrame {
     }
 }
 
+/// A frame the controller sent, with the message it encodes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Outgoing {
+    pub(super) message: ControlMessage,
+    pub(super) frame: ControlFrame,
+}
+
 /// Control frames carried by the connection's own frames.
 #[derive(Debug, Default)]
 pub(super) struct InBand {
-    /// Frames the controller sent, to post as control frames, oldest first.
-    pub(super) outgoing: VecDeque<ControlFrame>,
+    /// Frames the controller sent, to post as control frames, oldest first (module
+    /// invariants).
+    pub(super) outgoing: VecDeque<Outgoing>,
     /// Frames the peer's control frames carried, for the next pump.
     pub(super) incoming: VecDeque<ControlFrame>,
 }
 
 impl Negotiator for InBand {
-    type Error = Infallible;
+    type Error = wire::WireError;
 
-    fn send_frame(&mut self, frame: &[u8]) -> Result<(), Infallible> {
-        self.outgoing.push_back(ControlFrame::new(frame));
+    fn send_frame(&mut self, frame: &[u8]) -> Result<(), wire::WireError> {
+        // The controller's own encoding: it decodes, or the controller has a bug, which
+        // the error reports.
+        let message = wire::decode(frame)?;
+        let outgoing = Outgoing {
+            message,
+            frame: ControlFrame::new(frame),
+        };
+        enqueue_control(&mut self.outgoing, outgoing, |outgoing| &outgoing.message);
         Ok(())
     }
 
-    fn recv_frame(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Infallible> {
+    fn recv_frame(&mut self, buf: &mut [u8]) -> Result<Option<usize>, wire::WireError> {
         Ok(self.incoming.pop_front().map(|frame| {
             let len = frame.len.min(buf.len());
             buf[..len].copy_from_slice(&frame.bytes[..len]);
@@ -117,6 +147,14 @@ impl ControlPath {
                     || controller.poll_timeout().is_some_and(|due| due <= now)
             }
             ControlPath::External(_) => true,
+        }
+    }
+
+    /// Control frames waiting to be posted (in band; none over a user's channel).
+    pub(super) fn waiting(&self) -> usize {
+        match self {
+            ControlPath::InBand(in_band) => in_band.outgoing.len(),
+            ControlPath::External(_) => 0,
         }
     }
 

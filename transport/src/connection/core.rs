@@ -47,9 +47,9 @@ use tierbuf_tiers::negotiator::Negotiator;
 use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
 
 use super::config::ConnectionConfig;
-use super::control::{ControlPath, InBand};
+use super::control::{ControlPath, InBand, MAX_WAITING_CONTROL_FRAMES};
 use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
-use super::errors::ConnectionError;
+use super::errors::{ConnectionError, PeerViolation};
 use super::header::{FrameHeader, Grant, HEADER_LEN};
 use super::reassembly::Reassembly;
 use super::receive::Message;
@@ -165,6 +165,9 @@ pub struct ConnectionStats {
     /// it sends, its reassembly buffer for one it receives); see
     /// [`ConnectionConfig::with_spare_buffer_limit`].
     pub spare_buffer_bytes: u64,
+    /// In-band control frames waiting for a credit to be posted with (bounded: see
+    /// `docs/threats.md`).
+    pub control_frames_waiting: u64,
 }
 
 /// One side of a connection, driven by its owner.
@@ -299,11 +302,13 @@ impl ConnectionCore {
         .map_err(ConnectionError::Register)?;
         let spare_buffer_limit = config.spare_buffer_limit();
         let smallest = &config.ladder().tiers()[0];
-        let mut credits = Credits::default();
-        credits.grant(Grant {
-            tier: 0,
-            count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
-        });
+        let credits = Credits::starting_with(
+            config.max_send_credits(),
+            Grant {
+                tier: 0,
+                count: u16::try_from(smallest.slot_count()).unwrap_or(u16::MAX),
+            },
+        );
         let mut core = ConnectionCore {
             reassembly: Reassembly::new(config.max_message_len()),
             config,
@@ -363,6 +368,7 @@ impl ConnectionCore {
             posted_receives: self.posted.len() as u64,
             receives_lent: (self.lent - self.returned.given_back()) as u64,
             send_credits: u64::from(self.credits.total()),
+            control_frames_waiting: self.control.waiting() as u64,
             spare_buffer_bytes: (self.spare_outbox.capacity()
                 + self.returned.spare_buffer_capacity()) as u64,
             ..self.stats
@@ -487,22 +493,33 @@ impl ConnectionCore {
         }
     }
 
-    /// Posts the in-band control frames waiting, in order, as credits allow.
+    /// Posts the in-band control frames waiting, in order, as credits allow; fails the
+    /// connection if more than [`MAX_WAITING_CONTROL_FRAMES`] are left waiting.
     fn send_control(&mut self) {
         loop {
             let ControlPath::InBand(in_band) = &mut self.control else {
                 return;
             };
-            let Some(frame) = in_band.outgoing.pop_front() else {
+            let Some(outgoing) = in_band.outgoing.pop_front() else {
                 return;
             };
-            let header = FrameHeader::control(frame.bytes().len());
-            if !self.post_frame(header, Payload::Bytes(frame.bytes()), false) {
+            let bytes = outgoing.frame.bytes();
+            let header = FrameHeader::control(bytes.len());
+            if !self.post_frame(header, Payload::Bytes(bytes), false) {
                 if let ControlPath::InBand(in_band) = &mut self.control {
-                    in_band.outgoing.push_front(frame);
+                    in_band.outgoing.push_front(outgoing);
                 }
-                return;
+                break;
             }
+        }
+        let waiting = self.control.waiting();
+        if waiting > MAX_WAITING_CONTROL_FRAMES {
+            self.fail(ConnectionError::PeerProtocol(
+                PeerViolation::ControlBacklog {
+                    waiting,
+                    limit: MAX_WAITING_CONTROL_FRAMES,
+                },
+            ));
         }
     }
 }

@@ -5,6 +5,9 @@
 //!
 //! - [`Credits`] lists the peer's posted receives in posting order, as runs of one tier;
 //!   [`Credits::take`] consumes the oldest, which is the buffer the next frame lands in.
+//! - [`Credits`] never holds more than its limit, the most receives the peer could have
+//!   posted: a grant past it is refused whole ([`GrantPastLimit`]), so no sum overflows and
+//!   the list of runs (at least one credit each) stays bounded whatever the peer sends.
 //! - [`Credits::has_data_credit`] never offers the last credit: it is kept for frames that
 //!   return credits or carry control messages ([`RESERVED_CREDITS`]).
 //! - [`PendingGrants`] hands out runs in posting order, so grants reach the peer in the
@@ -26,24 +29,72 @@ pub(super) const RESERVED_CREDITS: u32 = 1;
 pub(super) const MIN_POSTED: u32 = 3;
 
 /// The peer's posted receives, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Credits {
     runs: VecDeque<(u8, u32)>,
     total: u32,
+    /// The most credits the peer can have granted.
+    limit: u32,
+}
+
+/// A grant that would take the credits past their limit; nothing of it was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct GrantPastLimit {
+    /// The credits held before the grant.
+    pub(super) held: u32,
+    /// The limit.
+    pub(super) limit: u32,
 }
 
 impl Credits {
+    /// No credits yet, and never more than `limit` (the most receives the peer can have
+    /// posted, [`ConnectionConfig::max_send_credits`](super::ConnectionConfig)).
+    pub(super) fn new(limit: u32) -> Credits {
+        Credits {
+            runs: VecDeque::new(),
+            total: 0,
+            limit,
+        }
+    }
+
+    /// The credits a connection starts with, `initial` (the peer's first receives, which
+    /// both sides know without a grant), within `limit`.
+    pub(super) fn starting_with(limit: u32, initial: Grant) -> Credits {
+        let mut credits = Credits::new(limit);
+        let count = u32::from(initial.count).min(limit);
+        if count > 0 {
+            credits.runs.push_back((initial.tier, count));
+            credits.total = count;
+        }
+        credits
+    }
+
     /// Adds `grant.count` receives of `grant.tier`, posted after every credit held now.
-    pub(super) fn grant(&mut self, grant: Grant) {
+    ///
+    /// # Errors
+    ///
+    /// [`GrantPastLimit`] when the credits would pass their limit: the peer granted
+    /// receives it cannot have posted. Nothing is taken.
+    pub(super) fn grant(&mut self, grant: Grant) -> Result<(), GrantPastLimit> {
         if grant.count == 0 {
-            return;
+            return Ok(());
         }
         let count = u32::from(grant.count);
+        let past = GrantPastLimit {
+            held: self.total,
+            limit: self.limit,
+        };
+        self.total = self
+            .total
+            .checked_add(count)
+            .filter(|&total| total <= self.limit)
+            .ok_or(past)?;
+        // A run is at most the total, which is within the limit.
         match self.runs.back_mut() {
             Some((tier, run)) if *tier == grant.tier => *run += count,
             _ => self.runs.push_back((grant.tier, count)),
         }
-        self.total += count;
+        Ok(())
     }
 
     /// All credits held.
@@ -159,11 +210,10 @@ mod tests {
 
     #[test]
     fn credits_are_consumed_in_posting_order_and_the_last_is_kept() {
-        let mut credits = Credits::default();
-        credits.grant(grant(0, 2));
-        credits.grant(grant(1, 1));
-        credits.grant(grant(1, 1));
-        credits.grant(grant(0, 0));
+        let mut credits = Credits::new(u32::MAX);
+        for each in [grant(0, 2), grant(1, 1), grant(1, 1), grant(0, 0)] {
+            credits.grant(each).unwrap();
+        }
         assert_eq!(credits.total(), 4);
         assert_eq!(credits.ahead_of(1), 2);
         assert_eq!(credits.ahead_of(0), 0);
@@ -176,6 +226,24 @@ mod tests {
         assert_eq!(credits.take(), Some(1));
         assert_eq!(credits.take(), None);
         assert_eq!(credits.total(), 0);
+    }
+
+    #[test]
+    fn a_grant_past_the_limit_is_refused_whole() {
+        let mut credits = Credits::new(10);
+        credits.grant(grant(0, 6)).unwrap();
+        assert_eq!(
+            credits.grant(grant(1, 5)),
+            Err(GrantPastLimit { held: 6, limit: 10 })
+        );
+        assert_eq!((credits.total(), credits.next_tier()), (6, Some(0)));
+        credits.grant(grant(1, 4)).unwrap();
+        assert_eq!(credits.total(), 10);
+        let mut full = Credits::new(u32::MAX);
+        while full.total() <= u32::MAX - u32::from(u16::MAX) {
+            full.grant(grant(0, u16::MAX)).unwrap();
+        }
+        assert!(full.grant(grant(0, u16::MAX)).is_err(), "no overflow");
     }
 
     #[test]
@@ -199,17 +267,17 @@ mod tests {
         #[test]
         fn grants_reproduce_the_posting_order(posts in prop::collection::vec((0u8..4, 0u32..5), 0..40)) {
             let mut pending = PendingGrants::default();
-            let mut credits = Credits::default();
+            let mut credits = Credits::new(u32::MAX);
             let mut expected = Vec::new();
             for &(tier, count) in &posts {
                 pending.posted(tier, count, Urgency::Soon);
                 expected.extend(std::iter::repeat_n(tier, count as usize));
                 if count % 2 == 0 {
-                    credits.grant(pending.take());
+                    credits.grant(pending.take()).unwrap();
                 }
             }
             while pending.total() > 0 {
-                credits.grant(pending.take());
+                credits.grant(pending.take()).unwrap();
             }
             prop_assert_eq!(credits.total() as usize, expected.len());
             let consumed: Vec<u8> = std::iter::from_fn(|| credits.take()).collect();

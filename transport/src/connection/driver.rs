@@ -8,7 +8,10 @@
 //!   after its completion. That is the contract `Endpoint::post_recv` and
 //!   `Endpoint::post_send` ask of their callers.
 //! - Work the endpoint refuses for a full queue is kept, in order, and posted first at the
-//!   next progress; work refused for any other reason fails the connection.
+//!   next progress; work refused for any other reason fails the connection. A refusal
+//!   because the connection is already broken says nothing of why, so the endpoint's own
+//!   report (what its next poll returns: the peer died, broke the protocol, stalled) is
+//!   the failure kept, when it has one.
 //! - A send the core hands out to be copied from the caller's message
 //!   ([`WorkRequest::PostSendCopied`]) is settled within the call that gave the message:
 //!   posted from the message if the endpoint takes it at once, otherwise written into its
@@ -213,7 +216,7 @@ impl<E: Endpoint> Connection<E> {
                     break;
                 }
                 Err((error, _)) => {
-                    self.core.fail(ConnectionError::of_post(error));
+                    self.fail_posting(error);
                     break;
                 }
             }
@@ -224,6 +227,18 @@ impl<E: Endpoint> Connection<E> {
             self.unposted.push_back(work);
         }
         posted_count
+    }
+
+    /// Fails the connection for a post the endpoint refused with `error` (module
+    /// invariants): for a connection already broken, with the cause the endpoint reports.
+    fn fail_posting(&mut self, error: PostError) {
+        if error == PostError::ConnectionBroken
+            && let Err(cause) = self.endpoint.poll(&mut [])
+        {
+            self.core.fail(ConnectionError::of_transport(cause));
+            return;
+        }
+        self.core.fail(ConnectionError::of_post(error));
     }
 
     /// Posts one work request; on an error, hands back the request to keep in its place.

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use tierbuf_tiers::TierIndex;
 use tierbuf_tiers::controller::ControllerError;
 use tierbuf_tiers::policy::CapacityError;
 use tierbuf_tiers::{TierError, negotiation::ConfigError};
@@ -51,16 +50,6 @@ pub enum ConnectionError {
         slot_size: usize,
         /// Header plus the largest control frame.
         needed: usize,
-    },
-    /// A tier has fewer than three slots: one credit is kept back for credit and control
-    /// frames, one carries data, and a third lets a credit frame grant more receives than
-    /// it consumes (the caller's ladder).
-    #[error("{tier} has {slot_count} slot(s); a connection needs at least 3 per tier")]
-    TooFewSlots {
-        /// The tier.
-        tier: TierIndex,
-        /// Its slot count.
-        slot_count: usize,
     },
     /// The ladder cannot be negotiated (the caller's ladder).
     #[error("the ladder cannot be negotiated")]
@@ -146,13 +135,42 @@ pub enum PeerViolation {
         /// Tiers on the ladder.
         len: usize,
     },
+    /// A frame's grant would take this side's credits past every receive the peer could
+    /// have posted
+    /// ([`ConnectionConfig::max_send_credits`](super::ConnectionConfig::max_send_credits)).
+    #[error(
+        "the peer granted {count} receives of tier {tier} on top of {held}, past the {limit} it can have posted"
+    )]
+    GrantBeyondReceives {
+        /// The grant's tier.
+        tier: u8,
+        /// The grant's count.
+        count: u16,
+        /// The credits held before it.
+        held: u32,
+        /// The most the peer can have granted.
+        limit: u32,
+    },
     /// A malformed or out-of-protocol control message.
     #[error("the tier negotiation")]
     Negotiation(#[source] ControllerError),
+    /// In-band control frames piled up past the limit waiting for a credit the peer did
+    /// not grant: it took none of them for a long time while this side kept asking
+    /// (`docs/threats.md`).
+    #[error(
+        "{waiting} control frames wait for a credit the peer does not grant (the limit is {limit})"
+    )]
+    ControlBacklog {
+        /// Control frames waiting.
+        waiting: usize,
+        /// The most that may wait.
+        limit: usize,
+    },
     /// A control frame on a connection that negotiates over a channel of its own.
     #[error("a control frame on a connection whose negotiation runs elsewhere")]
     UnexpectedControlFrame,
-    /// The provider's own protocol (a bad record, a delivery longer than the buffer).
+    /// The provider's own protocol (a bad record, a delivery longer than the buffer, a
+    /// peer that stalled past the provider's deadline).
     #[error("the provider's protocol")]
     Provider(#[source] TransportError),
 }
@@ -162,7 +180,6 @@ impl ConnectionError {
     pub fn fault(&self) -> Fault {
         match self {
             ConnectionError::SmallestTierTooSmall { .. }
-            | ConnectionError::TooFewSlots { .. }
             | ConnectionError::Negotiation(_)
             | ConnectionError::Capacity(_)
             | ConnectionError::QueueTooShallow { .. }
@@ -200,7 +217,7 @@ impl ConnectionError {
     pub(super) fn of_transport(error: TransportError) -> ConnectionError {
         match error {
             TransportError::PeerDied { .. } => ConnectionError::PeerDied(error),
-            TransportError::ProtocolViolation { .. } => {
+            TransportError::ProtocolViolation { .. } | TransportError::PeerStalled { .. } => {
                 ConnectionError::PeerProtocol(PeerViolation::Provider(error))
             }
             other => ConnectionError::Provider(other),

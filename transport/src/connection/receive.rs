@@ -184,7 +184,14 @@ impl ConnectionCore {
                 len: ladder_len,
             }));
         }
-        self.credits.grant(header.grant);
+        self.credits.grant(header.grant).map_err(|past| {
+            peer(PeerViolation::GrantBeyondReceives {
+                tier: header.grant.tier,
+                count: header.grant.count,
+                held: past.held,
+                limit: past.limit,
+            })
+        })?;
         let payload_len = header.payload_len as usize;
         let payload = &frame[HEADER_LEN..HEADER_LEN + payload_len];
         match header.kind {

@@ -123,7 +123,7 @@ pub(crate) enum RecordError {
     Kind(u32),
     #[error("a refusal with unknown reason {0}")]
     Reason(u64),
-    #[error("a {kind} record {carried} a file descriptor")]
+    #[error("a {kind} record {carried}")]
     Descriptor {
         kind: &'static str,
         carried: &'static str,
@@ -214,9 +214,9 @@ impl Record {
             return Err(RecordError::Descriptor {
                 kind: record.name(),
                 carried: if with_descriptor {
-                    "carried"
+                    "carried a file descriptor"
                 } else {
-                    "did not carry"
+                    "did not carry a file descriptor"
                 },
             });
         }
@@ -345,7 +345,7 @@ pub(crate) fn receive_record(socket: BorrowedFd<'_>, wait: bool) -> Result<Incom
     if descriptors.len() > 1 || received.flags.contains(ReturnFlags::CTRUNC) {
         return Err(RecordError::Descriptor {
             kind: "bootstrap",
-            carried: "carried more than one",
+            carried: "carried more than one file descriptor",
         }
         .into());
     }
@@ -610,10 +610,15 @@ mod tests {
             SendFlags::empty(),
         )
         .unwrap();
-        assert!(matches!(
-            receive_record(b.as_fd(), false),
-            Err(SocketError::Record(RecordError::Descriptor { .. }))
-        ));
+        let error = receive_record(b.as_fd(), false).expect_err("more than one descriptor");
+        assert!(
+            matches!(error, SocketError::Record(RecordError::Descriptor { .. })),
+            "{error}"
+        );
+        assert_eq!(
+            error.to_string(),
+            "a bootstrap record carried more than one file descriptor"
+        );
     }
 
     #[test]

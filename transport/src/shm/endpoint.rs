@@ -21,6 +21,13 @@
 //!   a key that was not announced, a buffer outside its region, a delivery longer than the
 //!   buffer or an unknown result code breaks the connection with a protocol error; the
 //!   peer's memory is written only within a mapping this side made and checked.
+//! - **No wait on the peer outlasts the peer timeout.** What only the peer can do (leave
+//!   its copy gate, so that a close or a flush may give this side's buffers back; send the
+//!   announcements it counted) is waited for without blocking or for `peer_timeout` at
+//!   most; past it the endpoint fails with [`TransportError::PeerStalled`], and `close`
+//!   and drop return. A peer that stalls inside a copy may still write into the buffers
+//!   given back afterwards, as a hostile peer can write any region announced to it at any
+//!   time: the gate orders an honest peer's copies, it does not fence a hostile one.
 //! - **Outstanding counts** are requests posted and not yet returned by `poll`; they never
 //!   pass the queue depths. Each direction's ring is its receiver's receive depth rounded
 //!   up to a power of two (`RingSize`, from the depths the handshake exchanged, kept by
@@ -31,13 +38,15 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 // Looked up on every post and every copy: foldhash, not the default SipHash.
 use foldhash::HashMap;
 use tierbuf_pool::{Region, SharedHostRegion};
 
 use super::bootstrap::{
-    FileMapping, Incoming, Received, Record, SocketError, receive_record, send_record,
+    FileMapping, Incoming, Received, Record, SOCKET_TIMEOUT, SocketError, receive_record,
+    send_record,
 };
 use super::segment::{
     Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, RING_CAPACITY, Ring, RingSize,
@@ -207,13 +216,18 @@ pub struct ShmEndpoint {
     // Liveness.
     idle_polls: u32,
     peer_gone: bool,
+    /// How long to wait for what only the peer can do (module invariants).
+    peer_timeout: Duration,
+    /// Since when a send has waited for announcements the peer counted and has not sent.
+    announcements_missing_since: Option<Instant>,
     /// An error to report from the next `poll`, once.
     failure: Option<TransportError>,
 }
 
 impl ShmEndpoint {
     /// An endpoint over a finished handshake. `segment` maps a stamped segment; the peer
-    /// keeps at most `peer_recv_depth` receives outstanding.
+    /// keeps at most `peer_recv_depth` receives outstanding; what only the peer can do is
+    /// waited for `peer_timeout` at most.
     pub(crate) fn new(
         side: usize,
         socket: OwnedFd,
@@ -221,6 +235,7 @@ impl ShmEndpoint {
         limits: EndpointLimits,
         peer_recv_depth: u32,
         local: RegionCache<SharedHostRegion>,
+        peer_timeout: Duration,
     ) -> ShmEndpoint {
         ShmEndpoint {
             side,
@@ -245,6 +260,8 @@ impl ShmEndpoint {
             announced: HashMap::default(),
             idle_polls: 0,
             peer_gone: false,
+            peer_timeout,
+            announcements_missing_since: None,
             failure: None,
         }
     }
@@ -288,7 +305,22 @@ impl ShmEndpoint {
         });
     }
 
+    /// Breaks the connection for a peer that left this side waiting past its deadline
+    /// for `waiting_for`.
+    fn stalled(&mut self, waiting_for: &'static str, timeout: Duration) {
+        self.fail(TransportError::PeerStalled {
+            provider: "shm",
+            waiting_for,
+            timeout,
+        });
+    }
+
+    /// Fails the connection for what the socket said, keeping it as the cause: a socket
+    /// the peer's side closed is the peer gone; a send that timed out, a peer that does
+    /// not read; a record that does not parse, the peer's violation; anything else, the
+    /// socket's error as it came.
     fn socket_failed(&mut self, error: SocketError) {
+        use rustix::io::Errno;
         match error {
             SocketError::LocalResource { operation, source } => {
                 self.fail(TransportError::LocalResource {
@@ -297,6 +329,28 @@ impl ShmEndpoint {
                     source,
                 })
             }
+            SocketError::Io { source, .. }
+                if [
+                    Errno::PIPE,
+                    Errno::CONNRESET,
+                    Errno::NOTCONN,
+                    Errno::CONNREFUSED,
+                ]
+                .iter()
+                .any(|gone| source.raw_os_error() == Some(gone.raw_os_error())) =>
+            {
+                self.peer_vanished()
+            }
+            SocketError::Io { source, .. }
+                if source.raw_os_error() == Some(Errno::AGAIN.raw_os_error()) =>
+            {
+                self.stalled("the peer's read of its bootstrap socket", SOCKET_TIMEOUT)
+            }
+            SocketError::Io { operation, source } => self.fail(TransportError::Provider {
+                provider: "shm",
+                operation,
+                source,
+            }),
             error => self.violation(format!("bootstrap socket: {error}")),
         }
     }
@@ -348,24 +402,40 @@ impl ShmEndpoint {
         }
     }
 
-    /// Reads the socket until every announcement the peer has made is handled; they are
-    /// already on the socket, because the peer sends them before counting them.
-    fn catch_up_with_announcements(&mut self) {
-        let announced = self.segment().direction(self.side).announced();
-        while self.announcements_read < announced && self.failure.is_none() {
-            match receive_record(self.socket.as_fd(), true) {
+    /// Reads the socket, without waiting, until the first `needed` announcements of the
+    /// peer's are handled; returns whether they are. An honest peer sends them before it
+    /// counts them, so they are there; one that counted them and has not sent them within
+    /// the peer timeout is failed as stalled.
+    fn catch_up_with_announcements(&mut self, needed: u64) -> bool {
+        while self.announcements_read < needed {
+            if self.failure.is_some() {
+                return false;
+            }
+            match receive_record(self.socket.as_fd(), false) {
                 Ok(Incoming::Record(received)) => self.handle_record(received),
-                Ok(Incoming::Nothing) => {}
+                Ok(Incoming::Nothing) => {
+                    let now = Instant::now();
+                    let since = *self.announcements_missing_since.get_or_insert(now);
+                    if now.saturating_duration_since(since) >= self.peer_timeout {
+                        self.stalled(
+                            "the region announcements the peer counted as sent",
+                            self.peer_timeout,
+                        );
+                    }
+                    return false;
+                }
                 Ok(Incoming::Closed) => {
                     self.peer_vanished();
-                    return;
+                    return false;
                 }
                 Err(error) => {
                     self.socket_failed(error);
-                    return;
+                    return false;
                 }
             }
         }
+        self.announcements_missing_since = None;
+        true
     }
 
     /// Looks at the socket without waiting: handles what the peer sent and notices a peer
@@ -430,8 +500,11 @@ impl ShmEndpoint {
         let posted = self.outgoing().posted(count, &mut view);
         self.peer_posts = view;
         let buffer = posted?;
-        if self.announcements_read < self.peer_posts.announced() {
-            self.catch_up_with_announcements();
+        if self.announcements_read < self.peer_posts.announced()
+            && !self.catch_up_with_announcements(self.peer_posts.announced())
+        {
+            // Tried again at the next call: a non-blocking send takes nothing meanwhile.
+            return None;
         }
         let status = match self.fill(source, len, buffer) {
             Ok(filled) => {
@@ -634,6 +707,8 @@ impl ShmEndpoint {
         let side = self.side;
         let socket = &self.socket;
         let mut peer_gone = self.peer_gone;
+        let deadline = Instant::now().checked_add(self.peer_timeout);
+        let mut stalled = false;
         // Records that arrive now are dropped (closing their descriptors): the connection
         // is down, so nothing will be sent into an announced region again.
         self.segment().shut_incoming(side, || {
@@ -643,9 +718,16 @@ impl ShmEndpoint {
                     Ok(Incoming::Closed) | Err(_)
                 );
             }
-            !peer_gone
+            stalled = !peer_gone && deadline.is_none_or(|deadline| Instant::now() >= deadline);
+            !peer_gone && !stalled
         });
         self.peer_gone = peer_gone;
+        if stalled {
+            self.stalled(
+                "the end of the peer's copy into this side's buffers (it holds its copy gate)",
+                self.peer_timeout,
+            );
+        }
         // A delivery that was in progress has been made meanwhile.
         self.reap_receives();
         let flushed = |wr_id, opcode| Completion {

@@ -9,10 +9,17 @@
 //!   tells the connecting side why with a refusal first.
 //! - Side 0 is the connecting side, side 1 the accepting side (the segment's directions
 //!   are indexed by the side that sends).
+//! - A listener is never held by one client: [`ShmListener::accept`] takes every
+//!   connection the kernel has queued, answers the first client whose hello has come, and
+//!   waits (in `poll(2)`, on the listening socket and every client not yet heard) for the
+//!   next hello, connection or deadline; a client silent for the peer timeout is refused
+//!   on its own. Clients not yet heard wait in the listener between calls.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar, SharedHostRegion};
@@ -58,6 +65,7 @@ const MAX_SEND_DEPTH: u32 = 1 << 16;
 #[derive(Debug)]
 pub struct ShmProvider {
     registrar: Arc<ShmRegistrar>,
+    peer_timeout: Duration,
 }
 
 /// The shared-memory provider's registrar: sealed memory files from a
@@ -91,6 +99,16 @@ impl Registrar for ShmRegistrar {
 }
 
 impl ShmProvider {
+    /// How long an endpoint waits, unless told otherwise
+    /// ([`ShmProvider::with_peer_timeout`]), for what only its peer can do: finish a copy
+    /// it started into this side's buffers (before a close or a flush can give them
+    /// back), send the region announcements it counted as sent, say its hello to a
+    /// listener. An honest peer does each in microseconds (a copy of the largest slot in
+    /// milliseconds), so five seconds only runs out for a peer that stopped, or holds
+    /// this side hostage; then the endpoint fails with [`TransportError::PeerStalled`],
+    /// and a close or a drop returns.
+    pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// A provider registering unpinned shared memory charged to `budget`.
     pub fn new(budget: MemoryBudget) -> ShmProvider {
         ShmProvider::with_host_registrar(HostRegistrar::new(budget))
@@ -112,7 +130,31 @@ impl ShmProvider {
                 host,
                 table: Arc::new(RegionTable::new()),
             }),
+            peer_timeout: ShmProvider::DEFAULT_PEER_TIMEOUT,
         }
+    }
+
+    /// Sets how long the endpoints and listeners made from now on wait for what only
+    /// their peer can do ([`ShmProvider::DEFAULT_PEER_TIMEOUT`] says what, and why five
+    /// seconds by default). A zero timeout is taken as one millisecond.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::ShmProvider;
+    /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// assert_eq!(provider.peer_timeout(), ShmProvider::DEFAULT_PEER_TIMEOUT);
+    /// let provider = provider.with_peer_timeout(Duration::from_millis(500));
+    /// assert_eq!(provider.peer_timeout(), Duration::from_millis(500));
+    /// ```
+    pub fn with_peer_timeout(mut self, timeout: Duration) -> ShmProvider {
+        self.peer_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long endpoints and listeners wait for what only their peer can do.
+    pub fn peer_timeout(&self) -> Duration {
+        self.peer_timeout
     }
 
     /// Listens for connections on a Unix-domain socket at `path`, which must not exist
@@ -131,7 +173,13 @@ impl ShmProvider {
     /// ```
     pub fn listen(&self, path: impl AsRef<Path>) -> Result<ShmListener, TransportError> {
         let path = path.as_ref().to_path_buf();
-        let socket = seqpacket_socket()?;
+        let socket = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(os_error("creating a socket"))?;
         let address = SocketAddrUnix::new(&path).map_err(os_error("naming the socket"))?;
         rustix::net::bind(&socket, &address).map_err(os_error("binding the socket"))?;
         rustix::net::listen(&socket, 128).map_err(os_error("listening"))?;
@@ -139,6 +187,8 @@ impl ShmProvider {
             socket,
             path,
             registrar: Arc::clone(&self.registrar),
+            peer_timeout: self.peer_timeout,
+            unheard: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -188,7 +238,8 @@ impl ShmProvider {
         set_timeouts(&connecting)?;
         set_timeouts(&accepting)?;
         let offered = offer(connecting.as_fd(), recv_depth)?;
-        let (accepted, connecting_depth) = answer(accepting.as_fd(), recv_depth)?;
+        let hello = receive_record(accepting.as_fd(), true);
+        let (accepted, connecting_depth) = answer(accepting.as_fd(), hello, recv_depth)?;
         let accepting_depth = conclude(connecting.as_fd())?;
         Ok((
             self.endpoint(0, connecting, offered, limits, accepting_depth),
@@ -205,7 +256,15 @@ impl ShmProvider {
         peer_recv_depth: u32,
     ) -> ShmEndpoint {
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
-        ShmEndpoint::new(side, socket, segment, limits, peer_recv_depth, local)
+        ShmEndpoint::new(
+            side,
+            socket,
+            segment,
+            limits,
+            peer_recv_depth,
+            local,
+            self.peer_timeout,
+        )
     }
 }
 
@@ -225,9 +284,20 @@ impl Provider for ShmProvider {
 /// [`ShmProvider::listen`].
 #[derive(Debug)]
 pub struct ShmListener {
+    /// Non-blocking: [`ShmListener::accept`] waits in `poll(2)`, not in `accept(2)`.
     socket: OwnedFd,
     path: PathBuf,
     registrar: Arc<ShmRegistrar>,
+    peer_timeout: Duration,
+    /// Clients connected and not yet heard from, oldest first.
+    unheard: Mutex<VecDeque<Unheard>>,
+}
+
+/// A client connected to a listener that has not said its hello yet.
+#[derive(Debug)]
+struct Unheard {
+    socket: OwnedFd,
+    since: Instant,
 }
 
 impl ShmListener {
@@ -239,15 +309,123 @@ impl ShmListener {
     /// Waits for the next connection and completes its handshake: an endpoint with
     /// `send_depth` sends and `recv_depth` receives outstanding at most. A peer that
     /// fails the handshake is refused and its error returned; the listener stays usable.
+    ///
+    /// No client holds up another: clients are answered in the order their hellos come,
+    /// and one that connects and says nothing for the provider's peer timeout
+    /// ([`ShmProvider::with_peer_timeout`]) is refused (its error returned by the call
+    /// that finds it so) while the others go on. Calls from several threads take turns.
     pub fn accept(&self, send_depth: u32, recv_depth: u32) -> Result<ShmEndpoint, TransportError> {
         let limits = limits(send_depth, recv_depth)?;
-        let socket = rustix::net::accept_with(&self.socket, SocketFlags::CLOEXEC)
-            .map_err(os_error("accepting"))?;
-        set_timeouts(&socket)?;
-        let (segment, peer_depth) = answer(socket.as_fd(), recv_depth)?;
+        let mut unheard = self.unheard.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            self.take_new_clients(&mut unheard)?;
+            let heard =
+                unheard.iter().enumerate().find_map(|(index, client)| {
+                    match receive_record(client.socket.as_fd(), false) {
+                        Ok(Incoming::Nothing) => None,
+                        heard => Some((index, heard)),
+                    }
+                });
+            if let Some((index, heard)) = heard {
+                let client = unheard.remove(index).expect("the client just heard");
+                return self.welcome(client.socket, heard, limits);
+            }
+            let now = Instant::now();
+            let silent = unheard.iter().position(|client| {
+                now.saturating_duration_since(client.since) >= self.peer_timeout
+            });
+            if let Some(index) = silent {
+                // Dropping the client closes its socket.
+                unheard.remove(index);
+                return Err(handshake_error(format!(
+                    "the peer connected and sent no hello within {:?}",
+                    self.peer_timeout
+                )));
+            }
+            self.wait_for_clients(&unheard, now)?;
+        }
+    }
+
+    /// Takes every connection the kernel has queued.
+    fn take_new_clients(&self, unheard: &mut VecDeque<Unheard>) -> Result<(), TransportError> {
+        loop {
+            match rustix::net::accept_with(&self.socket, SocketFlags::CLOEXEC) {
+                Ok(socket) => {
+                    set_timeouts(&socket)?;
+                    unheard.push_back(Unheard {
+                        socket,
+                        since: Instant::now(),
+                    });
+                }
+                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                // A client that went away before it was taken, or a signal: look again.
+                Err(rustix::io::Errno::CONNABORTED | rustix::io::Errno::INTR) => {}
+                // `accept(2)` wants a descriptor for a client before it looks for one: out
+                // of them, serve the clients taken so far, and take more later.
+                Err(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) if !unheard.is_empty() => {
+                    return Ok(());
+                }
+                Err(errno @ (rustix::io::Errno::MFILE | rustix::io::Errno::NFILE)) => {
+                    return Err(TransportError::LocalResource {
+                        provider: "shm",
+                        operation: "accepting a connection: this process can open no more files",
+                        source: errno.into(),
+                    });
+                }
+                Err(errno) => return Err(os_error("accepting")(errno)),
+            }
+        }
+    }
+
+    /// Waits until a client connects, an unheard one sends something (or goes), or the
+    /// oldest unheard one's time is up.
+    fn wait_for_clients(
+        &self,
+        unheard: &VecDeque<Unheard>,
+        now: Instant,
+    ) -> Result<(), TransportError> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut watched: Vec<PollFd<'_>> = std::iter::once(&self.socket)
+            .chain(unheard.iter().map(|client| &client.socket))
+            .map(|socket| PollFd::new(socket, PollFlags::IN))
+            .collect();
+        let timeout = unheard
+            .iter()
+            .map(|client| {
+                self.peer_timeout
+                    .saturating_sub(now.saturating_duration_since(client.since))
+            })
+            .min()
+            .map(|left| {
+                Timespec::try_from(left).unwrap_or(Timespec {
+                    tv_sec: i64::MAX,
+                    tv_nsec: 0,
+                })
+            });
+        match rustix::event::poll(&mut watched, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(errno) => Err(os_error("waiting for clients")(errno)),
+        }
+    }
+
+    /// Completes the handshake of a client whose socket said `heard` (its hello, its end,
+    /// or an error).
+    fn welcome(
+        &self,
+        socket: OwnedFd,
+        heard: Result<Incoming, SocketError>,
+        limits: EndpointLimits,
+    ) -> Result<ShmEndpoint, TransportError> {
+        let (segment, peer_depth) = answer(socket.as_fd(), heard, limits.recv_depth)?;
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
         Ok(ShmEndpoint::new(
-            1, socket, segment, limits, peer_depth, local,
+            1,
+            socket,
+            segment,
+            limits,
+            peer_depth,
+            local,
+            self.peer_timeout,
         ))
     }
 }
@@ -356,10 +534,15 @@ fn offer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, Transpo
     Ok(mapping)
 }
 
-/// The accepting side's part: checks the hello and its segment, and welcomes or refuses.
-/// Returns the segment and the peer's receive depth.
-fn answer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<(FileMapping, u32), TransportError> {
-    let received = match receive_record(socket, true).map_err(socket_error)? {
+/// The accepting side's part: checks `hello`, what the peer's socket said first, and the
+/// segment it carries, and welcomes or refuses. Returns the segment and the peer's receive
+/// depth.
+fn answer(
+    socket: BorrowedFd<'_>,
+    hello: Result<Incoming, SocketError>,
+    recv_depth: u32,
+) -> Result<(FileMapping, u32), TransportError> {
+    let received = match hello.map_err(socket_error)? {
         Incoming::Record(received) => received,
         Incoming::Nothing | Incoming::Closed => {
             return Err(handshake_error(

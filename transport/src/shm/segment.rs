@@ -55,7 +55,10 @@
 //!   nothing). So once the receiver has shut its gate, the peer writes none of its buffers
 //!   again and no message is counted as sent by the one side and lost by the other.
 //!   The gate word is on a line of the sender's own: passing it costs the sender no
-//!   transfer between the cores.
+//!   transfer between the cores. The wait is the caller's to bound (`keep_waiting`):
+//!   the endpoint gives up on a peer that holds `COPYING` past its peer timeout, and on
+//!   one whose socket closed. The ordering holds for an honest peer; a hostile one can
+//!   write the receiver's announced memory whatever the gate says.
 
 use crate::pair_state::StateWord;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -274,7 +277,8 @@ impl<const N: usize> Segment<N> {
     /// The receiver's step before it takes back the buffers it posted (closing, or
     /// flushing a broken connection): shuts the gate of the direction towards `side` and,
     /// if the sender is copying, waits until it is done. `keep_waiting` is asked between
-    /// looks (it says whether the peer may still be alive); a `false` ends the wait.
+    /// looks (it says whether the peer may still be alive and within its deadline); a
+    /// `false` ends the wait.
     pub fn shut_incoming(&self, side: usize, mut keep_waiting: impl FnMut() -> bool) {
         let gate = &self.directions[1 - side].gate.0;
         let mut bits = gate.fetch_or(SHUT, Ordering::AcqRel);
@@ -309,12 +313,6 @@ impl<const N: usize> Direction<N> {
     #[cfg(not(loom))]
     pub(crate) fn announce(&self) {
         self.announced.fetch_add(1, Ordering::Release);
-    }
-
-    /// Region announcements the receiver has sent, ever.
-    #[cfg(not(loom))]
-    pub(crate) fn announced(&self) -> u64 {
-        self.announced.load(Ordering::Acquire)
     }
 }
 

@@ -194,11 +194,11 @@ mod tests {
 
     #[test]
     fn ladder_figures_follow_the_memory_table_with_verbs_rounding() {
-        // Regions: 256 B, 2 KiB, 12 KiB; each pins (ceil((len + 4095) / 4096) + 1) pages.
+        // Regions: 256 B, 3 KiB, 12 KiB; each pins (ceil((len + 4095) / 4096) + 1) pages.
         let pages = |count: u128| count * 4096;
         let ladder = TierLadder::builder()
             .tier(64, 4, 64)
-            .tier(1024, 2, 1024)
+            .tier(1024, 3, 1024)
             .tier(4096, 3, 4096)
             .build()
             .unwrap();
@@ -207,7 +207,7 @@ mod tests {
 
         let retaining = TierLadder::builder()
             .tier(64, 4, 64)
-            .tier(1024, 2, 1024)
+            .tier(1024, 3, 1024)
             .tier(4096, 3, 4096)
             .retain_replaced(true)
             .reservoir_regions(2)
@@ -225,11 +225,11 @@ mod tests {
 
     #[test]
     fn the_worst_connection_is_at_the_tier_with_the_longest_region() {
-        // Tier 0's region (64 KiB) is longer than tier 1's (8 KiB): the worst connection
+        // Tier 0's region (64 KiB) is longer than tier 1's (12 KiB): the worst connection
         // is one at tier 0.
         let ladder = TierLadder::builder()
             .tier(1024, 64, 1024)
-            .tier(4096, 2, 4096)
+            .tier(4096, 3, 4096)
             .build()
             .unwrap();
         let tier0 = region_pinned_bytes(64 << 10, 4096, 4096);

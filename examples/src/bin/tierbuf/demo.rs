@@ -67,7 +67,7 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
     match demo(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tierbuf demo: {error}");
+            eprintln!("tierbuf demo: {}", with_causes(&*error));
             ExitCode::FAILURE
         }
     }
@@ -75,10 +75,41 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
 
 type DemoError = Box<dyn std::error::Error + Send + Sync>;
 
+/// `error` and every `source()` under it, joined by colons: what failed, then why (a
+/// connection that failed because its peer died says so).
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn demo(args: &DemoArgs) -> Result<(), DemoError> {
     match args.provider {
         ProviderKind::Loopback => loopback::run(args),
         ProviderKind::Shm => shm::run(args),
         ProviderKind::Verbs => verbs::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_causes;
+
+    #[test]
+    fn an_error_is_reported_with_every_cause_under_it() {
+        let error = tierbuf_transport::TransportError::Provider {
+            provider: "shm",
+            operation: "sending a bootstrap record",
+            source: std::io::Error::from(std::io::ErrorKind::BrokenPipe),
+        };
+        assert_eq!(
+            with_causes(&error),
+            "the shm provider failed in sending a bootstrap record: broken pipe"
+        );
     }
 }

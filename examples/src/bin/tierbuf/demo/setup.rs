@@ -109,7 +109,7 @@ impl Setup {
             Arc::clone(reservoir),
             now,
         )?;
-        Connection::new(core, endpoint).map_err(|e| e.to_string().into())
+        Ok(Connection::new(core, endpoint)?)
     }
 }
 
@@ -149,7 +149,7 @@ impl<E: Endpoint> Side<E> {
     /// One round of progress on every connection.
     pub(super) fn progress(&mut self) -> Result<(), DemoError> {
         for connection in &mut self.connections {
-            connection.progress().map_err(|e| e.to_string())?;
+            connection.progress()?;
         }
         Ok(())
     }

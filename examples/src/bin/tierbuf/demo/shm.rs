@@ -105,7 +105,7 @@ pub(crate) fn run_peer(args: PeerArgs) -> ExitCode {
     match peer(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tierbuf demo-peer: {error}");
+            eprintln!("tierbuf demo-peer: {}", super::with_causes(&*error));
             ExitCode::FAILURE
         }
     }

@@ -85,11 +85,11 @@ pub(super) fn run_clients<E: Endpoint>(
                 if offer(connection, &buffer)? {
                     in_flight[index] = Some((sequence, started, true));
                 } else {
-                    connection.progress().map_err(|e| e.to_string())?;
+                    connection.progress()?;
                 }
             }
             if let Some((sequence, started, true)) = in_flight[index]
-                && let Some(reply) = connection.try_recv().map_err(|e| e.to_string())?
+                && let Some(reply) = connection.try_recv()?
             {
                 let len = sizes.size(index, sequence);
                 if reply.len() != len {
@@ -107,7 +107,7 @@ pub(super) fn run_clients<E: Endpoint>(
             if in_flight[index].is_none() {
                 if next[index] == messages {
                     done += 1;
-                    connection.progress().map_err(|e| e.to_string())?;
+                    connection.progress()?;
                     continue;
                 }
                 in_flight[index] = Some((next[index], Instant::now(), false));
@@ -137,11 +137,11 @@ pub(super) fn serve<E: Endpoint>(
                 if offer(connection, reply)? {
                     pending[index] = None;
                 } else {
-                    connection.progress().map_err(|e| e.to_string())?;
+                    connection.progress()?;
                     continue;
                 }
             }
-            if let Some(request) = connection.try_recv().map_err(|e| e.to_string())? {
+            if let Some(request) = connection.try_recv()? {
                 let sequence = answered[index];
                 check(&request, index, sequence, false, &mut scratch)?;
                 let mut reply = Vec::new();
@@ -156,7 +156,7 @@ pub(super) fn serve<E: Endpoint>(
         peak_watch.round_done();
     }
     for connection in &mut side.connections {
-        connection.flush().map_err(|e| e.to_string())?;
+        connection.flush()?;
     }
     Ok(())
 }

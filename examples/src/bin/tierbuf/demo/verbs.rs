@@ -202,7 +202,7 @@ fn listening_side(
     let returned = check_returned(&budget);
     match &returned {
         Ok(()) => control.send("done")?,
-        Err(error) => control.send(&format!("failed {error}"))?,
+        Err(error) => control.send(&format!("failed {}", super::with_causes(&**error)))?,
     }
     returned?;
     println!(

@@ -1,0 +1,297 @@
+//! A hostile peer against one `ConnectionCore`, sans-IO, drawn at random (the hand-written
+//! attacks are in `hostile_core.rs`): the peer writes whatever frames
+//! it likes into the receives the core posts (valid ones, lying headers, credit floods,
+//! negotiation messages of any kind, any tier, any epoch, garbage), and never reads what
+//! the core sends beyond completing it. Whatever it does, the core
+//!
+//! - never panics;
+//! - never holds more registered memory than the tier in force and one draining tier in
+//!   each direction allow (`docs/policy.md`, "What a peer can make this side hold");
+//! - fails, when it fails, with an error that says the peer is at fault;
+//! - gives every registered byte back when dropped.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use tierbuf_pool::{HostRegistrar, MemoryBudget};
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::wire::{self, ControlMessage, Epoch, NackReason};
+use tierbuf_tiers::{Reservoir, TierIndex};
+use tierbuf_transport::BufferRef;
+use tierbuf_transport::connection::{
+    ConnectionConfig, ConnectionCore, Fault, WorkKind, WorkRequest,
+};
+
+/// The frame header's length and layout (`docs/connection.md`, "Frame header").
+const HEADER_LEN: usize = 16;
+
+fn ladder() -> Arc<TierLadder> {
+    Arc::new(
+        TierLadder::builder()
+            .tier(256, 4, 240)
+            .tier(4096, 4, 4080)
+            .tier(16_384, 3, 16_368)
+            .demote_after(Duration::from_millis(50))
+            .hysteresis(Duration::from_millis(5))
+            .build()
+            .unwrap(),
+    )
+}
+
+/// What the peer writes into the core's next posted receive.
+#[derive(Debug, Clone)]
+enum Frame {
+    /// A header of any kind with a payload: the fields say what the peer claims.
+    Raw {
+        kind: u8,
+        grant_tier: u8,
+        grant_count: u16,
+        claimed_payload: Option<u32>,
+        message_len: u64,
+        payload: Vec<u8>,
+    },
+    /// A control frame carrying a well-formed negotiation message.
+    Control {
+        grant_count: u16,
+        message: ControlMessage,
+    },
+}
+
+fn control_message() -> impl Strategy<Value = ControlMessage> {
+    let epoch = (1u64..6).prop_map(Epoch::new);
+    let tier = (0u8..4).prop_map(TierIndex::new);
+    let reason = prop_oneof![
+        Just(NackReason::Busy),
+        Just(NackReason::OverBudget),
+        Just(NackReason::BeyondLadder)
+    ];
+    prop_oneof![
+        (epoch.clone(), tier.clone(), epoch.clone()).prop_map(|(epoch, tier, current)| {
+            ControlMessage::Request {
+                epoch,
+                tier,
+                current,
+            }
+        }),
+        (epoch.clone(), tier, reason).prop_map(|(epoch, tier, reason)| ControlMessage::Nack {
+            epoch,
+            tier,
+            reason
+        }),
+        epoch
+            .clone()
+            .prop_map(|epoch| ControlMessage::Released { epoch }),
+        epoch.prop_map(|epoch| ControlMessage::Abandon { epoch }),
+    ]
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    let raw = (
+        prop_oneof![4 => 1u8..=7, 1 => any::<u8>()],
+        prop_oneof![4 => 0u8..3, 1 => any::<u8>()],
+        prop_oneof![4 => 0u16..4, 1 => any::<u16>()],
+        prop_oneof![4 => Just(None), 1 => any::<u32>().prop_map(Some)],
+        prop_oneof![2 => 0u64..20_000, 1 => any::<u64>()],
+        prop::collection::vec(any::<u8>(), 0..300),
+    )
+        .prop_map(
+            |(kind, grant_tier, grant_count, claimed_payload, message_len, payload)| Frame::Raw {
+                kind,
+                grant_tier,
+                grant_count,
+                claimed_payload,
+                message_len,
+                payload,
+            },
+        );
+    let control = (0u16..4, control_message()).prop_map(|(grant_count, message)| Frame::Control {
+        grant_count,
+        message,
+    });
+    prop_oneof![3 => raw, 2 => control]
+}
+
+impl Frame {
+    fn bytes(&self) -> Vec<u8> {
+        let (kind, grant_tier, grant_count, claimed, message_len, payload) = match self {
+            Frame::Raw {
+                kind,
+                grant_tier,
+                grant_count,
+                claimed_payload,
+                message_len,
+                payload,
+            } => (
+                *kind,
+                *grant_tier,
+                *grant_count,
+                *claimed_payload,
+                *message_len,
+                payload.clone(),
+            ),
+            Frame::Control {
+                grant_count,
+                message,
+            } => {
+                let mut bytes = [0u8; wire::MAX_FRAME_LEN];
+                let len = wire::encode(message, &mut bytes).unwrap();
+                (5, 0, *grant_count, None, 0, bytes[..len].to_vec())
+            }
+        };
+        let payload_len = claimed.unwrap_or(payload.len() as u32);
+        let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
+        bytes.push(kind);
+        bytes.push(grant_tier);
+        bytes.extend_from_slice(&grant_count.to_le_bytes());
+        bytes.extend_from_slice(&payload_len.to_le_bytes());
+        bytes.extend_from_slice(&message_len.to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        bytes
+    }
+}
+
+/// One step of the hostile peer's script.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Writes a frame into the core's oldest posted receive and completes it.
+    Deliver(Frame),
+    /// Asks for a tier as a well-behaved peer would (the next epoch, naming the grant the
+    /// core acked last), then never sends into what the core posts for it.
+    Ask(u8),
+    /// The core's user sends a message of this length.
+    Send(usize),
+    /// Time passes.
+    Wait(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => frame().prop_map(Step::Deliver),
+        3 => (0u8..3).prop_map(Step::Ask),
+        2 => prop_oneof![0usize..200, 0usize..40_000].prop_map(Step::Send),
+        1 => (1u64..100).prop_map(Step::Wait),
+    ]
+}
+
+/// The negotiation message in the frame the core sends from `buffer`, if it is a
+/// control frame.
+fn control_in(buffer: BufferRef) -> Option<ControlMessage> {
+    // SAFETY: a posted send's buffer is a slot the core holds until its completion, which
+    // the caller handles after this read.
+    let frame =
+        unsafe { std::slice::from_raw_parts(buffer.addr as *const u8, buffer.len as usize) };
+    let payload_len = u32::from_le_bytes(frame.get(4..8)?.try_into().ok()?) as usize;
+    if frame[0] != 5 {
+        return None;
+    }
+    wire::decode(frame.get(HEADER_LEN..HEADER_LEN + payload_len)?).ok()
+}
+
+/// The most a core on [`ladder`] may hold registered: in each direction the tier in force
+/// and one draining tier, at most the two largest.
+fn bound(ladder: &TierLadder) -> u64 {
+    let mut regions: Vec<u64> = ladder
+        .tiers()
+        .iter()
+        .map(|t| t.region_len() as u64)
+        .collect();
+    regions.sort_unstable();
+    2 * regions.iter().rev().take(2).sum::<u64>()
+}
+
+fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let ladder = ladder();
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let config = Arc::new(ConnectionConfig::new(Arc::clone(&ladder)).unwrap());
+    let registrar = Arc::new(HostRegistrar::new(budget.clone()));
+    let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(&ladder)));
+    let mut now = Instant::now();
+    let mut core =
+        ConnectionCore::new(config, Arc::clone(&reservoir), Arc::clone(&reservoir), now).unwrap();
+    let mut receives: VecDeque<(u64, BufferRef)> = VecDeque::new();
+    let bound = bound(&ladder);
+    // The peer's side of the negotiation: its next request's epoch, the last it had acked.
+    let (mut next_epoch, mut acked) = (1, Epoch::new(0));
+    for step in steps {
+        core.progress(now);
+        while let Some(work) = core.poll_work() {
+            match work {
+                WorkRequest::PostRecv { wr_id, buffer } => receives.push_back((wr_id, buffer)),
+                // The peer takes every send at once, and reads none of them.
+                WorkRequest::PostSend { wr_id, buffer } => {
+                    if let Some(ControlMessage::Ack { epoch, .. }) = control_in(buffer) {
+                        acked = epoch;
+                    }
+                    let _ = core.handle_completion(now, WorkKind::Send, wr_id, buffer.len);
+                }
+                other => unreachable!("{other:?}: try_send_copied is not used"),
+            }
+        }
+        let step = match step {
+            Step::Ask(tier) => {
+                let epoch = Epoch::new(next_epoch);
+                next_epoch += 1;
+                Step::Deliver(Frame::Control {
+                    grant_count: 1,
+                    message: ControlMessage::Request {
+                        epoch,
+                        tier: TierIndex::new(tier),
+                        current: acked,
+                    },
+                })
+            }
+            other => other,
+        };
+        match step {
+            Step::Deliver(frame) => {
+                let Some((wr_id, buffer)) = receives.pop_front() else {
+                    continue;
+                };
+                let bytes = frame.bytes();
+                // What does not fit the receive is cut off, as a provider would refuse it.
+                let len = bytes.len().min(buffer.len as usize);
+                // SAFETY: the receive buffer is a slot the core holds while it is posted,
+                // and nothing else touches it until its completion is handled below.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.addr as *mut u8, len);
+                }
+                let _ = core.handle_completion(now, WorkKind::Recv, wr_id, len as u32);
+                while core.try_recv().is_some() {}
+            }
+            Step::Send(len) => {
+                let message = vec![0xA5; len];
+                let _ = core.try_send(now, &[IoSlice::new(&message)]);
+            }
+            Step::Wait(ms) => now += Duration::from_millis(ms),
+            Step::Ask(_) => unreachable!("made a delivery above"),
+        }
+        let stats = core.stats();
+        prop_assert!(
+            stats.registered_bytes <= bound,
+            "{} bytes registered, bound {bound}: {stats:?}",
+            stats.registered_bytes
+        );
+        if let Some(error) = core.failure() {
+            prop_assert_eq!(error.fault(), Fault::Peer, "{:?}", error);
+            break;
+        }
+    }
+    drop(core);
+    drop(reservoir);
+    prop_assert_eq!(budget.in_use(), 0, "every registered byte came back");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn a_hostile_peer_can_neither_panic_nor_bloat_the_core(
+        steps in prop::collection::vec(step(), 1..200)
+    ) {
+        run(steps)?;
+    }
+}

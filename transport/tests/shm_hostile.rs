@@ -1,0 +1,381 @@
+//! The shared-memory provider against a hostile peer: the peer is this test, speaking the
+//! bootstrap socket's records by hand and writing the connection segment's words through
+//! the segment's own (hidden) public type. Whatever it does, the endpoint under attack
+//! must not wait on it past its peer timeout: not in `poll`, `close` or drop, not in a
+//! `try_` call, not in `accept`; and when the peer dies, the error says so.
+
+mod errors;
+
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use errors::chain;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
+    SocketFlags, SocketType,
+};
+use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, Fault, SendError,
+};
+use tierbuf_transport::shm_segment::{Direction, PostedBuffer, RingSize, Segment};
+use tierbuf_transport::{
+    BufferRef, Completion, Endpoint, Provider, RING_CAPACITY, ShmEndpoint, ShmProvider,
+    TransportError,
+};
+
+/// The bootstrap records' magic (`transport/src/shm/bootstrap.rs`): `"tierbu"`, the `S` of
+/// the shm provider and the record layout's version, little-endian on the wire.
+const RECORD_MAGIC: u64 = u64::from_be_bytes(*b"tierbu\x53\x01");
+const KIND_WELCOME: u32 = 2;
+const RECORD_LEN: usize = 32;
+
+/// The peer timeout the endpoints under attack are given.
+const PEER_TIMEOUT: Duration = Duration::from_millis(300);
+/// How long a call may take before the test calls it held hostage: far below the
+/// bootstrap socket's 10 s timeout, far above the peer timeout.
+const HOSTAGE: Duration = Duration::from_secs(5);
+
+/// A socket path of its own for each test.
+fn socket_path(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "tierbuf-hostile-{}-{name}.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn provider() -> ShmProvider {
+    ShmProvider::new(MemoryBudget::with_cap(4 << 20)).with_peer_timeout(PEER_TIMEOUT)
+}
+
+/// A shared mapping of the connection segment the endpoint under attack created.
+struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Mapping {
+    fn segment(&self) -> &Segment<RING_CAPACITY> {
+        assert!(self.len >= std::mem::size_of::<Segment<RING_CAPACITY>>());
+        // SAFETY: the mapping is page-aligned and at least as long as the segment, and
+        // lives as long as the borrow; every field of the segment is an atomic integer,
+        // valid for any bit pattern, and atomics may be shared with the other process.
+        unsafe { self.base.cast::<Segment<RING_CAPACITY>>().as_ref() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly the range `mmap` returned; the borrows of it have ended.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The test as the accepting side of a connection: its socket and the segment it was sent.
+struct RawPeer {
+    /// Held open for the peer's life: closing it is what the peer's death looks like.
+    _socket: OwnedFd,
+    segment: Mapping,
+    /// The receive depth it welcomed with: its ring's size.
+    depth: u32,
+}
+
+impl RawPeer {
+    /// Accepts the endpoint `connect` makes against a listening socket at `path`, playing
+    /// the listener's part of the handshake by hand.
+    fn accept_from(
+        path: &Path,
+        depth: u32,
+        connect: impl FnOnce(&Path) -> ShmEndpoint + Send,
+    ) -> (ShmEndpoint, RawPeer) {
+        let listening = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&listening, &SocketAddrUnix::new(path).unwrap()).unwrap();
+        rustix::net::listen(&listening, 8).unwrap();
+        std::thread::scope(|scope| {
+            let victim = scope.spawn(|| connect(path));
+            let socket = rustix::net::accept_with(&listening, SocketFlags::CLOEXEC).unwrap();
+            let segment = receive_hello(&socket);
+            let mut welcome = [0u8; RECORD_LEN];
+            welcome[0..8].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+            welcome[8..12].copy_from_slice(&KIND_WELCOME.to_le_bytes());
+            welcome[12..16].copy_from_slice(&depth.to_le_bytes());
+            welcome[16..24].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+            rustix::net::send(&socket, &welcome, SendFlags::NOSIGNAL).unwrap();
+            let endpoint = victim.join().unwrap();
+            let _ = std::fs::remove_file(path);
+            (
+                endpoint,
+                RawPeer {
+                    _socket: socket,
+                    segment,
+                    depth,
+                },
+            )
+        })
+    }
+
+    /// Posts a receive in the ring the endpoint sends on, naming a region never announced,
+    /// and counts one announcement it never sends.
+    fn post_without_announcing(&self) {
+        let segment = self.segment.segment();
+        let buffer = PostedBuffer {
+            remote_key: 0x7e57,
+            addr: 0x10_0000,
+            len: 4096,
+        };
+        segment
+            .ring(0, RingSize::of_depth(self.depth))
+            .post(0, buffer);
+        let direction: *const Direction<RING_CAPACITY> = segment.direction(0);
+        // SAFETY: `Direction` is `repr(C)`: `posted`, then `announced`, each an `AtomicU64`,
+        // so the second word is the announcement count, inside the mapping.
+        let announced = unsafe { &*direction.cast::<AtomicU64>().add(1) };
+        announced.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Receives the connecting side's hello and maps the segment its memory file holds.
+fn receive_hello(socket: &OwnedFd) -> Mapping {
+    let mut bytes = [0u8; RECORD_LEN];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = rustix::net::recvmsg(
+        socket,
+        &mut [IoSliceMut::new(&mut bytes)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .unwrap();
+    assert_eq!(received.bytes, RECORD_LEN);
+    let file: OwnedFd = control
+        .drain()
+        .find_map(|message| match message {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        })
+        .expect("the hello carries the segment");
+    let len = rustix::fs::fstat(&file).unwrap().st_size as usize;
+    // SAFETY: a fresh shared mapping at an address of the kernel's choosing aliases nothing
+    // of this process; the file is sealed against shrinking, so every page stays backed.
+    let base = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &file,
+            0,
+        )
+    }
+    .unwrap();
+    Mapping {
+        base: NonNull::new(base.cast()).unwrap(),
+        len,
+    }
+}
+
+/// Runs `work` on a thread of its own and returns what it returned and how long it took,
+/// or fails the test if it has not returned within [`HOSTAGE`].
+fn within_bound<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> (T, Duration) {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let outcome = work();
+        let _ = done.send((outcome, started.elapsed()));
+    });
+    finished
+        .recv_timeout(HOSTAGE)
+        .unwrap_or_else(|_| panic!("{what} was held hostage by the peer for {HOSTAGE:?}"))
+}
+
+/// An endpoint connected to a peer played by hand that has passed its copy gate (as if it
+/// had started a copy into the endpoint's receive) and never leaves it. The endpoint has a
+/// receive posted, in a slot of the pool also returned, which outlives it.
+fn victim_of_a_held_gate(name: &str) -> (ShmEndpoint, RawPeer, OwnedSlot) {
+    let provider = provider();
+    let pool = SlotPool::new(&*provider.registrar(), 256, 1).unwrap();
+    let inbox = pool.try_acquire_owned().unwrap();
+    let path = socket_path(name);
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    // SAFETY: the inbox is not touched until the endpoint has gone; the caller drops it
+    // after the endpoint.
+    unsafe { endpoint.post_recv(BufferRef::from(&inbox), 1) }.unwrap();
+    assert!(
+        peer.segment.segment().begin_copy(1),
+        "the peer passes its gate"
+    );
+    (endpoint, peer, inbox)
+}
+
+/// A peer that passes its copy gate and never leaves it, then marks the connection broken
+/// (so the endpoint flushes, which waits for the copy to end): `poll` reports the stall
+/// within the peer timeout, and the drop that follows returns.
+#[test]
+fn a_peer_holding_its_copy_gate_cannot_hang_poll_or_drop() {
+    let (mut endpoint, peer, inbox) = victim_of_a_held_gate("gate-poll");
+    peer.segment.segment().break_connection();
+    let (polled, took) = within_bound("poll", move || {
+        let mut completions = [Completion::default(); 4];
+        let polled = endpoint.poll(&mut completions);
+        drop(endpoint);
+        polled.map(|_| ())
+    });
+    let error = polled.expect_err("the stall is reported");
+    assert!(
+        matches!(error, TransportError::PeerStalled { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("copy"), "{error}");
+    assert!(took >= PEER_TIMEOUT, "gave up after {took:?}");
+    drop((peer, inbox));
+}
+
+/// The same peer, with the connection still open: closing the endpoint shuts the gate and
+/// waits for the peer's copy, for the peer timeout at most.
+#[test]
+fn a_peer_holding_its_copy_gate_cannot_hang_close() {
+    let (mut endpoint, peer, inbox) = victim_of_a_held_gate("gate-close");
+    let ((), took) = within_bound("close", move || {
+        endpoint.close();
+        drop(endpoint);
+    });
+    assert!(took >= PEER_TIMEOUT, "gave up after {took:?}");
+    drop((peer, inbox));
+}
+
+/// A peer that counts an announcement it never sends: a non-blocking send does not wait
+/// for the record (it used to block for the socket's 10 s timeout), and a peer that never
+/// sends it is failed as stalled once the peer timeout has passed.
+#[test]
+fn announcements_counted_but_never_sent_block_no_try_send() {
+    let provider = provider();
+    let path = socket_path("announce");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    peer.post_without_announcing();
+    let ((endpoint, first, error), _) = within_bound("try_post_send_copied", move || {
+        let started = Instant::now();
+        let first = endpoint.try_post_send_copied(&[&[7u8; 16]], 1);
+        let first_took = started.elapsed();
+        let mut completions = [Completion::default(); 4];
+        let error = loop {
+            if let Err(error) = endpoint.poll(&mut completions) {
+                break error;
+            }
+            match endpoint.try_post_send_copied(&[&[7u8; 16]], 1) {
+                Ok(false) => {}
+                Ok(true) => panic!("a send into a region never announced"),
+                Err(_) => {}
+            }
+            std::thread::yield_now();
+        };
+        (endpoint, (first, first_took), error)
+    });
+    let (first, first_took) = first;
+    assert_eq!(first, Ok(false), "nothing taken, nothing waited for");
+    assert!(
+        first_took < PEER_TIMEOUT,
+        "a non-blocking send took {first_took:?}"
+    );
+    assert!(
+        matches!(error, TransportError::PeerStalled { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("announce"), "{error}");
+    drop((endpoint, peer));
+}
+
+/// A client that connects and says nothing does not keep `accept` from the client behind
+/// it; it is refused, on its own, once the peer timeout has passed.
+#[test]
+fn a_silent_client_does_not_hold_up_accept() {
+    let provider = Arc::new(provider());
+    let path = socket_path("silent");
+    let listener = provider.listen(&path).unwrap();
+    let silent = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::connect(&silent, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+    let client = {
+        let (provider, path) = (Arc::clone(&provider), path.clone());
+        std::thread::spawn(move || provider.connect(&path, 8, 8))
+    };
+    let ((accepted, listener), took) =
+        within_bound("accept", move || (listener.accept(8, 8), listener));
+    assert!(
+        accepted.is_ok(),
+        "the talking client was not accepted first: {:?}",
+        accepted.err()
+    );
+    assert!(took < PEER_TIMEOUT, "accept took {took:?}");
+    let connected = client.join().unwrap();
+    assert!(connected.is_ok(), "{:?}", connected.err());
+    // The silent one is refused once its time is up; the listener stays usable.
+    let (refused, took) = within_bound("accept", move || listener.accept(8, 8));
+    let error = refused.expect_err("a client that never says hello");
+    assert!(error.to_string().contains("hello"), "{error}");
+    assert!(took <= PEER_TIMEOUT + HOSTAGE, "{took:?}");
+    drop(silent);
+}
+
+/// A peer process killed (its socket closed, the segment left open) while this side is
+/// about to announce its first receive buffers: the connection's error says the peer died,
+/// down its `source()` chain, instead of only that the connection failed.
+#[test]
+fn a_peer_that_dies_is_named_as_the_cause() {
+    let provider = provider();
+    let path = socket_path("died");
+    let (endpoint, peer) =
+        RawPeer::accept_from(&path, 64, |path| provider.connect(path, 64, 64).unwrap());
+    drop(peer);
+    let ladder = Arc::new(TierLadder::preset("patent").unwrap());
+    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let core =
+        ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now()).unwrap();
+    let (error, _) = within_bound("finding the peer gone", move || {
+        let mut connection = match Connection::new(core, endpoint) {
+            Ok(connection) => connection,
+            Err(error) => return error,
+        };
+        // Found at the first post or poll that meets the closed socket.
+        loop {
+            let step = connection
+                .send(b"anyone there?")
+                .and_then(|()| connection.progress().map_err(SendError::Failed));
+            if let Err(SendError::Failed(error)) = step {
+                return error;
+            }
+        }
+    });
+    assert_eq!(error.fault(), Fault::Peer, "{}", chain(&*error));
+    let text = chain(&*error);
+    assert!(text.contains("died"), "the cause is lost: {text}");
+}
