@@ -30,6 +30,8 @@
 
 pub mod connection;
 mod error;
+#[cfg(all(feature = "fuzzing", not(loom)))]
+pub mod fuzzing;
 mod loopback;
 mod pair_state;
 mod provider;

@@ -47,24 +47,24 @@ impl FrameKind {
 
 /// A run of receives the sender of the frame has posted: `count` buffers of `tier`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Grant {
+pub(crate) struct Grant {
     /// The tier of the posted receives.
-    pub(super) tier: u8,
+    pub(crate) tier: u8,
     /// How many were posted.
-    pub(super) count: u16,
+    pub(crate) count: u16,
 }
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FrameHeader {
+pub(crate) struct FrameHeader {
     /// What the frame carries.
-    pub(super) kind: FrameKind,
+    pub(crate) kind: FrameKind,
     /// Receives granted to the peer by this frame (`count` 0: none).
-    pub(super) grant: Grant,
+    pub(crate) grant: Grant,
     /// Bytes of payload after the header.
-    pub(super) payload_len: u32,
+    pub(crate) payload_len: u32,
     /// The whole message's length, on `Whole` and `First` frames; 0 otherwise.
-    pub(super) message_len: u64,
+    pub(crate) message_len: u64,
 }
 
 /// Why a frame header was refused.
@@ -163,7 +163,7 @@ impl FrameHeader {
     ///
     /// If `out` is shorter than [`HEADER_LEN`]: callers write into receive-sized slots,
     /// which every tier makes longer than a header.
-    pub(super) fn encode(&self, out: &mut [u8]) {
+    pub(crate) fn encode(&self, out: &mut [u8]) {
         out[0] = self.kind as u8;
         out[1] = self.grant.tier;
         out[2..4].copy_from_slice(&self.grant.count.to_le_bytes());
@@ -173,7 +173,7 @@ impl FrameHeader {
 
     /// Reads and validates the header at the start of `frame` (the bytes one receive
     /// completion reported).
-    pub(super) fn decode(frame: &[u8]) -> Result<FrameHeader, HeaderError> {
+    pub(crate) fn decode(frame: &[u8]) -> Result<FrameHeader, HeaderError> {
         let Some(bytes) = frame.first_chunk::<HEADER_LEN>() else {
             return Err(HeaderError::Truncated { len: frame.len() });
         };

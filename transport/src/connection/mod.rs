@@ -10,7 +10,8 @@ mod core;
 mod credits;
 mod driver;
 mod errors;
-mod header;
+// Crate-visible for the `fuzzing` module's frame-header wrappers.
+pub(crate) mod header;
 mod reassembly;
 mod receive;
 mod reserve;

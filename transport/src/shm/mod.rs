@@ -33,6 +33,9 @@
 
 #[cfg(not(loom))]
 mod bootstrap;
+// The bootstrap record codec, for the `fuzzing` module's wrappers.
+#[cfg(all(feature = "fuzzing", not(loom)))]
+pub(crate) use bootstrap::{RECORD_LEN, Record, RecordError, Refusal};
 #[cfg(not(loom))]
 mod endpoint;
 pub mod segment;
