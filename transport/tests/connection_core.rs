@@ -246,7 +246,11 @@ impl Pair {
                 return;
             }
         }
-        panic!("the pair never settled");
+        panic!(
+            "the pair never settled: {:?} / {:?}",
+            self.sides[0].core.stats(),
+            self.sides[1].core.stats()
+        );
     }
 }
 
@@ -912,4 +916,17 @@ fn relief_queues_a_bounded_number_of_copies_for_a_peer_that_never_reads() {
         u64::from(from_peer) <= queued + 4,
         "the peer was held back: {from_peer} sent"
     );
+}
+
+/// Found by `copied_sends_arrive_once_in_order_whether_taken_or_not`: both sides spent
+/// their last credits at once on control frames that granted nothing, and each was left
+/// with none, holding receives it could never grant.
+#[test]
+fn last_credits_crossing_in_frames_that_grant_nothing_leave_no_side_stranded() {
+    let sizes = [(113, true), (1009, false), (8177, false), (1009, true)];
+    let copies = CallerCopies::new(None, None);
+    exchange(&sizes, |pair, from, message| {
+        pair.send_copied(from, message, copies, &mut || true)
+    })
+    .unwrap();
 }

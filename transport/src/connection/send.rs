@@ -372,12 +372,15 @@ impl ConnectionCore {
     }
 
     /// The tier of the credit a frame of `len` payload bytes would take (a data credit
-    /// when `data`), if one is free and its receive holds the frame.
+    /// when `data`), if one is free and its receive holds the frame. A frame that is not
+    /// data takes the last credit only if it carries a grant: two sides whose last
+    /// credits crossed in frames that granted nothing would be left with none each,
+    /// holding receives they could never grant (`docs/connection.md`, rule 3).
     pub(super) fn frame_credit(&self, len: usize, data: bool) -> Option<u8> {
         let usable = if data {
             self.credits.has_data_credit()
         } else {
-            self.credits.total() > 0
+            self.credits.total() > 1 || (self.credits.total() == 1 && self.grants.total() > 0)
         };
         let capacity = self.config.capacity();
         self.credits.next_tier().filter(|&tier| {
