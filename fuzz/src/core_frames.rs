@@ -231,13 +231,19 @@ struct Reception {
 
 impl Reception {
     /// Takes `frame` as the rules of `docs/connection.md` say; returns the verdict, and the
-    /// grant (tier, count) the core applies when the header is valid and the tier on a
-    /// ladder of `tiers` tiers.
-    fn receive(&mut self, frame: &[u8], tiers: usize) -> (Verdict, Option<(u8, u16)>) {
+    /// grant (tier, count) the core applies when the header is valid, the tier on a ladder
+    /// of `tiers` tiers, and the count within `credit_room` (what the core may still hold
+    /// beyond its credits: `ConnectionConfig::max_send_credits` less them).
+    fn receive(
+        &mut self,
+        frame: &[u8],
+        tiers: usize,
+        credit_room: u64,
+    ) -> (Verdict, Option<(u8, u16)>) {
         let Ok(header) = decode_frame_header(frame) else {
             return (Verdict::Refused, None);
         };
-        if usize::from(header.grant_tier) >= tiers {
+        if usize::from(header.grant_tier) >= tiers || u64::from(header.grant_count) > credit_room {
             return (Verdict::Refused, None);
         }
         let grant = Some((header.grant_tier, header.grant_count));
@@ -440,7 +446,9 @@ impl Harness {
             return;
         }
         let tiers = self.ladder().len();
-        let (verdict, grant) = self.reception.receive(&frame, tiers);
+        let held: u64 = self.peer_receives.iter().map(|(_, run)| run).sum();
+        let credit_room = u64::from(self.config.max_send_credits()).saturating_sub(held);
+        let (verdict, grant) = self.reception.receive(&frame, tiers, credit_room);
         if let Some((tier, count)) = grant
             && count > 0
         {
