@@ -1,6 +1,7 @@
 //! The tier controller a connection ships with, driven through its public API with an
-//! in-memory channel: what a nack does to the next message, and what a message needs
-//! when its frame overhead is counted.
+//! in-memory channel: what a nack does to the next message, what a message needs when its
+//! frame overhead is counted, a pending or refused demotion, and what a peer asking for
+//! tier after tier can make it hold.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
