@@ -137,6 +137,15 @@ struct Replaced {
     awaiting_peer: bool,
 }
 
+impl Replaced {
+    /// Whether a change to `tier` may put this registration back in force: it is of that
+    /// tier, and nothing waits on the peer's release of it (taken back and then abandoned,
+    /// it would be freed without that release).
+    fn can_come_back(&self, tier: TierIndex) -> bool {
+        self.tier.index == tier && !self.awaiting_peer
+    }
+}
+
 /// One direction of a connection's registered buffers, tiered.
 ///
 /// ```
@@ -353,10 +362,11 @@ impl TieredRegion {
         lock(&self.replaced).len()
     }
 
-    /// Whether a replaced registration of `tier` has not retired yet, so that changing to
-    /// `tier` puts it back in force instead of registering anew.
+    /// Whether a replaced registration of `tier` has not retired yet and waits for no word
+    /// of the peer's, so that changing to `tier` puts it back in force instead of
+    /// registering anew.
     pub fn has_replaced(&self, tier: TierIndex) -> bool {
-        lock(&self.replaced).iter().any(|r| r.tier.index == tier)
+        lock(&self.replaced).iter().any(|r| r.can_come_back(tier))
     }
 
     fn install(&self, tier: Arc<Tier>, replaced_awaits_peer: bool) -> TierIndex {
@@ -391,9 +401,10 @@ impl TieredRegion {
     }
 
     /// The target tier: a retained one if the policy kept it, else the newest replaced
-    /// registration of it not yet retired (put back in force: a peer that abandoned an
-    /// offer returns to the tier it never left, and no registration is needed), else a
-    /// reservoir spare or a new registration.
+    /// registration of it that has not retired and waits for no word of the peer's (put
+    /// back in force: a change back to a tier whose receives still drain, or whose slots a
+    /// user still holds, needs no registration), else a reservoir spare or a new
+    /// registration.
     fn provision_target(&self, target: TierIndex) -> Result<(Arc<Tier>, Provenance), TierError> {
         let mut retained = lock(&self.retained);
         if let Some(position) = retained.iter().position(|r| r.tier.index == target) {
@@ -401,7 +412,7 @@ impl TieredRegion {
         }
         drop(retained);
         let mut replaced = lock(&self.replaced);
-        if let Some(position) = replaced.iter().rposition(|r| r.tier.index == target) {
+        if let Some(position) = replaced.iter().rposition(|r| r.can_come_back(target)) {
             let tier = replaced.remove(position).tier;
             self.replaced_len.store(replaced.len(), Ordering::Release);
             return Ok((tier, Provenance::Reservoir));
