@@ -291,6 +291,7 @@ fn stress_many_threads_across_thousands_of_changes_retaining_replaced_tiers() {
 /// slot held.
 fn stress(retain: bool) {
     const CHANGES: usize = 20_000;
+    const WORK_EVERY: usize = 100;
     let (budget, reservoir) = setup(64 << 20, 2, retain);
     reservoir.fill().unwrap();
     let region = TieredRegion::new(Arc::clone(&reservoir)).unwrap();
@@ -321,10 +322,18 @@ fn stress(retain: bool) {
                 }
             });
         }
-        let (region, stop) = (&region, &stop);
+        let (region, stop, acquired) = (&region, &stop, &acquired);
         scope.spawn(move || {
             let targets = [T1, T2, T0, T2, T1, T0];
             for change in 0..CHANGES {
+                if change % WORK_EVERY == 0 {
+                    // The workers take a slot between every `WORK_EVERY` changes, however
+                    // the threads are scheduled, so the changes meet slots in use.
+                    let seen = acquired.load(Ordering::Relaxed);
+                    while acquired.load(Ordering::Relaxed) == seen {
+                        std::thread::yield_now();
+                    }
+                }
                 let target = targets[change % targets.len()];
                 match region.begin_change(target) {
                     Ok(change) => {
@@ -339,7 +348,7 @@ fn stress(retain: bool) {
         });
     });
     assert!(
-        acquired.load(Ordering::Relaxed) > CHANGES,
+        acquired.load(Ordering::Relaxed) >= CHANGES / WORK_EVERY,
         "workers made progress"
     );
     while region.reclaim() > 0 {}
