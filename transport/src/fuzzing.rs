@@ -13,7 +13,7 @@ use std::fmt;
 
 use crate::connection::header::{FrameHeader, Grant};
 use crate::connection::{FrameKind, HEADER_LEN, HeaderError};
-use crate::shm::{RECORD_LEN, Record, RecordError, Refusal};
+use crate::shm::{RECORD_LEN, Record, RecordError};
 
 /// The fields of a connection frame header (`docs/connection.md`, "Frame header").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,28 +106,7 @@ impl ShmRecord {
     /// One record of each kind (both refusals), with the values a connection sends: the
     /// fuzz targets' seeds.
     pub fn examples() -> [ShmRecord; 6] {
-        [
-            Record::Hello {
-                recv_depth: 64,
-                pid: 4242,
-            },
-            Record::Welcome {
-                recv_depth: 48,
-                pid: 4243,
-            },
-            Record::Refuse(Refusal::BadSegment),
-            Record::Refuse(Refusal::BadDepth),
-            Record::Announce {
-                remote_key: 7,
-                remote_addr: 0x7f00_0000_1000,
-                file_len: 32768,
-            },
-            Record::Forget {
-                remote_key: 7,
-                remote_addr: 0x7f00_0000_1000,
-            },
-        ]
-        .map(ShmRecord)
+        Record::examples().map(ShmRecord)
     }
 }
 

@@ -131,6 +131,33 @@ pub(crate) enum RecordError {
 }
 
 impl Record {
+    /// One record of each kind (both refusals), with the values a connection sends: for
+    /// the tests here and the fuzz targets' seeds.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn examples() -> [Record; 6] {
+        [
+            Record::Hello {
+                recv_depth: 64,
+                pid: 4242,
+            },
+            Record::Welcome {
+                recv_depth: 48,
+                pid: 4243,
+            },
+            Record::Refuse(Refusal::BadSegment),
+            Record::Refuse(Refusal::BadDepth),
+            Record::Announce {
+                remote_key: 7,
+                remote_addr: 0x7f00_0000_1000,
+                file_len: 32768,
+            },
+            Record::Forget {
+                remote_key: 7,
+                remote_addr: 0x7f00_0000_1000,
+            },
+        ]
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Record::Hello { .. } => "hello",
@@ -450,33 +477,9 @@ impl Drop for FileMapping {
 mod tests {
     use super::*;
 
-    fn all_records() -> [Record; 6] {
-        [
-            Record::Hello {
-                recv_depth: 64,
-                pid: 42,
-            },
-            Record::Welcome {
-                recv_depth: 32,
-                pid: 43,
-            },
-            Record::Refuse(Refusal::BadSegment),
-            Record::Refuse(Refusal::BadDepth),
-            Record::Announce {
-                remote_key: 0x1201,
-                remote_addr: 0x7f00_0000_1000,
-                file_len: 1 << 20,
-            },
-            Record::Forget {
-                remote_key: 0x1201,
-                remote_addr: 0x7f00_0000_1000,
-            },
-        ]
-    }
-
     #[test]
     fn records_round_trip() {
-        for record in all_records() {
+        for record in Record::examples() {
             let bytes = record.encode();
             assert_eq!(
                 Record::decode(&bytes, record.carries_descriptor()),

@@ -35,7 +35,7 @@
 mod bootstrap;
 // The bootstrap record codec, for the `fuzzing` module's wrappers.
 #[cfg(all(feature = "fuzzing", not(loom)))]
-pub(crate) use bootstrap::{RECORD_LEN, Record, RecordError, Refusal};
+pub(crate) use bootstrap::{RECORD_LEN, Record, RecordError};
 #[cfg(not(loom))]
 mod endpoint;
 pub mod segment;
