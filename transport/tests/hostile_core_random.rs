@@ -28,6 +28,9 @@ use tierbuf_transport::connection::{
 /// The frame header's length and layout (`docs/connection.md`, "Frame header").
 const HEADER_LEN: usize = 16;
 
+/// The kind byte of a control frame.
+const CONTROL: u8 = 5;
+
 fn ladder() -> Arc<TierLadder> {
     Arc::new(
         TierLadder::builder()
@@ -41,23 +44,16 @@ fn ladder() -> Arc<TierLadder> {
     )
 }
 
-/// What the peer writes into the core's next posted receive.
+/// What the peer writes into the core's next posted receive: a header whose fields say
+/// what the peer claims (a payload length of its own, or the payload's), and a payload.
 #[derive(Debug, Clone)]
-enum Frame {
-    /// A header of any kind with a payload: the fields say what the peer claims.
-    Raw {
-        kind: u8,
-        grant_tier: u8,
-        grant_count: u16,
-        claimed_payload: Option<u32>,
-        message_len: u64,
-        payload: Vec<u8>,
-    },
-    /// A control frame carrying a well-formed negotiation message.
-    Control {
-        grant_count: u16,
-        message: ControlMessage,
-    },
+struct Frame {
+    kind: u8,
+    grant_tier: u8,
+    grant_count: u16,
+    claimed_payload: Option<u32>,
+    message_len: u64,
+    payload: Vec<u8>,
 }
 
 fn control_message() -> impl Strategy<Value = ControlMessage> {
@@ -98,7 +94,7 @@ fn frame() -> impl Strategy<Value = Frame> {
         prop::collection::vec(any::<u8>(), 0..300),
     )
         .prop_map(
-            |(kind, grant_tier, grant_count, claimed_payload, message_len, payload)| Frame::Raw {
+            |(kind, grant_tier, grant_count, claimed_payload, message_len, payload)| Frame {
                 kind,
                 grant_tier,
                 grant_count,
@@ -107,48 +103,36 @@ fn frame() -> impl Strategy<Value = Frame> {
                 payload,
             },
         );
-    let control = (0u16..4, control_message()).prop_map(|(grant_count, message)| Frame::Control {
-        grant_count,
-        message,
-    });
+    let control = (0u16..4, control_message())
+        .prop_map(|(grant_count, message)| Frame::control(grant_count, &message));
     prop_oneof![3 => raw, 2 => control]
 }
 
 impl Frame {
+    /// A well-formed control frame carrying `message`, granting `grant_count` receives of
+    /// tier 0.
+    fn control(grant_count: u16, message: &ControlMessage) -> Frame {
+        let mut bytes = [0u8; wire::MAX_FRAME_LEN];
+        let len = wire::encode(message, &mut bytes).unwrap();
+        Frame {
+            kind: CONTROL,
+            grant_tier: 0,
+            grant_count,
+            claimed_payload: None,
+            message_len: 0,
+            payload: bytes[..len].to_vec(),
+        }
+    }
+
     fn bytes(&self) -> Vec<u8> {
-        let (kind, grant_tier, grant_count, claimed, message_len, payload) = match self {
-            Frame::Raw {
-                kind,
-                grant_tier,
-                grant_count,
-                claimed_payload,
-                message_len,
-                payload,
-            } => (
-                *kind,
-                *grant_tier,
-                *grant_count,
-                *claimed_payload,
-                *message_len,
-                payload.clone(),
-            ),
-            Frame::Control {
-                grant_count,
-                message,
-            } => {
-                let mut bytes = [0u8; wire::MAX_FRAME_LEN];
-                let len = wire::encode(message, &mut bytes).unwrap();
-                (5, 0, *grant_count, None, 0, bytes[..len].to_vec())
-            }
-        };
-        let payload_len = claimed.unwrap_or(payload.len() as u32);
-        let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
-        bytes.push(kind);
-        bytes.push(grant_tier);
-        bytes.extend_from_slice(&grant_count.to_le_bytes());
+        let payload_len = self.claimed_payload.unwrap_or(self.payload.len() as u32);
+        let mut bytes = Vec::with_capacity(HEADER_LEN + self.payload.len());
+        bytes.push(self.kind);
+        bytes.push(self.grant_tier);
+        bytes.extend_from_slice(&self.grant_count.to_le_bytes());
         bytes.extend_from_slice(&payload_len.to_le_bytes());
-        bytes.extend_from_slice(&message_len.to_le_bytes());
-        bytes.extend_from_slice(&payload);
+        bytes.extend_from_slice(&self.message_len.to_le_bytes());
+        bytes.extend_from_slice(&self.payload);
         bytes
     }
 }
@@ -184,7 +168,7 @@ fn control_in(buffer: BufferRef) -> Option<ControlMessage> {
     let frame =
         unsafe { std::slice::from_raw_parts(buffer.addr as *const u8, buffer.len as usize) };
     let payload_len = u32::from_le_bytes(frame.get(4..8)?.try_into().ok()?) as usize;
-    if frame[0] != 5 {
+    if frame[0] != CONTROL {
         return None;
     }
     wire::decode(frame.get(HEADER_LEN..HEADER_LEN + payload_len)?).ok()
@@ -234,14 +218,14 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             Step::Ask(tier) => {
                 let epoch = Epoch::new(next_epoch);
                 next_epoch += 1;
-                Step::Deliver(Frame::Control {
-                    grant_count: 1,
-                    message: ControlMessage::Request {
+                Step::Deliver(Frame::control(
+                    1,
+                    &ControlMessage::Request {
                         epoch,
                         tier: TierIndex::new(tier),
                         current: acked,
                     },
-                })
+                ))
             }
             other => other,
         };
