@@ -277,19 +277,19 @@ fn step(
             let delivery = match op {
                 RingOp::DeliverInline { message, cuts } => {
                     let message = &message[..message.len().min(INLINE_CAPACITY)];
-                    ring.deliver_inline(model.delivered, &parts(message, cuts));
+                    let _parked = ring.deliver_inline(model.delivered, &parts(message, cuts));
                     Delivery::Inline(message.to_vec())
                 }
                 RingOp::DeliverCopied(len) => {
-                    ring.deliver(model.delivered, Filled::Delivered(len));
+                    let _parked = ring.deliver(model.delivered, Filled::Delivered(len));
                     Delivery::Filled(Filled::Delivered(len))
                 }
                 RingOp::DeliverTooLong => {
-                    ring.deliver(model.delivered, Filled::TooLong);
+                    let _parked = ring.deliver(model.delivered, Filled::TooLong);
                     Delivery::Filled(Filled::TooLong)
                 }
                 _ => {
-                    ring.deliver(model.delivered, Filled::Unreachable);
+                    let _parked = ring.deliver(model.delivered, Filled::Unreachable);
                     Delivery::Filled(Filled::Unreachable)
                 }
             };
@@ -360,13 +360,13 @@ fn step_unmodelled(
         RingOp::DeliverInline { message, cuts } => {
             if segment.begin_copy(SENDER) {
                 let message = &message[..message.len().min(INLINE_CAPACITY)];
-                ring.deliver_inline(counts.delivered, &parts(message, cuts));
+                let _parked = ring.deliver_inline(counts.delivered, &parts(message, cuts));
             }
             counts.delivered += 1;
         }
         RingOp::DeliverCopied(_) | RingOp::DeliverTooLong | RingOp::DeliverUnreachable => {
             if segment.begin_copy(SENDER) {
-                ring.deliver(counts.delivered, Filled::TooLong);
+                let _parked = ring.deliver(counts.delivered, Filled::TooLong);
             }
             counts.delivered += 1;
         }
@@ -413,6 +413,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         "record_refuse_depth",
         "record_announce",
         "record_forget",
+        "record_wake",
     ];
     let mut seeds: Vec<(&'static str, Vec<u8>)> = names
         .into_iter()

@@ -98,13 +98,15 @@ pub mod shm {
                         // SAFETY: the receiver posted this buffer and reads it only after
                         // the delivery below is published (what loom checks).
                         receive_buffer.with_mut(|bytes| unsafe { *bytes = message });
-                        segment
+                        let parked = segment
                             .ring(0, RING_OF_ONE)
                             .deliver(lap, Filled::Delivered(4));
+                        assert!(!parked, "the receiver never parks here");
                     } else {
-                        segment
+                        let parked = segment
                             .ring(0, RING_OF_ONE)
                             .deliver_inline(lap, &[&message]);
+                        assert!(!parked, "the receiver never parks here");
                     }
                 }
             })
@@ -156,9 +158,10 @@ pub mod shm {
                     // SAFETY: `begin_copy` passed the gate, so the receiver waits for this
                     // copy before it touches the buffer again (what loom checks).
                     receive_buffer.with_mut(|bytes| unsafe { *bytes = MESSAGE });
-                    segment
+                    let parked = segment
                         .ring(0, RING_OF_TWO)
                         .deliver(0, Filled::Delivered(4));
+                    assert!(!parked, "the receiver never parks here");
                 }
             })
         };
@@ -168,5 +171,32 @@ pub mod shm {
         receive_buffer.with_mut(|bytes| unsafe { *bytes = [0xEE; 4] });
         assert_eq!(segment.state(), PairState::ClosedBy(1));
         sender.join().unwrap();
+    }
+
+    /// Model 8: the receiver parks while the sender delivers. The receiver asks to be
+    /// woken, then looks for the delivery; if it finds none it would sleep, and then the
+    /// sender's delivery must have reported it parked, so that it is woken. loom reports
+    /// an interleaving where the receiver would sleep through the message.
+    pub fn a_parked_receiver_is_woken_by_the_delivery_it_missed() {
+        let segment = Arc::new(Segment::<2>::new_boxed());
+        segment.ring(0, RING_OF_TWO).post(0, BUFFER);
+        let sender = {
+            let segment = Arc::clone(&segment);
+            thread::spawn(move || {
+                let ring = segment.ring(0, RING_OF_TWO);
+                assert!(segment.begin_copy(0));
+                ring.deliver_inline(0, &[&MESSAGE])
+            })
+        };
+        segment.park_incoming(1);
+        let found = segment.ring(0, RING_OF_TWO).delivered(0).is_some();
+        let woken = sender.join().unwrap();
+        assert!(
+            found || woken,
+            "the receiver parked, found no delivery, and the sender did not wake it"
+        );
+        if !found {
+            segment.unpark_incoming(1);
+        }
     }
 }

@@ -95,3 +95,12 @@ fn shm_copy_gate_check_then_set_is_caught() {
     );
     assert!(message.contains("Causality violation"), "{message}");
 }
+
+#[test]
+fn shm_wake_looked_at_before_publish_is_caught() {
+    let message = expect_caught(
+        Bug::ShmWakeLookedAtBeforePublish,
+        shm::a_parked_receiver_is_woken_by_the_delivery_it_missed,
+    );
+    assert!(message.contains("did not wake it"), "{message}");
+}

@@ -18,3 +18,8 @@ fn shm_delivery_publishes_the_whole_message() {
 fn shm_close_waits_for_a_copy_in_progress() {
     loom::model(shm::close_waits_for_a_copy_in_progress);
 }
+
+#[test]
+fn shm_a_parked_receiver_is_woken_by_the_delivery_it_missed() {
+    loom::model(shm::a_parked_receiver_is_woken_by_the_delivery_it_missed);
+}

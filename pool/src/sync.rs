@@ -71,6 +71,11 @@ pub mod planted {
         /// post that reuses the entry instead of before, so the clear can wipe out the
         /// sender's delivery into it (`tierbuf-transport`).
         ShmClearResultAfterPost = 10,
+        /// The shared-memory sender looks at whether the receiver parked before it
+        /// publishes its delivery instead of with the read-modify-write that publishes
+        /// it, so a receiver that parks in between sleeps through the delivery
+        /// (`tierbuf-transport`).
+        ShmWakeLookedAtBeforePublish = 11,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

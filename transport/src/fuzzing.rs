@@ -105,7 +105,7 @@ impl ShmRecord {
 
     /// One record of each kind (both refusals), with the values a connection sends: the
     /// fuzz targets' seeds.
-    pub fn examples() -> [ShmRecord; 6] {
+    pub fn examples() -> [ShmRecord; 7] {
         Record::examples().map(ShmRecord)
     }
 }

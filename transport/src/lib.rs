@@ -44,8 +44,8 @@ pub mod verbs;
 pub use error::{PostError, QueueKind, TransportError};
 pub use loopback::{LoopbackEndpoint, LoopbackProvider, LoopbackRegistrar, MAX_QUEUE_DEPTH};
 pub use provider::{
-    BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState,
-    Opcode, Outstanding, Provider,
+    Armed, BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits,
+    EndpointState, Opcode, Outstanding, Provider, Readiness,
 };
 pub use shm::RING_CAPACITY;
 /// The shared-memory provider's queue protocol, public for the loom models of

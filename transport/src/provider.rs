@@ -5,7 +5,9 @@
 //! against these traits behaves the same on loopback, shared memory and hardware.
 
 use std::fmt;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
+use std::task::Waker;
 
 use tierbuf_pool::{OwnedSlot, Registrar, Slot};
 
@@ -156,6 +158,68 @@ pub trait Endpoint: Send + fmt::Debug {
     /// [`CompletionStatus::Flushed`] (or has already completed), and when this returns the
     /// provider touches none of this endpoint's buffers again. Closing twice does nothing.
     fn close(&mut self);
+
+    /// How a caller that found nothing to do can sleep until this endpoint may have work
+    /// ([`Readiness`]). The default, for providers that cannot wake a sleeper, is
+    /// [`Readiness::Polling`].
+    fn readiness(&self) -> Readiness<'_> {
+        Readiness::Polling
+    }
+
+    /// Asks to be woken at the next event that a [`Endpoint::poll`] would act on: a
+    /// delivery into a posted receive, a send completing, the peer closing or dying.
+    /// [`Armed::Parked`] means nothing is there now, and the wake will come (through the
+    /// descriptor of [`Readiness::Fd`], or by a call of `waker` for
+    /// [`Readiness::Waker`]); [`Armed::Pending`] means work may be there already: poll
+    /// instead of sleeping. Call [`Endpoint::disarm`] after the wait, woken or not.
+    ///
+    /// An endpoint with a send waiting for the peer's receive stays pending (the peer's
+    /// post wakes nobody), so such a wait polls. The default, for providers that cannot
+    /// wake anybody, is always pending.
+    fn arm(&mut self, waker: &Waker) -> Armed {
+        let _ = waker;
+        Armed::Pending
+    }
+
+    /// Ends a wait begun with [`Endpoint::arm`]: withdraws the request to be woken and
+    /// takes the wake, if one came, so that the descriptor is quiet again.
+    fn disarm(&mut self) {}
+}
+
+/// How a caller can sleep until an endpoint may have work, after
+/// [`Endpoint::arm`] said [`Armed::Parked`].
+///
+/// ```
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::{Endpoint, LoopbackProvider, Readiness, ShmProvider};
+/// let (loopback, _peer) = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20)).pair(4, 4)?;
+/// assert!(matches!(loopback.readiness(), Readiness::Waker));
+/// let (shm, _peer) = ShmProvider::new(MemoryBudget::with_cap(1 << 20)).pair(4, 4)?;
+/// assert!(matches!(shm.readiness(), Readiness::Fd(_)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Readiness<'a> {
+    /// The descriptor turns readable (or reports hang-up) when a wake comes: wait for it
+    /// with `poll(2)`, an `epoll` set or an async reactor. It is one descriptor per
+    /// endpoint for its whole life, so it can stay registered with a reactor. The
+    /// shared-memory provider's is its bootstrap socket: a peer in another process can
+    /// wake it, and its hang-up tells that the peer process is gone.
+    Fd(BorrowedFd<'a>),
+    /// The waker given to [`Endpoint::arm`] is called (in-process providers).
+    Waker,
+    /// Nothing wakes a sleeper: poll the endpoint, backing off while it stays idle.
+    Polling,
+}
+
+/// What [`Endpoint::arm`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Armed {
+    /// Nothing to do now: sleep until woken.
+    Parked,
+    /// Work may be waiting: poll, do not sleep.
+    Pending,
 }
 
 /// The lengths of the sends an endpoint is better given from the caller's own memory

@@ -27,10 +27,20 @@
 //!   holding two), so when it returns no copy involving its buffers is in progress.
 //! - A queued request holds strong references to the regions it names, so the memory a
 //!   copy touches is mapped for the whole copy (see `registry`).
+//! - A parked side is woken by the next completion for it. A side about to sleep stores
+//!   its waker, sets its `parked` flag, and then (after a `SeqCst` fence) looks for
+//!   completions and state; a claim holder that has pushed completions, or a closer that
+//!   changed the state, fences (`SeqCst`) and then looks at both sides' flags, taking a
+//!   set one and waking its waker. With a fence between each side's write and its look,
+//!   at least one of the two looks sees the other's write: the sleeper finds the
+//!   completion, or the pusher finds the flag. No wake is lost; a spurious one costs the
+//!   woken side one empty poll.
+
+use std::task::Waker;
 
 use crate::pair_state::{PairState, StateWord};
-use crate::provider::{Completion, CompletionStatus, Opcode};
-use crate::sync::{AtomicBool, BoundedQueue, Ordering, yield_now};
+use crate::provider::{Armed, Completion, CompletionStatus, Opcode};
+use crate::sync::{AtomicBool, BoundedQueue, Mutex, Ordering, fence, yield_now};
 
 use super::HostRegion;
 use crate::registry::Resolved;
@@ -126,14 +136,19 @@ impl Channel {
         expect_room(self.recv_completions.push(completion).is_ok());
     }
 
-    /// Completes every queued request as flushed. Claim held.
-    fn flush(&self) {
+    /// Completes every queued request as flushed. Claim held. Returns whether there was
+    /// any.
+    fn flush(&self) -> bool {
+        let mut flushed = false;
         while let Some(send) = self.sends.pop() {
             self.complete_send(send.wr_id, CompletionStatus::Flushed);
+            flushed = true;
         }
         while let Some(recv) = self.recvs.pop() {
             self.complete_recv(recv.wr_id, 0, CompletionStatus::Flushed);
+            flushed = true;
         }
+        flushed
     }
 }
 
@@ -145,12 +160,36 @@ fn expect_room(pushed: bool) {
     );
 }
 
+/// A side's request to be woken (module invariants).
+#[derive(Debug, Default)]
+struct Parker {
+    parked: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Parker {
+    /// Wakes the side if it parked, taking its request. Called after a `SeqCst` fence.
+    fn wake(&self) {
+        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
+            let waker = self
+                .waker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+    }
+}
+
 /// The state two loopback endpoints share.
 #[derive(Debug)]
 pub(crate) struct PairShared {
     /// `channels[side]` carries messages from `side` to the other side.
     channels: [Channel; 2],
     state: StateWord,
+    parkers: [Parker; 2],
 }
 
 impl PairShared {
@@ -161,7 +200,49 @@ impl PairShared {
                 Channel::new(send_depth, recv_depth),
             ],
             state: StateWord::new(),
+            parkers: [Parker::default(), Parker::default()],
         }
+    }
+
+    /// Asks for `waker` to be woken at the next completion for `side` or change of state
+    /// (module invariants); [`Armed::Pending`] if there is something for it already.
+    pub(crate) fn arm(&self, side: usize, waker: &Waker) -> Armed {
+        let parker = &self.parkers[side];
+        {
+            let mut slot = parker
+                .waker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match slot.as_mut() {
+                Some(kept) if kept.will_wake(waker) => {}
+                _ => *slot = Some(waker.clone()),
+            }
+        }
+        parker.parked.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let (outgoing, incoming) = (&self.channels[side], &self.channels[1 - side]);
+        let pending = !outgoing.send_completions.is_empty()
+            || !incoming.recv_completions.is_empty()
+            || self.has_work(outgoing)
+            || self.has_work(incoming)
+            || !self.state.is_open();
+        if pending {
+            Armed::Pending
+        } else {
+            Armed::Parked
+        }
+    }
+
+    /// Withdraws `side`'s request to be woken.
+    pub(crate) fn disarm(&self, side: usize) {
+        self.parkers[side].parked.store(false, Ordering::Relaxed);
+    }
+
+    /// Wakes whichever side parked, after completions were pushed or the state changed.
+    fn wake_parked(&self) {
+        fence(Ordering::SeqCst);
+        self.parkers[0].wake();
+        self.parkers[1].wake();
     }
 
     /// The channel carrying messages from `side`.
@@ -197,6 +278,7 @@ impl PairShared {
         self.state.close(side);
         self.drive(0, true);
         self.drive(1, true);
+        self.wake_parked();
     }
 
     fn drive(&self, side: usize, wait_for_claim: bool) {
@@ -210,8 +292,11 @@ impl PairShared {
                 yield_now();
                 continue;
             }
-            self.run_claimed(channel);
+            let completed = self.run_claimed(channel);
             channel.release();
+            if completed {
+                self.wake_parked();
+            }
             wait = false;
             #[cfg(loom)]
             if tierbuf_pool::sync::planted::is_planted(
@@ -232,15 +317,17 @@ impl PairShared {
     }
 
     /// Pairs sends with receives while the connection is open, then flushes. Claim held.
-    fn run_claimed(&self, channel: &Channel) {
+    /// Returns whether it completed anything.
+    fn run_claimed(&self, channel: &Channel) -> bool {
+        let mut completed = false;
         loop {
             if !self.state.is_open() {
-                channel.flush();
-                return;
+                return channel.flush() || completed;
             }
             if channel.sends.is_empty() || channel.recvs.is_empty() {
-                return;
+                return completed;
             }
+            completed = true;
             // Both queues were seen non-empty and only the claim holder pops them.
             let (Some(send), Some(recv)) = (channel.sends.pop(), channel.recvs.pop()) else {
                 unreachable!("a queue seen non-empty by the claim holder emptied");

@@ -22,12 +22,14 @@
 mod channel;
 
 use std::sync::Arc as StdArc;
+use std::task::Waker;
 
 use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar};
 
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
-    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Outstanding, Provider,
+    Armed, BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Outstanding, Provider,
+    Readiness,
 };
 use crate::registry::{RegionCache, RegionTable};
 use crate::sync::Arc;
@@ -263,6 +265,21 @@ impl Endpoint for LoopbackEndpoint {
             self.closed = true;
             self.shared.close(self.side);
         }
+    }
+
+    fn readiness(&self) -> Readiness<'_> {
+        Readiness::Waker
+    }
+
+    fn arm(&mut self, waker: &Waker) -> Armed {
+        if self.closed {
+            return Armed::Pending;
+        }
+        self.shared.arm(self.side, waker)
+    }
+
+    fn disarm(&mut self) {
+        self.shared.disarm(self.side);
     }
 }
 

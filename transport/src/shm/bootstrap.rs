@@ -41,6 +41,7 @@ const KIND_WELCOME: u32 = 2;
 const KIND_REFUSE: u32 = 3;
 const KIND_ANNOUNCE: u32 = 4;
 const KIND_FORGET: u32 = 5;
+const KIND_WAKE: u32 = 6;
 
 /// How long a handshake or a blocked record send may take before it fails.
 pub(crate) const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -80,6 +81,9 @@ pub(crate) enum Record {
         /// The address of the region's first byte, telling key reuses apart.
         remote_addr: u64,
     },
+    /// A delivery (or a close) came while the receiver was parked: it wakes it. Carries
+    /// nothing; the receiver reads it and drops it.
+    Wake,
 }
 
 /// Why an accepting side refused a connection.
@@ -134,7 +138,7 @@ impl Record {
     /// One record of each kind (both refusals), with the values a connection sends: for
     /// the tests here and the fuzz targets' seeds.
     #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn examples() -> [Record; 6] {
+    pub(crate) fn examples() -> [Record; 7] {
         [
             Record::Hello {
                 recv_depth: 64,
@@ -155,6 +159,7 @@ impl Record {
                 remote_key: 7,
                 remote_addr: 0x7f00_0000_1000,
             },
+            Record::Wake,
         ]
     }
 
@@ -165,6 +170,7 @@ impl Record {
             Record::Refuse(_) => "refuse",
             Record::Announce { .. } => "announce",
             Record::Forget { .. } => "forget",
+            Record::Wake => "wake",
         }
     }
 
@@ -188,6 +194,7 @@ impl Record {
                 remote_key,
                 remote_addr,
             } => (KIND_FORGET, remote_key, remote_addr, 0),
+            Record::Wake => (KIND_WAKE, 0, 0, 0),
         };
         let mut bytes = [0; RECORD_LEN];
         bytes[0..8].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
@@ -235,6 +242,7 @@ impl Record {
                 remote_key: a,
                 remote_addr: b,
             },
+            KIND_WAKE => Record::Wake,
             other => return Err(RecordError::Kind(other)),
         };
         if record.carries_descriptor() != with_descriptor {
@@ -321,6 +329,15 @@ pub(crate) fn send_record(
         return Err(RecordError::Length(sent).into());
     }
     Ok(())
+}
+
+/// Wakes a parked peer: sends [`Record::Wake`] without waiting. A peer whose socket is
+/// full has records to read, so it is not asleep on it; one whose socket is gone is
+/// noticed by the next look at the socket. Neither needs the wake, so neither is an error.
+pub(crate) fn send_wake(socket: BorrowedFd<'_>) {
+    let bytes = Record::Wake.encode();
+    let _not_needed_when_refused =
+        rustix::net::send(socket, &bytes, SendFlags::NOSIGNAL | SendFlags::DONTWAIT);
 }
 
 /// Receives one record; with `wait` false, returns [`Incoming::Nothing`] at once when

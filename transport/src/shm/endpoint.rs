@@ -28,6 +28,13 @@
 //!   and drop return. A peer that stalls inside a copy may still write into the buffers
 //!   given back afterwards, as a hostile peer can write any region announced to it at any
 //!   time: the gate orders an honest peer's copies, it does not fence a hostile one.
+//! - **A parked side is woken.** [`Endpoint::arm`] asks the peer to wake this side
+//!   (`Segment::park_incoming`) and then looks for a delivery; a sender whose delivery
+//!   finds the request sends [`Record::Wake`] on the socket, which is this side's
+//!   [`Readiness::Fd`] (see `segment` for why no wake is lost). Closing or failing wakes
+//!   the peer unasked, and a peer process that dies leaves the socket at end of file,
+//!   readable too. [`Endpoint::disarm`] reads what the socket holds, so it is quiet again
+//!   until the next wake.
 //! - **Outstanding counts** are requests posted and not yet returned by `poll`; they never
 //!   pass the queue depths. Each direction's ring is its receiver's receive depth rounded
 //!   up to a power of two (`RingSize`, from the depths the handshake exchanged, kept by
@@ -38,6 +45,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Weak};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 // Looked up on every post and every copy: foldhash, not the default SipHash.
@@ -46,7 +54,7 @@ use tierbuf_pool::{Region, SharedHostRegion};
 
 use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SOCKET_TIMEOUT, SocketError, receive_record,
-    send_record,
+    send_record, send_wake,
 };
 use super::segment::{
     Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, RING_CAPACITY, Ring, RingSize,
@@ -54,8 +62,8 @@ use super::segment::{
 };
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
-    BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState,
-    Opcode, Outstanding,
+    Armed, BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits,
+    EndpointState, Opcode, Outstanding, Readiness,
 };
 use crate::registry::{RegionCache, Registered, Resolved};
 
@@ -78,6 +86,10 @@ const LARGE_CALLER_COPIES: usize = 4096;
 /// Polls that find nothing to do between two looks at the bootstrap socket (for a peer
 /// that has gone, or forgotten regions).
 const IDLE_POLLS_PER_SOCKET_CHECK: u32 = 256;
+
+/// Records one look at the socket reads at most: a peer that floods it with records costs
+/// this side reads, never a loop it cannot leave.
+const RECORDS_PER_SOCKET_CHECK: usize = 64;
 
 /// A posted send waiting for the peer's receive.
 #[derive(Debug)]
@@ -292,6 +304,7 @@ impl ShmEndpoint {
     /// unless one is recorded already.
     fn fail(&mut self, error: TransportError) {
         self.segment().break_connection();
+        send_wake(self.socket.as_fd());
         if self.failure.is_none() {
             self.failure = Some(error);
         }
@@ -398,6 +411,7 @@ impl ShmEndpoint {
                     self.peer_regions.remove(&remote_key);
                 }
             }
+            (Record::Wake, None) => {}
             (record, _) => self.violation(format!("unexpected {record:?} record")),
         }
     }
@@ -438,10 +452,13 @@ impl ShmEndpoint {
         true
     }
 
-    /// Looks at the socket without waiting: handles what the peer sent and notices a peer
-    /// that is gone.
+    /// Looks at the socket without waiting: handles what the peer sent (at most
+    /// [`RECORDS_PER_SOCKET_CHECK`] records) and notices a peer that is gone.
     fn check_socket(&mut self) {
-        while self.failure.is_none() && !self.peer_gone {
+        for _ in 0..RECORDS_PER_SOCKET_CHECK {
+            if self.failure.is_some() || self.peer_gone {
+                return;
+            }
             match receive_record(self.socket.as_fd(), false) {
                 Ok(Incoming::Record(received)) => self.handle_record(received),
                 Ok(Incoming::Nothing) => return,
@@ -508,10 +525,13 @@ impl ShmEndpoint {
         }
         let status = match self.fill(source, len, buffer) {
             Ok(filled) => {
-                if let Filled::Inline(len) = filled {
-                    self.deliver_inline(count, source, len);
+                let parked = if let Filled::Inline(len) = filled {
+                    self.deliver_inline(count, source, len)
                 } else {
-                    self.outgoing().deliver(count, filled);
+                    self.outgoing().deliver(count, filled)
+                };
+                if parked {
+                    send_wake(self.socket.as_fd());
                 }
                 match filled {
                     Filled::Delivered(_) | Filled::Inline(_) => CompletionStatus::Success,
@@ -578,8 +598,8 @@ impl ShmEndpoint {
     /// Delivers `source`, `len` bytes that [`ShmEndpoint::fill`] found short enough (and
     /// passed the gate for), inline in the ring entry of the peer's `count`-th receive:
     /// the caller's parts go into the entry as they are, word by word; a posted send's
-    /// buffers are copied out of their regions first.
-    fn deliver_inline(&self, count: u64, source: Source<'_>, len: u32) {
+    /// buffers are copied out of their regions first. Returns whether the peer had parked.
+    fn deliver_inline(&self, count: u64, source: Source<'_>, len: u32) -> bool {
         match source {
             Source::Caller(parts) => self.outgoing().deliver_inline(count, parts),
             Source::Posted(_) => {
@@ -588,7 +608,7 @@ impl ShmEndpoint {
                 // `message`, which nothing else reaches.
                 unsafe { source.copy_to(message.as_mut_ptr()) };
                 self.outgoing()
-                    .deliver_inline(count, &[&message[..len as usize]]);
+                    .deliver_inline(count, &[&message[..len as usize]])
             }
         }
     }
@@ -928,7 +948,35 @@ impl Endpoint for ShmEndpoint {
         }
         self.closed = true;
         self.segment().close(self.side);
+        send_wake(self.socket.as_fd());
         self.flush();
+    }
+
+    fn readiness(&self) -> Readiness<'_> {
+        Readiness::Fd(self.socket.as_fd())
+    }
+
+    fn arm(&mut self, _waker: &Waker) -> Armed {
+        let has_work = !self.send_completions.is_empty()
+            || !self.recv_completions.is_empty()
+            || !self.pending.is_empty()
+            || self.failure.is_some()
+            || self.state() != EndpointState::Open;
+        if has_work {
+            return Armed::Pending;
+        }
+        self.segment().park_incoming(self.side);
+        // Looked at after the request (module invariants); an entry is this lap's only
+        // while a receive is posted for it.
+        if !self.posted.is_empty() && self.incoming().delivered(self.recvs_reaped).is_some() {
+            return Armed::Pending;
+        }
+        Armed::Parked
+    }
+
+    fn disarm(&mut self) {
+        self.segment().unpark_incoming(self.side);
+        self.check_socket();
     }
 }
 

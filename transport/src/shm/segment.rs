@@ -59,6 +59,16 @@
 //!   the endpoint gives up on a peer that holds `COPYING` past its peer timeout, and on
 //!   one whose socket closed. The ordering holds for an honest peer; a hostile one can
 //!   write the receiver's announced memory whatever the gate says.
+//! - **A parked receiver is woken by the delivery it missed.** A receiver about to sleep
+//!   sets `PARKED` in the gate word of its incoming direction with a fetch-or, then looks
+//!   at its oldest entry; every delivery ends with the sender's fetch-and that clears
+//!   `COPYING` and `PARKED` together and tells whether `PARKED` was set, in which case
+//!   the sender wakes the receiver (a record on the bootstrap socket). Both are
+//!   read-modify-writes of one word: either the sender's comes later and sees `PARKED`
+//!   (and wakes it), or it comes first, and then the receiver's fetch-or (`Acquire`)
+//!   reads from it (`Release`), so the receiver's look finds the delivery and it does
+//!   not sleep. No wake is lost; a wake may be spurious (the receiver found a delivery
+//!   and the sender woke it too), which costs the receiver one empty look.
 
 use crate::pair_state::StateWord;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -99,9 +109,11 @@ pub enum Filled {
     Unreachable,
 }
 
-/// Gate bits.
+/// Gate bits: `COPYING` and `SHUT` order the sender's copies with the receiver's close;
+/// `PARKED` asks the sender to wake the receiver at its next delivery.
 const COPYING: u32 = 1;
 const SHUT: u32 = 2;
+const PARKED: u32 = 4;
 
 const FILLED_DELIVERED: u32 = 1;
 const FILLED_TOO_LONG: u32 = 2;
@@ -292,6 +304,27 @@ impl<const N: usize> Segment<N> {
     }
 }
 
+impl<const N: usize> Segment<N> {
+    /// The receiver's step before it sleeps, on `side`'s incoming direction: asks the
+    /// sender to wake it at its next delivery. Look for a delivery after it (module
+    /// invariants); a receiver that finds one, or wakes, calls
+    /// [`Segment::unpark_incoming`].
+    pub fn park_incoming(&self, side: usize) {
+        self.directions[1 - side]
+            .gate
+            .0
+            .fetch_or(PARKED, Ordering::AcqRel);
+    }
+
+    /// Withdraws `side`'s request to be woken, if the sender has not taken it yet.
+    pub fn unpark_incoming(&self, side: usize) {
+        self.directions[1 - side]
+            .gate
+            .0
+            .fetch_and(!PARKED, Ordering::Relaxed);
+    }
+}
+
 impl<const N: usize> Direction<N> {
     fn new() -> Direction<N> {
         Direction {
@@ -399,11 +432,14 @@ impl<'s, const N: usize> Ring<'s, N> {
 
     /// The sender's report on the `count`-th posted receive: writes the result, which
     /// publishes the delivery (and so the message copied before), then reopens the gate.
+    /// Returns whether the receiver had parked ([`Segment::park_incoming`]): the sender
+    /// must then wake it.
     ///
     /// # Panics
     ///
     /// On [`Filled::Inline`]: an inline message goes through [`Ring::deliver_inline`].
-    pub fn deliver(&self, count: u64, filled: Filled) {
+    #[must_use = "a parked receiver must be woken"]
+    pub fn deliver(&self, count: u64, filled: Filled) -> bool {
         let entry = self.entry(count);
         let (code, byte_len) = match filled {
             Filled::Delivered(byte_len) => (FILLED_DELIVERED, byte_len),
@@ -411,7 +447,7 @@ impl<'s, const N: usize> Ring<'s, N> {
             Filled::TooLong => (FILLED_TOO_LONG, 0),
             Filled::Unreachable => (FILLED_UNREACHABLE, 0),
         };
-        self.publish(entry, code, byte_len);
+        self.publish(entry, code, byte_len)
     }
 
     /// The sender's delivery of the message `parts` make laid end to end (at most
@@ -428,10 +464,13 @@ impl<'s, const N: usize> Ring<'s, N> {
     /// nothing but those bytes (`docs/transport.md`, "What the 64 B round trip is made
     /// of").
     ///
+    /// Returns whether the receiver had parked, as [`Ring::deliver`] does.
+    ///
     /// # Panics
     ///
     /// If the message is longer than [`INLINE_CAPACITY`].
-    pub fn deliver_inline(&self, count: u64, parts: &[&[u8]]) {
+    #[must_use = "a parked receiver must be woken"]
+    pub fn deliver_inline(&self, count: u64, parts: &[&[u8]]) -> bool {
         let entry = self.entry(count);
         let len: usize = parts.iter().map(|part| part.len()).sum();
         let carried = len.div_ceil(8);
@@ -442,17 +481,29 @@ impl<'s, const N: usize> Ring<'s, N> {
         for (index, word) in entry.inline[..carried].iter().enumerate().rev() {
             word.store(word_at(parts, index * 8), Ordering::Relaxed);
         }
-        self.publish(entry, FILLED_INLINE, len as u32);
+        self.publish(entry, FILLED_INLINE, len as u32)
     }
 
     /// Writes `entry`'s length, then its result word, which publishes the delivery, then
     /// hands the entry's lines on towards the receiver ([`Entry::demote`]) and reopens
-    /// the gate.
-    fn publish(&self, entry: &Entry, code: u32, byte_len: u32) {
+    /// the gate, taking the receiver's request to be woken with it (module invariants).
+    /// Returns whether there was one.
+    fn publish(&self, entry: &Entry, code: u32, byte_len: u32) -> bool {
+        let gate = &self.direction.gate.0;
+        #[cfg(loom)]
+        if tierbuf_pool::sync::planted::is_planted(
+            tierbuf_pool::sync::planted::Bug::ShmWakeLookedAtBeforePublish,
+        ) {
+            let parked = gate.load(Ordering::Acquire) & PARKED != 0;
+            entry.byte_len.store(byte_len, Ordering::Relaxed);
+            entry.filled.store(code, publication());
+            gate.fetch_and(!(COPYING | PARKED), Ordering::Release);
+            return parked;
+        }
         entry.byte_len.store(byte_len, Ordering::Relaxed);
         entry.filled.store(code, publication());
         entry.demote();
-        self.direction.gate.0.fetch_and(!COPYING, Ordering::Release);
+        gate.fetch_and(!(COPYING | PARKED), Ordering::Release) & PARKED != 0
     }
 
     /// The inline message of the receiver's `count`-th receive, into `out` (as long as
@@ -654,14 +705,17 @@ mod tests {
             );
             assert_eq!(direction.delivered(count), None);
             assert!(segment.begin_copy(0));
-            direction.deliver(count, Filled::Delivered(count as u32));
+            assert!(
+                !direction.deliver(count, Filled::Delivered(count as u32)),
+                "nobody parked"
+            );
             assert_eq!(
                 direction.delivered(count),
                 Some(Ok(Filled::Delivered(count as u32)))
             );
         }
         direction.post(10, BUFFER);
-        direction.deliver(10, Filled::TooLong);
+        assert!(!direction.deliver(10, Filled::TooLong), "nobody parked");
         assert_eq!(direction.delivered(10), Some(Ok(Filled::TooLong)));
     }
 
@@ -700,7 +754,10 @@ mod tests {
         let ring = segment.ring(0, RingSize::of_depth(3));
         for count in 0..12 {
             ring.post(count, BUFFER);
-            ring.deliver(count, Filled::Delivered(count as u32));
+            assert!(
+                !ring.deliver(count, Filled::Delivered(count as u32)),
+                "nobody parked"
+            );
             assert_eq!(
                 ring.delivered(count),
                 Some(Ok(Filled::Delivered(count as u32)))
@@ -723,11 +780,11 @@ mod tests {
         let segment = Segment::<1>::new_boxed();
         let direction = segment.ring(0, RingSize::of_depth(1));
         direction.post(0, BUFFER);
-        direction.deliver(0, Filled::Delivered(5));
+        assert!(!direction.deliver(0, Filled::Delivered(5)), "nobody parked");
         assert_eq!(direction.delivered(0), Some(Ok(Filled::Delivered(5))));
         direction.post(1, BUFFER);
         assert_eq!(direction.delivered(1), None, "lap 0's result is cleared");
-        direction.deliver(1, Filled::Delivered(6));
+        assert!(!direction.deliver(1, Filled::Delivered(6)), "nobody parked");
         assert_eq!(direction.delivered(1), Some(Ok(Filled::Delivered(6))));
     }
 
@@ -770,7 +827,7 @@ mod tests {
         let len: usize = parts.iter().map(|part| part.len()).sum();
         direction.post(lap, BUFFER);
         assert!(segment.begin_copy(0));
-        direction.deliver_inline(lap, parts);
+        assert!(!direction.deliver_inline(lap, parts), "nobody parked");
         assert_eq!(
             direction.delivered(lap),
             Some(Ok(Filled::Inline(len as u32)))
@@ -799,7 +856,7 @@ mod tests {
         let segment = Segment::<1>::new_boxed();
         segment.ring(0, RingSize::of_depth(1)).post(0, BUFFER);
         assert!(segment.begin_copy(0));
-        segment
+        let _parked = segment
             .ring(0, RingSize::of_depth(1))
             .deliver_inline(0, &[&[0u8; INLINE_CAPACITY], &[0]]);
     }
@@ -824,13 +881,39 @@ mod tests {
     fn a_shut_gate_stops_the_sender_even_while_the_connection_is_open() {
         let segment = Segment::<4>::new_boxed();
         assert!(segment.begin_copy(0));
-        segment
+        let parked = segment
             .ring(0, RingSize::of_depth(4))
             .deliver(0, Filled::Delivered(0));
+        assert!(!parked);
         segment.shut_incoming(1, || unreachable!("the copy is done"));
         assert_eq!(segment.state(), PairState::Open);
         assert!(!segment.begin_copy(0), "the gate is shut");
         assert!(segment.begin_copy(1), "the other direction's gate is open");
+    }
+
+    #[test]
+    fn a_delivery_reports_a_parked_receiver_once_and_unparking_withdraws_the_request() {
+        let segment = Segment::<4>::new_boxed();
+        let ring = segment.ring(0, RingSize::of_depth(4));
+        for count in 0..3 {
+            ring.post(count, BUFFER);
+        }
+        segment.park_incoming(1);
+        segment.park_incoming(0); // the other direction's request is not this one's
+        assert!(segment.begin_copy(0));
+        assert!(ring.deliver(0, Filled::Delivered(1)), "the receiver parked");
+        assert!(segment.begin_copy(0));
+        assert!(
+            !ring.deliver(1, Filled::Delivered(1)),
+            "the wake took the request"
+        );
+        segment.park_incoming(1);
+        segment.unpark_incoming(1);
+        assert!(segment.begin_copy(0));
+        assert!(
+            !ring.deliver(2, Filled::Delivered(1)),
+            "the request was withdrawn"
+        );
     }
 
     #[test]
