@@ -28,53 +28,22 @@ use std::time::Instant;
 use super::core::{ConnectionCore, ConnectionStats, WorkRequest};
 use super::errors::{ConnectionError, SendError, WorkKind, WouldBlock};
 use super::receive::Message;
+use super::wait::{Expired, Waiter};
 use crate::error::{PostError, QueueKind};
 use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState, Opcode};
 
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
 
-/// How a blocking call waits between progress passes: first `TIGHT_POLLS` passes back to
-/// back, so a message is seen within one pass of landing; after that a yield of the core
-/// before each pass, so a long wait leaves the core to other threads.
-///
-/// The tight passes have no spin hint between them: a pass is a few dozen nanoseconds of
-/// work, not a loop on one load, and a hint (`pause` on x86, about 140 cycles on recent
-/// cores) only delays the look that finds the message. Taking it out saved about 10 ns
-/// of the 64 B shm pingpong's one-way time (two runs each way in one sitting: 351 and 351
-/// ns with it, 339 and 343 ns without). A backoff that lengthens its spins (crossbeam's
-/// `Backoff`) would let a message wait for the rest of the current spin, which is the
-/// whole of a small message's latency.
-#[derive(Debug, Default)]
-struct PollWait {
-    passes: u32,
-}
-
-impl PollWait {
-    /// Passes made back to back before the wait starts yielding: a few hundred
-    /// microseconds of polling.
-    const TIGHT_POLLS: u32 = 1 << 12;
-
-    fn wait(&mut self) {
-        if self.passes < PollWait::TIGHT_POLLS {
-            self.passes += 1;
-        } else {
-            std::thread::yield_now();
-        }
-    }
-
-    fn reset(&mut self) {
-        self.passes = 0;
-    }
-}
-
 /// One side of a connection over a provider endpoint.
 ///
 /// It makes progress whenever its owner calls [`Connection::progress`] or one of the
-/// blocking calls ([`Connection::send`], [`Connection::recv`], [`Connection::flush`]),
-/// which poll back to back, then between yields, while they wait; or, kept in a
-/// [`ConnectionTable`](super::ConnectionTable) with a progress thread, whenever that
-/// thread sweeps it.
+/// blocking calls ([`Connection::send`], [`Connection::recv`], [`Connection::flush`] and
+/// their `_deadline` forms), which poll back to back for a few hundred microseconds, then
+/// sleep until the endpoint wakes them ([`Endpoint::arm`]), a timer of the connection
+/// falls due, or the deadline passes; or, kept in a
+/// [`ConnectionTable`](super::ConnectionTable), whenever its progress thread or
+/// [`ConnectionTable::wait_ready`](super::ConnectionTable::wait_ready) reaches it.
 pub struct Connection<E: Endpoint> {
     core: ConnectionCore,
     endpoint: E,
@@ -327,15 +296,45 @@ impl<E: Endpoint> Connection<E> {
     ///
     /// As [`Connection::send`].
     pub fn send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
-        let mut wait = PollWait::default();
+        self.send_gather_until(parts, None)
+    }
+
+    /// [`Connection::send_gather`], giving up at `deadline` with
+    /// [`SendError::TimedOut`]; nothing of the message was sent then.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send`].
+    pub fn send_gather_deadline(
+        &mut self,
+        parts: &[IoSlice<'_>],
+        deadline: Instant,
+    ) -> Result<(), SendError> {
+        self.send_gather_until(parts, Some(deadline))
+    }
+
+    fn send_gather_until(
+        &mut self,
+        parts: &[IoSlice<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<(), SendError> {
+        let mut waiter = Waiter::new(deadline);
         loop {
             match self.try_send_gather(parts) {
                 Ok(_) => return Ok(()),
-                Err(SendError::WouldBlock(_)) => wait.wait(),
+                Err(SendError::WouldBlock(reason)) => self
+                    .wait(&mut waiter)
+                    .map_err(|Expired| SendError::TimedOut(reason))?,
                 Err(other) => return Err(other),
             }
             self.progress().map_err(SendError::Failed)?;
         }
+    }
+
+    /// Waits before the next pass (module `wait`), up to the core's next timer at most.
+    fn wait(&mut self, waiter: &mut Waiter) -> Result<(), Expired> {
+        let timer = self.core.poll_timeout();
+        waiter.wait(&mut self.endpoint, timer)
     }
 
     /// `accepted`, unless posting the work failed the connection: then the failure, so a
@@ -359,7 +358,54 @@ impl<E: Endpoint> Connection<E> {
     /// side makes no copy of its own; any other frame is written into a send slot and
     /// posted as usual.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
-        let mut wait = PollWait::default();
+        self.send_until(message, None)
+    }
+
+    /// [`Connection::send`], giving up at `deadline`. Before the first byte of `message`
+    /// is posted that is [`SendError::TimedOut`], and nothing was sent. After it, the
+    /// message cannot be taken back and the peer would wait for its rest for ever: the
+    /// connection fails with [`ConnectionError::AbandonedMidMessage`] (the peer took no
+    /// more of it within the deadline), and that is the error.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// # use std::sync::Arc;
+    /// # use tierbuf_pool::MemoryBudget;
+    /// # use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
+    /// # use tierbuf_transport::{LoopbackProvider, Provider};
+    /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
+    /// # let connect = |endpoint| {
+    /// #     let core = ConnectionCore::new(
+    /// #         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+    /// #     )?;
+    /// #     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+    /// # };
+    /// # let (mut a, mut b) = (connect(a)?, connect(b)?);
+    /// // `b` never reads: `a` sends until its credits run out, then the deadline passes.
+    /// let deadline = Instant::now() + Duration::from_millis(20);
+    /// let outcome = loop {
+    ///     if let Err(error) = a.send_deadline(b"ping", deadline) {
+    ///         break error;
+    ///     }
+    /// };
+    /// assert!(matches!(outcome, SendError::TimedOut(_)), "{outcome:?}");
+    /// assert!(b.recv_deadline(Instant::now())?.is_some(), "what was sent is there");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send`], and [`SendError::TimedOut`].
+    pub fn send_deadline(&mut self, message: &[u8], deadline: Instant) -> Result<(), SendError> {
+        self.send_until(message, Some(deadline))
+    }
+
+    fn send_until(&mut self, message: &[u8], deadline: Option<Instant>) -> Result<(), SendError> {
+        let mut waiter = Waiter::new(deadline);
         let mut offset = 0;
         let copies = self.endpoint.caller_copies();
         loop {
@@ -373,13 +419,29 @@ impl<E: Endpoint> Connection<E> {
                     if offset == message.len() {
                         return Ok(());
                     }
-                    wait.reset();
+                    waiter.reset();
                 }
-                Err(SendError::WouldBlock(_)) => wait.wait(),
+                Err(SendError::WouldBlock(reason)) => {
+                    if self.wait(&mut waiter).is_err() {
+                        return Err(self.abandon(reason, offset, message.len()));
+                    }
+                }
                 Err(other) => return Err(other),
             }
             self.progress().map_err(SendError::Failed)?;
         }
+    }
+
+    /// The error of a send whose deadline passed with `sent` bytes of its `len` posted
+    /// ([`Connection::send_deadline`]).
+    fn abandon(&mut self, reason: WouldBlock, sent: usize, len: usize) -> SendError {
+        if sent == 0 {
+            return SendError::TimedOut(reason);
+        }
+        self.core
+            .fail(ConnectionError::AbandonedMidMessage { sent, len });
+        let failure = self.core.failure().expect("just failed");
+        SendError::Failed(Arc::clone(failure))
     }
 
     /// Reserves a registered send buffer for a message of `len` bytes that the caller
@@ -426,7 +488,28 @@ impl<E: Endpoint> Connection<E> {
     /// [`WouldBlock::PromotionRefused`](super::WouldBlock::PromotionRefused); send such a
     /// message with [`Connection::send`], which segments it.
     pub fn reserve(&mut self, len: usize) -> Result<SendBuffer<'_, E>, SendError> {
-        let mut wait = PollWait::default();
+        self.reserve_until(len, None)
+    }
+
+    /// [`Connection::reserve`], giving up at `deadline` with [`SendError::TimedOut`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::reserve`].
+    pub fn reserve_deadline(
+        &mut self,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<SendBuffer<'_, E>, SendError> {
+        self.reserve_until(len, Some(deadline))
+    }
+
+    fn reserve_until(
+        &mut self,
+        len: usize,
+        deadline: Option<Instant>,
+    ) -> Result<SendBuffer<'_, E>, SendError> {
+        let mut waiter = Waiter::new(deadline);
         loop {
             let now = self.clock_for(len);
             match self.core.try_reserve(now, len) {
@@ -436,7 +519,9 @@ impl<E: Endpoint> Connection<E> {
                         WouldBlock::PromotionRefused | WouldBlock::AlreadyReserved,
                     ),
                 ) => return Err(error),
-                Err(SendError::WouldBlock(_)) => wait.wait(),
+                Err(SendError::WouldBlock(reason)) => self
+                    .wait(&mut waiter)
+                    .map_err(|Expired| SendError::TimedOut(reason))?,
                 Err(other) => return Err(other),
             }
             self.progress().map_err(SendError::Failed)?;
@@ -477,23 +562,117 @@ impl<E: Endpoint> Connection<E> {
 
     /// Waits for the next message.
     pub fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
-        let mut wait = PollWait::default();
+        let mut waiter = Waiter::new(None);
         loop {
             if let Some(message) = self.try_recv()? {
                 return Ok(message);
             }
-            wait.wait();
+            let Ok(()) = self.wait(&mut waiter) else {
+                unreachable!("a wait without a deadline does not expire")
+            };
+        }
+    }
+
+    /// Waits for the next message until `deadline`: `Ok(None)` if none came by then.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// # use std::sync::Arc;
+    /// # use tierbuf_pool::MemoryBudget;
+    /// # use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+    /// # use tierbuf_transport::{LoopbackProvider, Provider};
+    /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
+    /// # let connect = |endpoint| {
+    /// #     let core = ConnectionCore::new(
+    /// #         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+    /// #     )?;
+    /// #     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+    /// # };
+    /// # let (mut a, mut b) = (connect(a)?, connect(b)?);
+    /// let soon = Instant::now() + Duration::from_millis(5);
+    /// assert!(b.recv_deadline(soon)?.is_none(), "nothing was sent");
+    /// a.send(b"hello")?;
+    /// let message = b.recv_deadline(Instant::now() + Duration::from_secs(5))?;
+    /// assert_eq!(&message.expect("sent")[..], b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::recv`].
+    pub fn recv_deadline(
+        &mut self,
+        deadline: Instant,
+    ) -> Result<Option<Message>, Arc<ConnectionError>> {
+        let mut waiter = Waiter::new(Some(deadline));
+        loop {
+            if let Some(message) = self.try_recv()? {
+                return Ok(Some(message));
+            }
+            if self.wait(&mut waiter).is_err() {
+                return Ok(None);
+            }
         }
     }
 
     /// Waits until everything accepted has been posted and every send has completed.
     pub fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
-        let mut wait = PollWait::default();
+        let Ok(()) = self.flush_until(None)? else {
+            unreachable!("a wait without a deadline does not expire")
+        };
+        Ok(())
+    }
+
+    /// [`Connection::flush`] until `deadline`: `Ok(false)` if sends were still
+    /// outstanding then.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::flush`].
+    pub fn flush_deadline(&mut self, deadline: Instant) -> Result<bool, Arc<ConnectionError>> {
+        Ok(self.flush_until(Some(deadline))?.is_ok())
+    }
+
+    fn flush_until(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Result<(), Expired>, Arc<ConnectionError>> {
+        let mut waiter = Waiter::new(deadline);
         while !(self.core.is_idle() && self.unposted.is_empty()) {
             self.progress()?;
-            wait.wait();
+            if let Err(expired) = self.wait(&mut waiter) {
+                return Ok(Err(expired));
+            }
         }
-        Ok(())
+        Ok(Ok(()))
+    }
+
+    /// Whether a delivered message waits to be taken.
+    pub(super) fn has_delivered(&self) -> bool {
+        self.core.has_delivered()
+    }
+
+    /// Asks the endpoint to wake `waker` (or its descriptor) at its next event; pending
+    /// while work of this side waits to be posted.
+    pub(super) fn arm(&mut self, waker: &std::task::Waker) -> crate::provider::Armed {
+        if !self.unposted.is_empty() {
+            return crate::provider::Armed::Pending;
+        }
+        self.endpoint.arm(waker)
+    }
+
+    /// Ends a wait begun with [`Connection::arm`].
+    pub(super) fn disarm(&mut self) {
+        self.endpoint.disarm();
+    }
+
+    /// When the core next needs progress without any event.
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        self.core.poll_timeout()
     }
 
     /// Counters and state of this side.

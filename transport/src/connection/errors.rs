@@ -105,6 +105,17 @@ pub enum ConnectionError {
     /// side's calls report it.
     #[error("the peer closed the connection")]
     PeerClosed,
+    /// A send's deadline passed after part of its message had been posted
+    /// ([`Connection::send_deadline`](super::Connection::send_deadline)): the peer took
+    /// no more of it in time, and a message cannot be taken back, so the connection
+    /// failed rather than leave the peer waiting for the rest.
+    #[error("the peer took {sent} of {len} bytes of a message before the send's deadline")]
+    AbandonedMidMessage {
+        /// Bytes of the message posted.
+        sent: usize,
+        /// The message's length.
+        len: usize,
+    },
     /// The peer went away without closing (its process died).
     #[error("the peer died")]
     PeerDied(#[source] TransportError),
@@ -190,6 +201,7 @@ impl ConnectionError {
             | ConnectionError::Post(_)
             | ConnectionError::Tiers(_) => Fault::Local,
             ConnectionError::PeerClosed
+            | ConnectionError::AbandonedMidMessage { .. }
             | ConnectionError::PeerDied(_)
             | ConnectionError::PeerProtocol(_) => Fault::Peer,
             ConnectionError::CompletionFailed { status, .. } => match status {
@@ -260,6 +272,10 @@ pub enum SendError {
     /// Nothing was accepted now; retry after progress.
     #[error("would block: {0:?}")]
     WouldBlock(WouldBlock),
+    /// The deadline of a blocking send passed before any of the message was taken; the
+    /// reason it waited is kept. Nothing was sent.
+    #[error("the deadline passed while the send waited: {0:?}")]
+    TimedOut(WouldBlock),
     /// The message passes the configured maximum.
     #[error("a {len}-byte message passes the maximum of {max} bytes")]
     TooLong {

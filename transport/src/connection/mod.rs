@@ -12,12 +12,14 @@ mod driver;
 mod errors;
 // Crate-visible for the `fuzzing` module's frame-header wrappers.
 pub(crate) mod header;
+mod ready;
 mod reassembly;
 mod receive;
 mod reserve;
 mod returns;
 mod send;
 mod table;
+mod wait;
 
 pub use config::ConnectionConfig;
 pub use core::{ConnectionCore, ConnectionStats, CopiedFrame, WorkRequest};

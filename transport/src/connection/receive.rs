@@ -18,6 +18,11 @@ use crate::provider::BufferRef;
 use crate::sync;
 
 impl ConnectionCore {
+    /// Whether a delivered message waits to be taken.
+    pub(crate) fn has_delivered(&self) -> bool {
+        !self.delivered.is_empty()
+    }
+
     /// The next delivered message, in the order the peer sent them.
     ///
     /// A message that arrived in one frame is handed over in its receive slot (zero-copy)

@@ -28,19 +28,26 @@
 //!   this process's thread.
 //! - Stopping the thread ([`ConnectionTable::shutdown`], or dropping the table) sets
 //!   `stop`, wakes the thread and joins it; it touches nothing of the table afterwards.
+//! - Readiness ([`ConnectionTable::wait_ready`]) keeps its own invariants (module
+//!   `ready`); the table's part is to queue a connection for a look whenever it may have
+//!   changed outside a look: when it is inserted, when a user's guard is dropped, when a
+//!   sweep did work on it, and when the last wait handed it out.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
+use std::task::Waker;
 use std::thread::{self, JoinHandle, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use dashmap::DashMap;
 
 use super::driver::Connection;
-use crate::provider::Endpoint;
+use super::ready::{Doorway, ReadySet};
+use crate::provider::{Armed, Endpoint, Readiness};
 
 /// The name of a connection in its [`ConnectionTable`]; a table never gives one out
 /// twice.
@@ -91,6 +98,10 @@ pub enum TableError {
         /// The panic's message.
         message: String,
     },
+    /// Making or waiting on the readiness set (`epoll`, `eventfd`) failed: a limit of
+    /// this process (open files) or of the system.
+    #[error("waiting for ready connections failed")]
+    Readiness(#[source] std::io::Error),
 }
 
 /// How the progress thread backs off when a sweep finds nothing to do: it spins, then
@@ -188,16 +199,25 @@ struct Entry<E: Endpoint> {
     /// `None` once removed from the table.
     connection: Mutex<Option<Connection<E>>>,
     signal: Arc<ProgressSignal>,
+    doorway: Arc<Doorway>,
+    /// The waker its endpoint calls: queues it for a look.
+    waker: Waker,
 }
 
 impl<E: Endpoint> Entry<E> {
-    /// Takes the connection out and drops it, closing it and releasing its buffers.
-    fn close(&self) {
+    /// Takes the connection out and drops it, closing it and releasing its buffers; its
+    /// wake descriptor leaves `ready` first.
+    fn close(&self, ready: &ReadySet) {
         let connection = self
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        if let Some(connection) = &connection
+            && let Readiness::Fd(fd) = connection.endpoint().readiness()
+        {
+            ready.deregister(fd);
+        }
         drop(connection);
     }
 }
@@ -216,9 +236,104 @@ struct Shared<E: Endpoint> {
     next_id: AtomicU64,
     signal: Arc<ProgressSignal>,
     counters: Counters,
+    ready: Arc<ReadySet>,
+    /// Connections that cannot wake a waiter: looked at by every wait.
+    polled: Mutex<HashSet<ConnectionId>>,
+    /// Connections the last wait handed out, queued again by the next.
+    handed_out: Mutex<Vec<ConnectionId>>,
+}
+
+/// What a look at one connection found (module `ready`).
+enum Look {
+    /// It may have work for its user: hand it out.
+    Ready,
+    /// Held by somebody, or with work no wake announces: looked at again after a short
+    /// sleep.
+    Later,
+    /// Nothing to do: armed to wake a waiter.
+    Armed,
 }
 
 impl<E: Endpoint> Shared<E> {
+    /// Progress passes one look makes at most while arming finds work pending.
+    const PASSES_PER_LOOK: usize = 3;
+
+    fn polled(&self) -> MutexGuard<'_, HashSet<ConnectionId>> {
+        self.polled.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handed_out(&self) -> MutexGuard<'_, Vec<ConnectionId>> {
+        self.handed_out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn entries(&self) -> Vec<Arc<Entry<E>>> {
+        self.connections
+            .iter()
+            .map(|entry| Arc::clone(entry.value()))
+            .collect()
+    }
+
+    /// Queues connection `id` for a look, if it is still in the table.
+    fn queue(&self, id: ConnectionId) {
+        if let Some(entry) = self.connections.get(&id) {
+            entry.doorway.queue();
+        }
+    }
+
+    /// Registers the descriptor of a connection inserted before the readiness set was
+    /// made; one that cannot be registered is polled.
+    fn register_existing(&self, entry: &Entry<E>) {
+        let connection = entry
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(connection) = connection.as_ref()
+            && let Readiness::Fd(fd) = connection.endpoint().readiness()
+            && self.ready.register(entry.id, fd).is_err()
+        {
+            self.polled().insert(entry.id);
+        }
+    }
+
+    /// Looks at one connection: disarms it, makes progress, and hands it out if it has
+    /// work for its user, else arms it again (module `ready`).
+    fn look(&self, entry: &Entry<E>) -> Look {
+        entry.doorway.take();
+        let mut guard = match entry.connection.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => {
+                // Looked at again after a short sleep: the holder may be the progress
+                // thread, whose unlock queues nothing when it found nothing to do.
+                entry.doorway.queue_later();
+                return Look::Later;
+            }
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        };
+        let Some(connection) = guard.as_mut() else {
+            return Look::Armed;
+        };
+        // Work that lands between the progress and the arm makes the arm pending: a few
+        // more passes take it, before the connection is left for a later look.
+        for _ in 0..Shared::<E>::PASSES_PER_LOOK {
+            connection.disarm();
+            let did = connection.progress_counted();
+            if !matches!(did, Ok(0)) || connection.has_delivered() {
+                return Look::Ready;
+            }
+            if connection.arm(&entry.waker) == Armed::Parked {
+                if let Some(at) = connection.next_timer() {
+                    self.ready.add_timer(at, entry.id);
+                }
+                return Look::Armed;
+            }
+        }
+        connection.disarm();
+        entry.doorway.queue_later();
+        Look::Later
+    }
+
     /// Tries every connection once; returns how much the progress calls did (completions
     /// taken plus work requests posted). `entries` is scratch space, left empty.
     fn sweep(&self, entries: &mut Vec<Arc<Entry<E>>>) -> usize {
@@ -239,8 +354,12 @@ impl<E: Endpoint> Shared<E> {
             };
             if let Some(connection) = guard.as_mut() {
                 progressed += 1;
-                // A failed connection keeps its error for its users; nothing to do here.
-                done += connection.progress_counted().unwrap_or(0);
+                // A failed connection keeps its error for its users, and is looked at.
+                let did = connection.progress_counted().unwrap_or(1);
+                if did > 0 {
+                    entry.doorway.queue();
+                }
+                done += did;
             }
         }
         let counters = &self.counters;
@@ -353,6 +472,9 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
                 next_id: AtomicU64::new(1),
                 signal: Arc::default(),
                 counters: Counters::default(),
+                ready: Arc::default(),
+                polled: Mutex::default(),
+                handed_out: Mutex::default(),
             }),
             progress: None,
         }
@@ -388,14 +510,130 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
     /// See [`ConnectionTable`] for an example.
     pub fn insert(&self, connection: Connection<E>) -> SharedConnection<E> {
         let id = ConnectionId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let doorway = Arc::new(Doorway::new(id, Arc::clone(&self.shared.ready)));
+        let polled = match connection.endpoint().readiness() {
+            Readiness::Fd(fd) => self.shared.ready.register(id, fd).is_err(),
+            Readiness::Waker => false,
+            _ => true,
+        };
+        if polled {
+            self.shared.polled().insert(id);
+        }
         let entry = Arc::new(Entry {
             id,
             connection: Mutex::new(Some(connection)),
             signal: Arc::clone(&self.shared.signal),
+            waker: Waker::from(Arc::clone(&doorway)),
+            doorway,
         });
         self.shared.connections.insert(id, Arc::clone(&entry));
         self.shared.signal.wake();
+        entry.doorway.queue();
         SharedConnection { entry }
+    }
+
+    /// Waits until at least one connection may have work for its user, or `timeout`
+    /// passes, and puts the handles of those that may into `ready` (cleared first);
+    /// returns how many. Such a connection has a message delivered, made progress (a
+    /// credit came back: send room), or failed; lock it and take its messages. Idle
+    /// connections cost nothing while the thread sleeps: each is armed to wake it
+    /// ([`Endpoint::arm`]), by its descriptor in an `epoll` set (shared memory) or its
+    /// waker (loopback), and only the connections that woke are looked at. One that
+    /// cannot wake anybody (verbs) is looked at in every wait, and a wait over such
+    /// connections sleeps at most a millisecond at a time.
+    ///
+    /// A connection handed out is looked at again by the next wait, and whenever a
+    /// guard of it is dropped; several threads may wait at once, each getting a share.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use tierbuf_pool::MemoryBudget;
+    /// # use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, ConnectionTable};
+    /// # use tierbuf_transport::{LoopbackProvider, Provider};
+    /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    /// # let connect = |endpoint| {
+    /// #     let core = ConnectionCore::new(
+    /// #         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+    /// #     )?;
+    /// #     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+    /// # };
+    /// let server = ConnectionTable::new();
+    /// let mut clients = Vec::new();
+    /// for _ in 0..100 {
+    ///     let (client, served) = provider.pair(config.queue_depth(), config.queue_depth())?;
+    ///     clients.push(connect(client)?);
+    ///     server.insert(connect(served)?);
+    /// }
+    /// clients[42].send(b"hello")?;
+    /// let mut ready = Vec::new();
+    /// let message = 'found: loop {
+    ///     server.wait_ready(&mut ready, Duration::from_secs(5))?;
+    ///     for connection in &ready {
+    ///         if let Some(message) = connection.lock()?.try_recv()? {
+    ///             break 'found message;
+    ///         }
+    ///     }
+    /// };
+    /// assert_eq!(&message[..], b"hello");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TableError::Readiness`] when the `epoll` set cannot be made or waited on.
+    pub fn wait_ready(
+        &self,
+        ready: &mut Vec<SharedConnection<E>>,
+        timeout: Duration,
+    ) -> Result<usize, TableError> {
+        ready.clear();
+        let shared = &*self.shared;
+        let until = Instant::now() + timeout;
+        if shared.ready.descriptors().map_err(TableError::Readiness)? {
+            // The set is new: every connection's descriptor goes in, and each is looked at.
+            for entry in shared.entries() {
+                shared.register_existing(&entry);
+                entry.doorway.queue();
+            }
+        }
+        for id in std::mem::take(&mut *shared.handed_out()) {
+            shared.queue(id);
+        }
+        loop {
+            for id in shared.polled().iter().copied() {
+                shared.ready.push_polled(id);
+            }
+            let mut later = shared.ready.requeue_later();
+            while let Some(id) = shared.ready.pop() {
+                let Some(entry) = shared.connections.get(&id).map(|e| Arc::clone(e.value())) else {
+                    continue;
+                };
+                match shared.look(&entry) {
+                    Look::Ready => ready.push(SharedConnection { entry }),
+                    Look::Later => later = true,
+                    Look::Armed => {}
+                }
+            }
+            if !ready.is_empty() {
+                shared
+                    .handed_out()
+                    .extend(ready.iter().map(SharedConnection::id));
+                return Ok(ready.len());
+            }
+            let polling = later || !shared.polled().is_empty();
+            let woken = shared
+                .ready
+                .sleep(until, polling)
+                .map_err(TableError::Readiness)?;
+            if woken.timed_out || Instant::now() >= until {
+                return Ok(0);
+            }
+        }
     }
 
     /// The handle of connection `id`, if it is in the table.
@@ -421,7 +659,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         let removed = self.shared.connections.remove(&id);
         match removed {
             Some((_, entry)) => {
-                entry.close();
+                self.shared.polled().remove(&id);
+                entry.close(&self.shared.ready);
                 true
             }
             None => false,
@@ -598,7 +837,7 @@ impl<E: Endpoint> SharedConnection<E> {
         }
         Ok(ConnectionGuard {
             guard: Some(guard),
-            signal: &self.entry.signal,
+            entry: &self.entry,
         })
     }
 }
@@ -615,7 +854,7 @@ impl<E: Endpoint> fmt::Debug for SharedConnection<E> {
 pub struct ConnectionGuard<'a, E: Endpoint> {
     /// `Some` holding `Some` until dropped: the lock is released before the wake.
     guard: Option<MutexGuard<'a, Option<Connection<E>>>>,
-    signal: &'a ProgressSignal,
+    entry: &'a Entry<E>,
 }
 
 impl<E: Endpoint> Deref for ConnectionGuard<'_, E> {
@@ -641,7 +880,8 @@ impl<E: Endpoint> DerefMut for ConnectionGuard<'_, E> {
 impl<E: Endpoint> Drop for ConnectionGuard<'_, E> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        self.signal.wake();
+        self.entry.signal.wake();
+        self.entry.doorway.queue();
     }
 }
 

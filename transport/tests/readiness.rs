@@ -1,0 +1,314 @@
+//! Waiting without spinning: endpoints that wake a parked side (`Endpoint::arm`), the
+//! blocking calls' deadlines, and `ConnectionTable::wait_ready` over many connections,
+//! on the loopback and shared-memory providers.
+//!
+//! Every wait here has a generous bound (seconds) so that a lost wake fails the test
+//! instead of hanging it; no test measures how long anything took.
+
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::task::{Wake, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use tierbuf_pool::{MemoryBudget, SlotPool};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionTable, SendError,
+};
+use tierbuf_transport::{
+    Armed, BufferRef, Completion, Endpoint, LoopbackProvider, Provider, Readiness, ShmProvider,
+};
+
+/// Long enough that only a lost wake runs into it.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// A provider whose endpoints come in connected pairs.
+trait PairProvider: Provider<Endpoint: 'static> {
+    fn make() -> Self;
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
+}
+
+impl PairProvider for LoopbackProvider {
+    fn make() -> Self {
+        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+impl PairProvider for ShmProvider {
+    fn make() -> Self {
+        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+/// A waker that reports its wakes on a channel.
+struct ChannelWake(mpsc::SyncSender<()>);
+
+impl Wake for ChannelWake {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.try_send(());
+    }
+}
+
+/// A waker and the channel its wakes arrive on.
+fn channel_waker() -> (Waker, mpsc::Receiver<()>) {
+    let (sender, receiver) = mpsc::sync_channel(16);
+    (Waker::from(Arc::new(ChannelWake(sender))), receiver)
+}
+
+/// Whether `fd` turns readable (or hangs up) within `bound`.
+fn fd_fires(fd: BorrowedFd<'_>, bound: Duration) -> bool {
+    let mut fds = [PollFd::from_borrowed_fd(
+        fd,
+        PollFlags::IN | PollFlags::RDHUP,
+    )];
+    let timeout = Timespec::try_from(bound).unwrap();
+    rustix::event::poll(&mut fds, Some(&timeout)).unwrap() > 0
+}
+
+/// Waits for the wake of an endpoint armed with `wakes`' waker: through its descriptor
+/// or its waker, whichever its readiness names. Whether it came within `bound`.
+fn woken<E: Endpoint>(endpoint: &E, wakes: &mpsc::Receiver<()>, bound: Duration) -> bool {
+    match endpoint.readiness() {
+        Readiness::Fd(fd) => fd_fires(fd, bound),
+        Readiness::Waker => wakes.recv_timeout(bound).is_ok(),
+        other => panic!("{other:?}: these providers wake"),
+    }
+}
+
+fn an_armed_endpoint_is_woken_by_a_delivery_from_another_thread<P: PairProvider>() {
+    let provider = P::make();
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 2).unwrap();
+    let (mut sender, mut receiver) = provider.connect_pair(4);
+    let inbox = pool.try_acquire_owned().unwrap();
+    let mut message = pool.try_acquire_owned().unwrap();
+    message.fill(0x42);
+    // SAFETY: the inbox is read only after its completion is polled.
+    unsafe { receiver.post_recv(BufferRef::from(&inbox), 1).unwrap() };
+    let (waker, wakes) = channel_waker();
+    assert_eq!(receiver.arm(&waker), Armed::Parked, "nothing has come yet");
+    let send = BufferRef::from(&message);
+    let sending = thread::spawn(move || {
+        // SAFETY: the message is left alone until the join below, after its completion.
+        unsafe { sender.post_send(&[send], 2).unwrap() };
+        let mut completions = [Completion::default(); 1];
+        while sender.poll(&mut completions).unwrap() == 0 {
+            thread::yield_now();
+        }
+        sender
+    });
+    assert!(
+        woken(&receiver, &wakes, BOUND),
+        "the delivery did not wake the receiver"
+    );
+    receiver.disarm();
+    let mut completions = [Completion::default(); 1];
+    let deadline = Instant::now() + BOUND;
+    while receiver.poll(&mut completions).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "woken, but no completion came");
+        thread::yield_now();
+    }
+    assert_eq!((completions[0].wr_id, completions[0].byte_len), (1, 4096));
+    assert!(inbox.iter().all(|&byte| byte == 0x42));
+    drop(sending.join().unwrap());
+}
+
+fn arming_with_a_delivery_waiting_is_pending<P: PairProvider>() {
+    let provider = P::make();
+    let pool = SlotPool::new(&*provider.registrar(), 64, 2).unwrap();
+    let (mut sender, mut receiver) = provider.connect_pair(4);
+    let (inbox, message) = (
+        pool.try_acquire_owned().unwrap(),
+        pool.try_acquire_owned().unwrap(),
+    );
+    // SAFETY: neither slot is touched until both endpoints are dropped.
+    unsafe {
+        receiver.post_recv(BufferRef::from(&inbox), 1).unwrap();
+        sender.post_send(&[BufferRef::from(&message)], 2).unwrap();
+    }
+    let mut completions = [Completion::default(); 1];
+    sender.poll(&mut completions).unwrap();
+    let (waker, _wakes) = channel_waker();
+    assert_eq!(
+        receiver.arm(&waker),
+        Armed::Pending,
+        "a delivery is waiting"
+    );
+    receiver.disarm();
+    assert_eq!(receiver.poll(&mut completions).unwrap(), 1);
+    drop((sender, receiver));
+}
+
+fn closing_wakes_the_parked_peer<P: PairProvider>() {
+    let provider = P::make();
+    let (sender, mut receiver) = provider.connect_pair(4);
+    let (waker, wakes) = channel_waker();
+    assert_eq!(receiver.arm(&waker), Armed::Parked);
+    let closing = thread::spawn(move || drop(sender));
+    assert!(
+        woken(&receiver, &wakes, BOUND),
+        "the close did not wake the peer"
+    );
+    receiver.disarm();
+    closing.join().unwrap();
+    assert_eq!(receiver.arm(&waker), Armed::Pending, "closed by the peer");
+}
+
+/// A connected pair of connections on `ladder`.
+fn connections<P: PairProvider>(
+    provider: &P,
+    ladder: &str,
+) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
+    let config =
+        Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset(ladder).unwrap())).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (a, b) = provider.connect_pair(config.queue_depth());
+    let connect = |endpoint| {
+        let core = ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap();
+        Connection::new(core, endpoint).unwrap()
+    };
+    (connect(a), connect(b))
+}
+
+fn a_deadline_passes_when_nothing_comes<P: PairProvider>() {
+    let provider = P::make();
+    let (mut a, mut b) = connections(&provider, "patent");
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(30);
+    assert!(b.recv_deadline(deadline).unwrap().is_none());
+    assert!(Instant::now() >= deadline, "returned before its deadline");
+    // `b` never reads: `a` sends until the credits run out, then its deadline passes.
+    let deadline = Instant::now() + Duration::from_millis(30);
+    let mut sent = 0;
+    let error = loop {
+        match a.send_deadline(&[7; 100], deadline) {
+            Ok(()) => sent += 1,
+            Err(error) => break error,
+        }
+        assert!(sent < 10_000, "the peer's credits never ran out");
+    };
+    assert!(matches!(error, SendError::TimedOut(_)), "{error:?}");
+    assert!(!a.flush_deadline(Instant::now()).unwrap() || sent > 0);
+    for _ in 0..sent {
+        let message = b.recv_deadline(Instant::now() + BOUND).unwrap();
+        assert_eq!(message.expect("every message sent arrives").len(), 100);
+    }
+    assert!(a.flush_deadline(Instant::now() + BOUND).unwrap());
+}
+
+fn a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing<P: PairProvider>() {
+    let provider = P::make();
+    let (mut a, mut b) = connections(&provider, "patent");
+    let receiving = thread::spawn(move || {
+        let first = b.recv().expect("the message");
+        assert_eq!(&first[..], b"wake up");
+        drop(first);
+        let error = b.recv().expect_err("the peer closes");
+        assert!(matches!(*error, ConnectionError::PeerClosed), "{error:?}");
+    });
+    // The receiver is most likely parked by now; it must wake either way.
+    thread::sleep(Duration::from_millis(20));
+    a.send(b"wake up").unwrap();
+    a.flush().unwrap();
+    thread::sleep(Duration::from_millis(20));
+    drop(a);
+    receiving.join().unwrap();
+}
+
+/// A table of `idle + 1` served connections, of which the client of the last one sends;
+/// `wait_ready` hands out that one only, and times out while nothing is sent.
+fn wait_ready_hands_out_the_busy_connection_only<P: PairProvider>(idle: usize) {
+    let provider = P::make();
+    let table = ConnectionTable::new();
+    let mut clients = Vec::new();
+    let mut busy_id = None;
+    for _ in 0..=idle {
+        let (client, served) = connections(&provider, "patent");
+        clients.push(client);
+        busy_id = Some(table.insert(served).id());
+    }
+    let busy_id = busy_id.unwrap();
+    let mut ready = Vec::new();
+    // The first waits find the fresh connections' own start-up work; then quiet.
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let found = table
+            .wait_ready(&mut ready, Duration::from_millis(20))
+            .unwrap();
+        if found == 0 {
+            break;
+        }
+        for connection in &ready {
+            assert!(connection.lock().unwrap().try_recv().unwrap().is_none());
+        }
+        assert!(Instant::now() < deadline, "the idle table never went quiet");
+    }
+    let mut client = clients.pop().unwrap();
+    let sending = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(20));
+        for round in 0..50u8 {
+            client.send(&[round; 64]).unwrap();
+        }
+        client.flush().unwrap();
+        client
+    });
+    let mut received = 0u8;
+    let deadline = Instant::now() + BOUND;
+    while received < 50 {
+        assert!(Instant::now() < deadline, "messages lost: {received} of 50");
+        table.wait_ready(&mut ready, BOUND).unwrap();
+        for connection in &ready {
+            let mut connection = connection.lock().unwrap();
+            while let Some(message) = connection.try_recv().unwrap() {
+                assert_eq!(message[..], [received; 64]);
+                received += 1;
+            }
+        }
+        assert!(
+            ready.iter().all(|connection| connection.id() == busy_id),
+            "an idle connection was handed out"
+        );
+    }
+    drop(sending.join().unwrap());
+    drop(clients);
+}
+
+macro_rules! on_each_provider {
+    ($($test:ident $(($arg:expr))?),* $(,)?) => {
+        mod loopback {
+            use super::*;
+            $(#[test] fn $test() { super::$test::<LoopbackProvider>($($arg)?); })*
+        }
+        mod shm {
+            use super::*;
+            $(#[test] fn $test() { super::$test::<ShmProvider>($($arg)?); })*
+        }
+    };
+}
+
+on_each_provider!(
+    an_armed_endpoint_is_woken_by_a_delivery_from_another_thread,
+    arming_with_a_delivery_waiting_is_pending,
+    closing_wakes_the_parked_peer,
+    a_deadline_passes_when_nothing_comes,
+    a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing,
+    wait_ready_hands_out_the_busy_connection_only(300),
+);
