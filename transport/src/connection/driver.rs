@@ -407,13 +407,8 @@ impl<E: Endpoint> Connection<E> {
     fn send_until(&mut self, message: &[u8], deadline: Option<Instant>) -> Result<(), SendError> {
         let mut waiter = Waiter::new(deadline);
         let mut offset = 0;
-        let copies = self.endpoint.caller_copies();
         loop {
-            let rest = &message[offset..];
-            let now = self.clock_for(rest.len());
-            let accepted = self.core.try_send_copied(now, rest, copies);
-            self.post_work_from(rest);
-            match self.posted(accepted) {
+            match self.try_send_some(&message[offset..]) {
                 Ok(accepted) => {
                     offset += accepted;
                     if offset == message.len() {
@@ -432,16 +427,51 @@ impl<E: Endpoint> Connection<E> {
         }
     }
 
+    /// Offers a message without blocking, as one step of [`Connection::send`]: returns
+    /// how many of its leading bytes were posted (through promotion or segments, copied
+    /// as `send` copies them). Unless that is all of them, call it again with the rest of
+    /// the same message, and nothing else, until it is: a segmented message is on its
+    /// way, and the peer waits for its rest. This is the step an event loop or an async
+    /// task makes between its waits.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::try_send`]; [`SendError::NotTheRest`] for bytes that are not the
+    /// rest of a message begun.
+    pub fn try_send_some(&mut self, rest: &[u8]) -> Result<usize, SendError> {
+        let copies = self.endpoint.caller_copies();
+        let now = self.clock_for(rest.len());
+        let accepted = self.core.try_send_copied(now, rest, copies);
+        self.post_work_from(rest);
+        self.posted(accepted)
+    }
+
     /// The error of a send whose deadline passed with `sent` bytes of its `len` posted
-    /// ([`Connection::send_deadline`]).
+    /// ([`Connection::send_deadline`]): a message the core took on and posted nothing of
+    /// is withdrawn; one begun fails the connection.
     fn abandon(&mut self, reason: WouldBlock, sent: usize, len: usize) -> SendError {
-        if sent == 0 {
-            return SendError::TimedOut(reason);
+        match self.abandon_message(len) {
+            None => SendError::TimedOut(reason),
+            Some(error) => {
+                debug_assert!(sent > 0);
+                SendError::Failed(error)
+            }
         }
-        self.core
-            .fail(ConnectionError::AbandonedMidMessage { sent, len });
-        let failure = self.core.failure().expect("just failed");
-        SendError::Failed(Arc::clone(failure))
+    }
+
+    /// Gives up a message of `len` bytes offered by [`Connection::try_send_some`] and not
+    /// all taken: withdrawn if none of it was posted (`None`); otherwise the connection
+    /// fails with [`ConnectionError::AbandonedMidMessage`], returned, since the peer
+    /// would wait for the rest for ever.
+    pub(crate) fn abandon_message(&mut self, len: usize) -> Option<Arc<ConnectionError>> {
+        match self.core.withdraw_unsent() {
+            None | Some(0) => None,
+            Some(sent) => {
+                self.core
+                    .fail(ConnectionError::AbandonedMidMessage { sent, len });
+                self.core.failure().map(Arc::clone)
+            }
+        }
     }
 
     /// Reserves a registered send buffer for a message of `len` bytes that the caller
@@ -642,13 +672,18 @@ impl<E: Endpoint> Connection<E> {
         deadline: Option<Instant>,
     ) -> Result<Result<(), Expired>, Arc<ConnectionError>> {
         let mut waiter = Waiter::new(deadline);
-        while !(self.core.is_idle() && self.unposted.is_empty()) {
+        while !self.is_flushed() {
             self.progress()?;
             if let Err(expired) = self.wait(&mut waiter) {
                 return Ok(Err(expired));
             }
         }
         Ok(Ok(()))
+    }
+
+    /// Whether everything accepted has been posted and every send has completed.
+    pub(super) fn is_flushed(&self) -> bool {
+        self.core.is_idle() && self.unposted.is_empty()
     }
 
     /// Whether a delivered message waits to be taken.

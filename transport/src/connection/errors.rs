@@ -105,6 +105,11 @@ pub enum ConnectionError {
     /// side's calls report it.
     #[error("the peer closed the connection")]
     PeerClosed,
+    /// A message given to an [`AsyncConnection`](super::AsyncConnection)'s sink could not
+    /// be sent for its own sake (too long, say); the sink reports it as its error.
+    #[cfg(feature = "tokio")]
+    #[error("the sink could not send a message")]
+    SinkRefused(#[source] SendError),
     /// A send's deadline passed after part of its message had been posted
     /// ([`Connection::send_deadline`](super::Connection::send_deadline)): the peer took
     /// no more of it in time, and a message cannot be taken back, so the connection
@@ -196,6 +201,8 @@ impl ConnectionError {
             | ConnectionError::QueueTooShallow { .. }
             | ConnectionError::UnknownWorkRequest { .. }
             | ConnectionError::Closed => Fault::Caller,
+            #[cfg(feature = "tokio")]
+            ConnectionError::SinkRefused(_) => Fault::Caller,
             ConnectionError::Register(_)
             | ConnectionError::Provider(_)
             | ConnectionError::Post(_)

@@ -19,8 +19,12 @@ mod reserve;
 mod returns;
 mod send;
 mod table;
+#[cfg(all(feature = "tokio", not(loom)))]
+mod tokio;
 mod wait;
 
+#[cfg(all(feature = "tokio", not(loom)))]
+pub use self::tokio::AsyncConnection;
 pub use config::ConnectionConfig;
 pub use core::{ConnectionCore, ConnectionStats, CopiedFrame, WorkRequest};
 pub use driver::{Connection, SendBuffer};

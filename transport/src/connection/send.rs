@@ -223,6 +223,25 @@ impl ConnectionCore {
         Ok(accepted)
     }
 
+    /// Bytes posted of a message offered by [`ConnectionCore::try_send_borrowed`] whose
+    /// rest the caller still owes, if there is one. One with none posted yet is dropped
+    /// (nothing of it is on the wire): `Some(0)` then, and the send order is free again.
+    pub(crate) fn withdraw_unsent(&mut self) -> Option<usize> {
+        match &self.outbox {
+            Some(Outbox {
+                message: OutboxBytes::Borrowed(_),
+                sent,
+            }) => {
+                let sent = *sent;
+                if sent == 0 {
+                    self.outbox = None;
+                }
+                Some(sent)
+            }
+            _ => None,
+        }
+    }
+
     pub(super) fn check_failed(&self) -> Result<(), SendError> {
         match &self.failed {
             Some(error) => Err(SendError::Failed(Arc::clone(error))),

@@ -1,0 +1,373 @@
+//! [`AsyncConnection`]: a [`Connection`] for tokio tasks (feature `tokio`), woken by its
+//! endpoint rather than polled: an idle connection costs its task nothing.
+//!
+//! # Invariants
+//!
+//! - A task is left pending only after [`Endpoint::arm`] said [`Armed::Parked`] and the
+//!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
+//!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
+//!   providers), and the connection's next timer as a tokio sleep. The next poll disarms
+//!   before anything else, so every arm is followed by a disarm.
+//! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
+//!   not at all, as far as the peer can tell: a send future dropped after part of its
+//!   message was posted fails the connection
+//!   ([`ConnectionError::AbandonedMidMessage`]), and one dropped before withdraws it.
+
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use futures_core::Stream;
+use futures_sink::Sink;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::time::Sleep;
+
+use super::driver::Connection;
+use super::errors::{ConnectionError, SendError};
+use super::receive::Message;
+use crate::provider::{Armed, Endpoint, Readiness};
+
+/// A [`Connection`] driven by a tokio runtime (IO and time enabled): `send(..).await`,
+/// `recv().await`, a [`Stream`] of the messages it receives and a [`Sink`] of messages
+/// to send.
+///
+/// ```
+/// use futures_util::{SinkExt, StreamExt};
+/// # use std::sync::Arc;
+/// # use std::time::Instant;
+/// # use tierbuf_pool::MemoryBudget;
+/// # use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+/// # use tierbuf_transport::connection::{AsyncConnection, Connection, ConnectionConfig, ConnectionCore};
+/// # use tierbuf_transport::{ShmProvider, Provider};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+/// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
+/// # let connect = |endpoint| {
+/// #     let core = ConnectionCore::new(
+/// #         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+/// #     )?;
+/// #     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+/// # };
+/// let mut client = AsyncConnection::new(connect(a)?)?;
+/// let mut server = AsyncConnection::new(connect(b)?)?;
+/// let echo = tokio::spawn(async move {
+///     while let Some(request) = server.next().await {
+///         let reply = request?.to_vec();
+///         server.send(&reply).await?;
+///     }
+///     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+/// });
+/// client.send(b"ping").await?;
+/// assert_eq!(&client.recv().await?[..], b"ping");
+/// client.feed(b"pong".to_vec()).await?;
+/// client.flush().await?;
+/// assert_eq!(&client.next().await.expect("a reply")?[..], b"pong");
+/// drop(client);
+/// echo.await?.map_err(|error| error.to_string())?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct AsyncConnection<E: Endpoint> {
+    connection: Connection<E>,
+    /// A duplicate of the endpoint's wake descriptor in tokio's reactor, if it has one.
+    descriptor: Option<AsyncFd<OwnedFd>>,
+    /// Whether the endpoint was armed by the last poll.
+    armed: bool,
+    /// The connection's next timer, as a tokio sleep.
+    timer: Option<(Instant, Pin<Box<Sleep>>)>,
+    /// The rest of the message the sink took and has not posted all of.
+    sinking: Option<Vec<u8>>,
+}
+
+impl<E: Endpoint> AsyncConnection<E> {
+    /// Drives `connection` from tokio tasks.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's, when the endpoint's descriptor cannot be duplicated or
+    /// registered (its limit of open files).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime with IO enabled, as tokio's `AsyncFd` does.
+    pub fn new(connection: Connection<E>) -> io::Result<AsyncConnection<E>> {
+        let descriptor = match connection.endpoint().readiness() {
+            Readiness::Fd(fd) => {
+                let duplicate = rustix::io::fcntl_dupfd_cloexec(fd, 0)?;
+                // SAFETY: `duplicate` is an open descriptor owned by the `AsyncFd` for its
+                // whole life: nothing else can close or replace it, and `OwnedFd`'s
+                // `as_raw_fd` always returns it.
+                let registered =
+                    unsafe { AsyncFd::register_with_interest(duplicate, Interest::READABLE) };
+                Some(registered.map_err(|error| error.into_parts().1)?)
+            }
+            _ => None,
+        };
+        Ok(AsyncConnection {
+            connection,
+            descriptor,
+            armed: false,
+            timer: None,
+            sinking: None,
+        })
+    }
+
+    /// The connection, for its stats and non-blocking calls.
+    pub fn get_mut(&mut self) -> &mut Connection<E> {
+        &mut self.connection
+    }
+
+    /// The connection back, leaving tokio.
+    pub fn into_inner(mut self) -> Connection<E> {
+        self.disarm();
+        self.connection
+    }
+
+    /// Sends `message` whole (segmented or through a promotion if it needs one), waiting
+    /// for credits and tiers without blocking the thread.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send`]. Dropping the future after part of the message was posted
+    /// fails the connection (module invariants).
+    pub async fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        let mut sending = Sending {
+            connection: self,
+            len: message.len(),
+            offset: 0,
+        };
+        poll_fn(|cx| sending.poll_step(cx, message)).await
+    }
+
+    /// The next message.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::recv`]: the connection's failure, after every message delivered
+    /// before it.
+    pub async fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// Waits until everything taken has been posted and every send has completed.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::flush`].
+    pub async fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
+        poll_fn(|cx| self.poll_flushed(cx)).await
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Arc<ConnectionError>>> {
+        loop {
+            self.disarm();
+            if let Some(message) = self.connection.try_recv()? {
+                return Poll::Ready(Ok(message));
+            }
+            ready!(self.poll_event(cx));
+        }
+    }
+
+    fn poll_flushed(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Arc<ConnectionError>>> {
+        loop {
+            self.disarm();
+            if let Some(rest) = self.sinking.take() {
+                match self.connection.try_send_some(&rest) {
+                    Ok(taken) if taken == rest.len() => {}
+                    Ok(taken) => self.sinking = Some(rest[taken..].to_vec()),
+                    Err(SendError::WouldBlock(_)) => self.sinking = Some(rest),
+                    Err(error) => return Poll::Ready(Err(failure_of(error))),
+                }
+            }
+            if self.sinking.is_none() {
+                self.connection.progress()?;
+                if self.connection.is_flushed() {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            ready!(self.poll_event(cx));
+        }
+    }
+
+    /// Waits for the next event of the connection: `Ready` when there may be work (a wake
+    /// came, a timer fell due, or arming found work pending, in which case the task is
+    /// woken again at once and yields first); `Pending` when armed (module invariants).
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        // Progress that did anything (a credit came back, say) may be what the caller
+        // waits for; a failure is reported by its next call.
+        if !matches!(self.connection.progress_counted(), Ok(0)) {
+            return Poll::Ready(());
+        }
+        if self.poll_timer(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        let polling = matches!(self.connection.endpoint().readiness(), Readiness::Polling);
+        if polling || self.connection.arm(cx.waker()) == Armed::Pending {
+            self.connection.disarm();
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.armed = true;
+        let Some(descriptor) = &self.descriptor else {
+            return Poll::Pending;
+        };
+        match descriptor.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut guard)) => {
+                guard.clear_ready();
+                Poll::Ready(())
+            }
+            // The reactor failed: poll again, at once, rather than sleep for ever.
+            Poll::Ready(Err(_)) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Polls a sleep until the connection's next timer; `Ready` once it is due.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(at) = self.connection.next_timer() else {
+            self.timer = None;
+            return Poll::Pending;
+        };
+        let sleep = match &mut self.timer {
+            Some((kept, sleep)) if *kept == at => sleep,
+            slot => {
+                let sleep = Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(at)));
+                &mut slot.insert((at, sleep)).1
+            }
+        };
+        ready!(sleep.as_mut().poll(cx));
+        self.timer = None;
+        Poll::Ready(())
+    }
+
+    fn disarm(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            self.connection.disarm();
+        }
+    }
+}
+
+/// A send in progress ([`AsyncConnection::send`]): gives its message up when dropped
+/// unfinished.
+struct Sending<'a, E: Endpoint> {
+    connection: &'a mut AsyncConnection<E>,
+    len: usize,
+    offset: usize,
+}
+
+impl<E: Endpoint> Sending<'_, E> {
+    fn poll_step(&mut self, cx: &mut Context<'_>, message: &[u8]) -> Poll<Result<(), SendError>> {
+        loop {
+            self.connection.disarm();
+            match self
+                .connection
+                .connection
+                .try_send_some(&message[self.offset..])
+            {
+                Ok(taken) => {
+                    self.offset += taken;
+                    if self.offset == self.len {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Err(SendError::WouldBlock(_)) => ready!(self.connection.poll_event(cx)),
+                Err(error) => {
+                    self.offset = self.len;
+                    return Poll::Ready(Err(error));
+                }
+            }
+        }
+    }
+}
+
+impl<E: Endpoint> Drop for Sending<'_, E> {
+    fn drop(&mut self) {
+        if self.offset < self.len {
+            // Withdrawn, or the connection fails: either way nothing is left half-sent.
+            let _failure = self.connection.connection.abandon_message(self.len);
+        }
+    }
+}
+
+/// The connection's failure behind a send's error; a send refused for its own sake
+/// (too long, say) counts as the connection's misuse.
+fn failure_of(error: SendError) -> Arc<ConnectionError> {
+    match error {
+        SendError::Failed(failure) => failure,
+        other => Arc::new(ConnectionError::SinkRefused(other)),
+    }
+}
+
+/// The messages the connection receives, in order; the stream ends when the peer
+/// closes, and yields the connection's failure, if any, once.
+impl<E: Endpoint + Unpin> Stream for AsyncConnection<E> {
+    type Item = Result<Message, Arc<ConnectionError>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match ready!(this.poll_recv(cx)) {
+            Ok(message) => Poll::Ready(Some(Ok(message))),
+            Err(error) if matches!(*error, ConnectionError::PeerClosed) => Poll::Ready(None),
+            Err(error) => Poll::Ready(Some(Err(error))),
+        }
+    }
+}
+
+/// Messages to send, each taken whole: `start_send` posts what it can at once and keeps
+/// only the rest (a copy), which `poll_ready` and `poll_flush` post before anything else.
+impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
+    type Error = Arc<ConnectionError>;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        let this = self.get_mut();
+        loop {
+            this.disarm();
+            let Some(rest) = this.sinking.take() else {
+                return Poll::Ready(Ok(()));
+            };
+            match this.connection.try_send_some(&rest) {
+                Ok(taken) if taken == rest.len() => {}
+                Ok(taken) => this.sinking = Some(rest[taken..].to_vec()),
+                Err(SendError::WouldBlock(_)) => {
+                    this.sinking = Some(rest);
+                    ready!(this.poll_event(cx));
+                }
+                Err(error) => return Poll::Ready(Err(failure_of(error))),
+            }
+        }
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
+        let this = self.get_mut();
+        let message = item.as_ref();
+        debug_assert!(this.sinking.is_none(), "start_send without poll_ready");
+        match this.connection.try_send_some(message) {
+            Ok(taken) if taken == message.len() => {}
+            Ok(taken) => this.sinking = Some(message[taken..].to_vec()),
+            // Not taken, or taken on with nothing posted: offered whole again either way.
+            Err(SendError::WouldBlock(_)) => this.sinking = Some(message.to_vec()),
+            Err(error) => return Err(failure_of(error)),
+        }
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut().poll_flushed(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut().poll_flushed(cx)
+    }
+}

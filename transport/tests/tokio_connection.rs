@@ -1,0 +1,222 @@
+//! `AsyncConnection` (feature `tokio`) over loopback and shared memory: messages of every
+//! size both ways, the `Stream` and `Sink`, many connections at once, and a send future
+//! dropped halfway.
+#![cfg(feature = "tokio")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    AsyncConnection, Connection, ConnectionConfig, ConnectionCore, ConnectionError, SendError,
+};
+use tierbuf_transport::{LoopbackProvider, Provider, ShmProvider};
+
+/// Long enough that only a lost wake runs into it.
+const BOUND: Duration = Duration::from_secs(60);
+
+trait PairProvider: Provider<Endpoint: 'static + Unpin> {
+    fn make() -> Self;
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
+}
+
+impl PairProvider for LoopbackProvider {
+    fn make() -> Self {
+        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+impl PairProvider for ShmProvider {
+    fn make() -> Self {
+        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+fn pair<P: PairProvider>(
+    provider: &P,
+    ladder: &str,
+) -> (AsyncConnection<P::Endpoint>, AsyncConnection<P::Endpoint>) {
+    let config =
+        Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset(ladder).unwrap())).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (a, b) = provider.connect_pair(config.queue_depth());
+    let connect = |endpoint| {
+        let core = ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap();
+        AsyncConnection::new(Connection::new(core, endpoint).unwrap()).unwrap()
+    };
+    (connect(a), connect(b))
+}
+
+/// Message `index`'s bytes: its length cycles through small, tier-sized and segmented.
+fn message(index: usize) -> Vec<u8> {
+    const LENGTHS: [usize; 6] = [0, 1, 64, 3000, 70_000, 300_000];
+    patterned(index, LENGTHS[index % LENGTHS.len()])
+}
+
+/// An RPC's message `index`: mostly small, one in sixteen of 70 KB.
+fn request(index: usize) -> Vec<u8> {
+    const LENGTHS: [usize; 4] = [0, 1, 64, 3000];
+    let len = if index % 16 == 15 {
+        70_000
+    } else {
+        LENGTHS[index % LENGTHS.len()]
+    };
+    patterned(index, len)
+}
+
+fn patterned(index: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|at| (at * 31 + index) as u8).collect()
+}
+
+async fn every_size_echoes_back<P: PairProvider>() {
+    let provider = P::make();
+    let (mut client, mut server) = pair(&provider, "storage");
+    let echo = tokio::spawn(async move {
+        while let Some(request) = server.next().await {
+            let request = request.unwrap().to_vec();
+            server.send(&request).await.unwrap();
+        }
+    });
+    for index in 0..60 {
+        let sent = message(index);
+        client.send(&sent).await.unwrap();
+        let reply = client.recv().await.unwrap();
+        assert!(reply[..] == sent[..], "message {index} came back changed");
+    }
+    drop(client);
+    echo.await.unwrap();
+}
+
+async fn the_sink_keeps_several_in_flight_and_the_stream_ends_at_close<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "storage");
+    let sending = tokio::spawn(async move {
+        for index in 0..120 {
+            sender.feed(message(index)).await.unwrap();
+        }
+        sender.flush().await.unwrap();
+        SinkExt::<Vec<u8>>::close(&mut sender).await.unwrap();
+    });
+    let mut index = 0;
+    while let Some(received) = receiver.next().await {
+        assert!(
+            received.unwrap()[..] == message(index)[..],
+            "message {index}"
+        );
+        index += 1;
+    }
+    assert_eq!(index, 120, "every message before the end of the stream");
+    sending.await.unwrap();
+}
+
+async fn many_connections_at_once<P: PairProvider>() {
+    let provider = P::make();
+    let mut tasks = Vec::new();
+    for connection in 0..64 {
+        let (mut client, mut server) = pair(&provider, "patent");
+        tasks.push(tokio::spawn(async move {
+            while let Some(request) = server.next().await {
+                let request = request.unwrap().to_vec();
+                server.feed(request).await.unwrap();
+                server.flush().await.unwrap();
+            }
+        }));
+        tasks.push(tokio::spawn(async move {
+            for round in 0..10 {
+                // Four requests in flight, then their replies.
+                for in_flight in 0..4 {
+                    client
+                        .feed(request(connection + round * 4 + in_flight))
+                        .await
+                        .unwrap();
+                }
+                client.flush().await.unwrap();
+                for in_flight in 0..4 {
+                    let reply = client.next().await.unwrap().unwrap();
+                    assert!(reply[..] == request(connection + round * 4 + in_flight)[..]);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+async fn a_send_dropped_halfway_fails_the_connection<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, receiver) = pair(&provider, "patent");
+    // The receiver never reads: a segmented message stops when its credits run out.
+    let big = vec![9u8; 4 << 20];
+    let outcome = tokio::time::timeout(Duration::from_millis(50), sender.send(&big)).await;
+    assert!(
+        outcome.is_err(),
+        "the peer reads nothing, so the send cannot finish"
+    );
+    let error = sender.send(b"next").await.unwrap_err();
+    let SendError::Failed(failure) = error else {
+        panic!("{error:?}");
+    };
+    assert!(
+        matches!(*failure, ConnectionError::AbandonedMidMessage { len, .. } if len == big.len()),
+        "{failure:?}"
+    );
+    drop(receiver);
+}
+
+macro_rules! on_each_provider {
+    ($($test:ident),* $(,)?) => {
+        mod loopback {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                tokio::time::timeout(BOUND, super::$test::<LoopbackProvider>()).await.unwrap();
+            })*
+        }
+        mod shm {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                tokio::time::timeout(BOUND, super::$test::<ShmProvider>()).await.unwrap();
+            })*
+        }
+    };
+}
+
+on_each_provider!(
+    every_size_echoes_back,
+    the_sink_keeps_several_in_flight_and_the_stream_ends_at_close,
+    many_connections_at_once,
+    a_send_dropped_halfway_fails_the_connection,
+);
+
+#[test]
+fn a_current_thread_runtime_serves_both_sides() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        tokio::time::timeout(BOUND, every_size_echoes_back::<ShmProvider>())
+            .await
+            .unwrap();
+    });
+}
