@@ -91,3 +91,64 @@ pub fn returned_slots_across_threads() {
     drop((sender, receiver));
     assert_eq!(budget.in_use(), 0, "every registered byte back");
 }
+
+/// A sender on another thread takes a send slot through the send region's lock-free
+/// cache while the connection's thread swaps the region's tier, writes its message into
+/// the slot and queues it; the connection's thread parks on the queue and looks. Whatever
+/// the interleaving: if the connection's thread found nothing queued after parking, the
+/// sender's push woke it; the slot it pops holds the sender's message, on whichever tier;
+/// and the tier the sender took it from is not reclaimed while the slot is queued.
+pub fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
+    use std::task::{Wake, Waker};
+
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use tierbuf_tiers::{TierIndex, TieredRegion};
+    use tierbuf_transport::connection::senders::SendQueue;
+
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    let budget = MemoryBudget::with_cap(1 << 20);
+    let provider = LoopbackProvider::new(budget.clone());
+    let ladder = TierLadder::builder()
+        .tier(64, 2, 48)
+        .tier(128, 2, 112)
+        .build()
+        .expect("a valid ladder");
+    let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::new(ladder)));
+    let region = TieredRegion::new(reservoir).expect("the first tier");
+    let queue = loom::sync::Arc::new(SendQueue::new(2));
+    let sender = {
+        let queue = loom::sync::Arc::clone(&queue);
+        let mut slots = region.owned_cache();
+        thread::spawn(move || {
+            let mut slot = slots.try_acquire().expect("a free slot");
+            slot[..4].copy_from_slice(b"sent");
+            assert!(queue.push(slot).is_ok(), "room in the queue");
+        })
+    };
+    let mut change = region.begin_change(TierIndex::new(1)).expect("a change");
+    change.provision().expect("the new tier");
+    change.install(false).expect("installed");
+    let flag = std::sync::Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(std::sync::Arc::clone(&flag));
+    let parked = queue.arm(&waker) == tierbuf_transport::Armed::Parked;
+    let found = queue.pop();
+    sender.join().unwrap();
+    if parked && found.is_none() {
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "the connection's thread parked, found nothing, and the sender did not wake it"
+        );
+    }
+    queue.disarm();
+    let slot = found.or_else(|| queue.pop()).expect("the queued slot");
+    region.reclaim();
+    assert_eq!(&slot[..4], b"sent", "the slot holds the sender's message");
+    drop(slot);
+    region.reclaim();
+}

@@ -8,3 +8,10 @@ use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
 fn connection_returned_slots_across_threads() {
     loom::model(returned_slots_across_threads);
 }
+
+#[test]
+fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
+    loom::model(
+        tierbuf_loom_tests::connection_models::a_sender_queues_a_filled_slot_across_a_tier_swap,
+    );
+}

@@ -104,3 +104,12 @@ fn shm_wake_looked_at_before_publish_is_caught() {
     );
     assert!(message.contains("did not wake it"), "{message}");
 }
+
+#[test]
+fn send_queue_wake_before_push_is_caught() {
+    let message = expect_caught(
+        Bug::SendQueueWakeBeforePush,
+        tierbuf_loom_tests::connection_models::a_sender_queues_a_filled_slot_across_a_tier_swap,
+    );
+    assert!(message.contains("did not wake it"), "{message}");
+}

@@ -76,6 +76,10 @@ pub mod planted {
         /// it, so a receiver that parks in between sleeps through the delivery
         /// (`tierbuf-transport`).
         ShmWakeLookedAtBeforePublish = 11,
+        /// A connection's sender looks at whether the connection's thread parked before
+        /// it queues its message instead of after, so a thread that parks in between
+        /// sleeps with the message queued (`tierbuf-transport`).
+        SendQueueWakeBeforePush = 12,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -660,6 +660,12 @@ impl TierController {
         }
     }
 
+    /// A view of the send region for another thread, taking send buffers of the tier in
+    /// force without the controller ([`OwnedTierCache::try_acquire`]).
+    pub fn send_cache(&self) -> OwnedTierCache {
+        self.send_cache.clone()
+    }
+
     /// A send buffer of the send region's tier in force, or `None` when all are held.
     #[inline]
     pub fn send_slot(&mut self) -> Option<OwnedTierSlot> {

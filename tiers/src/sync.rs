@@ -56,6 +56,7 @@ mod swap {
     }
 
     /// The handle a cache reaches its cell through, seen as the `ArcSwap` inside it.
+    #[derive(Clone)]
     pub(crate) struct Reach<C>(C);
 
     impl<T, C: Deref<Target = SwapCell<T>>> Deref for Reach<C> {
@@ -67,8 +68,14 @@ mod swap {
     }
 
     /// One thread's cached reference to a [`SwapCell`]'s value, reaching the cell through
-    /// `C`.
+    /// `C`. A clone is another such reference, for another thread.
     pub(crate) struct SwapCache<C, T>(Cache<Reach<C>, Arc<T>>);
+
+    impl<C: Clone, T> Clone for SwapCache<C, T> {
+        fn clone(&self) -> SwapCache<C, T> {
+            SwapCache(self.0.clone())
+        }
+    }
 
     impl<T, C: Deref<Target = SwapCell<T>>> SwapCache<C, T> {
         /// The current value: one atomic read when it has not changed since the last load.
@@ -128,6 +135,16 @@ mod swap {
         cell: C,
         version: usize,
         cached: Arc<T>,
+    }
+
+    impl<C: Clone, T> Clone for SwapCache<C, T> {
+        fn clone(&self) -> SwapCache<C, T> {
+            SwapCache {
+                cell: self.cell.clone(),
+                version: self.version,
+                cached: Arc::clone(&self.cached),
+            }
+        }
     }
 
     impl<T, C: Deref<Target = SwapCell<T>>> SwapCache<C, T> {

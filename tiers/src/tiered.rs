@@ -610,6 +610,16 @@ impl OwnedTierCache {
     }
 }
 
+/// Another view of the same region, for another thread: it loads the tier in force
+/// independently.
+impl Clone for OwnedTierCache {
+    fn clone(&self) -> OwnedTierCache {
+        OwnedTierCache {
+            cache: self.cache.clone(),
+        }
+    }
+}
+
 impl fmt::Debug for OwnedTierCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OwnedTierCache").finish_non_exhaustive()

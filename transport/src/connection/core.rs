@@ -21,7 +21,9 @@
 //!   of the tier in force when taken; `spare_send_slots` holds send slots whose sends
 //!   completed, all of the send tier in force: a completed slot is kept only while its
 //!   tier is in force, and a change of send tier empties the list, so a replaced tier can
-//!   still retire.
+//!   still retire. Once the connection has [`Sender`](super::Sender)s
+//!   (`shares_send_slots`) the list stays empty: completed slots go back to their pool,
+//!   where the senders' caches find them.
 //! - `reserved` holds the send slot of a message being built in place, with its length;
 //!   the slot is neither posted nor spare, and no credit is taken for it until it is
 //!   committed. The core never writes its payload.
@@ -184,6 +186,9 @@ pub struct ConnectionCore {
     pub(super) sending: Slab<Option<OwnedTierSlot>>,
     /// Send slots of the tier in force whose sends completed (module invariants).
     pub(super) spare_send_slots: Vec<OwnedTierSlot>,
+    /// Whether senders on other threads take slots of the send region too: completed
+    /// slots then go back to their pool at once, not into `spare_send_slots`.
+    pub(super) shares_send_slots: bool,
     /// The slot and length of a message being built in place (module invariants).
     pub(super) reserved: Option<(OwnedTierSlot, usize)>,
     pub(super) work: VecDeque<WorkRequest>,
@@ -319,6 +324,7 @@ impl ConnectionCore {
             posted: Slab::new(),
             sending: Slab::new(),
             spare_send_slots: Vec::new(),
+            shares_send_slots: false,
             reserved: None,
             work: VecDeque::new(),
             delivered: VecDeque::new(),

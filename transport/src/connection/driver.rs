@@ -27,8 +27,11 @@ use std::time::Instant;
 
 use super::core::{ConnectionCore, ConnectionStats, WorkRequest};
 use super::errors::{ConnectionError, SendError, WorkKind, WouldBlock};
+use super::header::HEADER_LEN;
 use super::receive::Message;
-use super::wait::{Expired, Waiter};
+use super::reserve::FilledOutcome;
+use super::senders::{Queued, SendQueue, Sender};
+use super::wait::{Expired, Parkable, Waiter};
 use crate::error::{PostError, QueueKind};
 use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState, Opcode};
 
@@ -52,6 +55,10 @@ pub struct Connection<E: Endpoint> {
     /// The last time read from the clock, passed to the core where it does not read it
     /// ([`ConnectionCore::needs_clock`]).
     last_now: Instant,
+    /// The queue of this connection's [`Sender`]s, once it has one.
+    senders: Option<Arc<SendQueue<Queued>>>,
+    /// The oldest message its senders queued, while it cannot be posted yet, or not all.
+    sender_front: Option<Front>,
 }
 
 impl<E: Endpoint> Connection<E> {
@@ -83,6 +90,8 @@ impl<E: Endpoint> Connection<E> {
             unposted: VecDeque::new(),
             completions: [Completion::default(); POLL_BATCH],
             last_now: Instant::now(),
+            senders: None,
+            sender_front: None,
         };
         connection.progress()?;
         Ok(connection)
@@ -145,6 +154,9 @@ impl<E: Endpoint> Connection<E> {
         if taken > 0 {
             self.core.progress(now);
             done += taken + self.post_work();
+        }
+        if self.senders.is_some() {
+            done += self.post_queued(now);
         }
         match self.core.failure() {
             Some(error) => Err(Arc::clone(error)),
@@ -333,8 +345,7 @@ impl<E: Endpoint> Connection<E> {
 
     /// Waits before the next pass (module `wait`), up to the core's next timer at most.
     fn wait(&mut self, waiter: &mut Waiter) -> Result<(), Expired> {
-        let timer = self.core.poll_timeout();
-        waiter.wait(&mut self.endpoint, timer)
+        waiter.wait(self)
     }
 
     /// `accepted`, unless posting the work failed the connection: then the failure, so a
@@ -681,6 +692,81 @@ impl<E: Endpoint> Connection<E> {
         Ok(Ok(()))
     }
 
+    /// A handle that sends on this connection from another thread; see [`Sender`]. Its
+    /// messages are posted by whichever thread drives this connection, at its next
+    /// progress (a blocking call or a wait of this connection wakes for them).
+    pub fn sender(&mut self) -> Sender {
+        let limit = self.core.config.queue_depth() as usize;
+        let queue = self
+            .senders
+            .get_or_insert_with(|| Arc::new(SendQueue::new(limit)));
+        let queue = Arc::clone(queue);
+        let slots = self.core.share_send_slots();
+        let ladder = self.core.config.ladder();
+        Sender::new(queue, slots, ladder.tiers().iter().map(|t| t.slot_count()))
+    }
+
+    /// Posts what the senders queued, in order, while the core takes it; returns how
+    /// many messages were taken.
+    fn post_queued(&mut self, now: Instant) -> usize {
+        let Some(queue) = self.senders.take() else {
+            return 0;
+        };
+        let mut taken = 0;
+        loop {
+            let front = match self.sender_front.take() {
+                Some(front) => front,
+                None => match queue.pop() {
+                    Some(Queued::Filled { slot, len }) => {
+                        queue.slot_taken();
+                        Front::Filled { slot, len }
+                    }
+                    Some(Queued::Owned(bytes)) => Front::Owned { bytes, sent: 0 },
+                    None => break,
+                },
+            };
+            match front {
+                Front::Filled { slot, len } => match self.core.try_post_filled(now, slot, len) {
+                    FilledOutcome::Posted => taken += 1,
+                    FilledOutcome::Blocked(slot) => {
+                        self.sender_front = Some(Front::Filled { slot, len });
+                        break;
+                    }
+                    FilledOutcome::NotOneFrame(slot) => {
+                        let bytes = slot[HEADER_LEN..HEADER_LEN + len].to_vec();
+                        self.sender_front = Some(Front::Owned { bytes, sent: 0 });
+                    }
+                    FilledOutcome::Failed => break,
+                },
+                // Sent as `send` sends: through a promotion, or segmented while none comes.
+                Front::Owned { bytes, mut sent } => match self.try_send_some(&bytes[sent..]) {
+                    Ok(accepted) => {
+                        sent += accepted;
+                        if sent < bytes.len() {
+                            self.sender_front = Some(Front::Owned { bytes, sent });
+                            break;
+                        }
+                        taken += 1;
+                    }
+                    Err(SendError::WouldBlock(_)) => {
+                        self.sender_front = Some(Front::Owned { bytes, sent });
+                        break;
+                    }
+                    Err(_) => break,
+                },
+            }
+        }
+        if taken > 0 {
+            self.post_work();
+            queue.made_room();
+        }
+        if let Some(failure) = self.core.failure() {
+            queue.close(Arc::clone(failure));
+        }
+        self.senders = Some(queue);
+        taken
+    }
+
     /// Whether everything accepted has been posted and every send has completed.
     pub(super) fn is_flushed(&self) -> bool {
         self.core.is_idle() && self.unposted.is_empty()
@@ -697,12 +783,20 @@ impl<E: Endpoint> Connection<E> {
         if !self.unposted.is_empty() {
             return crate::provider::Armed::Pending;
         }
+        if let Some(queue) = &self.senders
+            && queue.arm(waker) == crate::provider::Armed::Pending
+        {
+            return crate::provider::Armed::Pending;
+        }
         self.endpoint.arm(waker)
     }
 
     /// Ends a wait begun with [`Connection::arm`].
     pub(super) fn disarm(&mut self) {
         self.endpoint.disarm();
+        if let Some(queue) = &self.senders {
+            queue.disarm();
+        }
     }
 
     /// When the core next needs progress without any event.
@@ -719,6 +813,18 @@ impl<E: Endpoint> Connection<E> {
     pub fn endpoint(&self) -> &E {
         &self.endpoint
     }
+}
+
+/// The oldest message a connection's senders queued, being posted.
+#[derive(Debug)]
+enum Front {
+    /// Filled in place in a send slot; posted from it as one frame.
+    Filled {
+        slot: tierbuf_tiers::OwnedTierSlot,
+        len: usize,
+    },
+    /// Its bytes, `sent` of them posted.
+    Owned { bytes: Vec<u8>, sent: usize },
 }
 
 /// A registered send buffer reserved on a [`Connection`] for a message built in place:
@@ -768,11 +874,32 @@ impl<E: Endpoint> fmt::Debug for SendBuffer<'_, E> {
     }
 }
 
+impl<E: Endpoint> Parkable for Connection<E> {
+    fn readiness(&self) -> crate::provider::Readiness<'_> {
+        self.endpoint.readiness()
+    }
+
+    fn arm(&mut self, waker: &std::task::Waker) -> crate::provider::Armed {
+        Connection::arm(self, waker)
+    }
+
+    fn disarm(&mut self) {
+        Connection::disarm(self);
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        Connection::next_timer(self)
+    }
+}
+
 impl<E: Endpoint> Drop for Connection<E> {
     fn drop(&mut self) {
         // Closing first makes the provider give up every buffer before the core's slots
         // (and so the registered memory) are released.
         self.endpoint.close();
+        if let Some(queue) = &self.senders {
+            queue.close(Arc::new(ConnectionError::Closed));
+        }
     }
 }
 

@@ -270,6 +270,9 @@ pub enum WouldBlock {
     PromotionRefused,
     /// A message is already being built in place: commit or cancel it first.
     AlreadyReserved,
+    /// A [`Sender`](super::Sender)'s queue is full: the connection's thread has not taken
+    /// what its senders queued yet.
+    SendersQueueFull,
 }
 
 /// Why a send was not accepted.

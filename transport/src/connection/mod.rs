@@ -18,6 +18,9 @@ mod receive;
 mod reserve;
 mod returns;
 mod send;
+// Public for the loom models' `SendQueue`; `Sender` is re-exported below.
+#[doc(hidden)]
+pub mod senders;
 mod table;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod tokio;
@@ -32,6 +35,7 @@ pub use errors::{ConnectionError, Fault, PeerViolation, SendError, WorkKind, Wou
 pub use header::{FrameKind, HEADER_LEN, HeaderError};
 pub use reassembly::ReassemblyError;
 pub use receive::Message;
+pub use senders::Sender;
 pub use table::{
     ConnectionGuard, ConnectionId, ConnectionTable, ProgressConfig, ProgressStats,
     SharedConnection, TableError,

@@ -4,11 +4,27 @@
 
 use std::time::Instant;
 
+use tierbuf_tiers::OwnedTierSlot;
 use tierbuf_tiers::controller::ReservePlan;
 
 use super::core::ConnectionCore;
 use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::{FrameHeader, HEADER_LEN};
+
+/// What became of a message a sender filled in place
+/// ([`ConnectionCore::try_post_filled`]).
+#[derive(Debug)]
+pub(crate) enum FilledOutcome {
+    /// Posted from its slot.
+    Posted,
+    /// Not now (no credit, a segmented message ahead): offer it again later.
+    Blocked(OwnedTierSlot),
+    /// It does not fit one frame of the tier in force (the tier changed under the
+    /// sender): send its bytes as any message.
+    NotOneFrame(OwnedTierSlot),
+    /// The connection failed (its failure is the core's).
+    Failed,
+}
 
 impl ConnectionCore {
     /// Reserves a registered send slot for a message of `len` bytes to be built in place
@@ -97,6 +113,46 @@ impl ConnectionCore {
         self.stats.messages_sent += 1;
         self.stats.bytes_sent += len as u64;
         Ok(len)
+    }
+
+    /// Posts a message a [`Sender`](super::Sender) wrote in place in `slot` (`len` bytes
+    /// after the header room), taken from the send region on another thread: as it is
+    /// when it fits one frame of the send tier in force and a data credit is free.
+    pub(crate) fn try_post_filled(
+        &mut self,
+        now: Instant,
+        slot: OwnedTierSlot,
+        len: usize,
+    ) -> FilledOutcome {
+        if self.check_failed().is_err() {
+            return FilledOutcome::Failed;
+        }
+        if self.outbox.is_some() || self.reserved.is_some() {
+            return FilledOutcome::Blocked(slot);
+        }
+        let plan = match self.tiers.plan_reserve(now, len) {
+            Ok(plan) => plan,
+            Err(error) => {
+                self.fail(ConnectionError::of_controller(error));
+                return FilledOutcome::Failed;
+            }
+        };
+        if self.tiers.has_transmit() {
+            self.pump_control(now);
+            if self.check_failed().is_err() {
+                return FilledOutcome::Failed;
+            }
+        }
+        if !matches!(plan, ReservePlan::Fits) {
+            return FilledOutcome::NotOneFrame(slot);
+        }
+        if self.frame_credit(len, true).is_none() {
+            return FilledOutcome::Blocked(slot);
+        }
+        self.post_slot(FrameHeader::whole(len), slot);
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += len as u64;
+        FilledOutcome::Posted
     }
 
     /// Gives the reserved message's slot back unsent.

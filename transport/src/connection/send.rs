@@ -19,8 +19,8 @@ use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tierbuf_tiers::OwnedTierSlot;
 use tierbuf_tiers::controller::{Framing, SendPlan};
+use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 
 use super::core::{ConnectionCore, CopiedFrame, WorkRequest};
 use super::errors::{ConnectionError, SendError, WouldBlock};
@@ -487,9 +487,17 @@ impl ConnectionCore {
     /// Keeps a send slot for the next frame if it lies in the send tier in force; gives it
     /// back to its pool otherwise.
     pub(super) fn keep_send_slot(&mut self, slot: OwnedTierSlot) {
-        if self.tiers.holds_send_slot(&slot) {
+        if !self.shares_send_slots && self.tiers.holds_send_slot(&slot) {
             self.spare_send_slots.push(slot);
         }
+    }
+
+    /// A view of the send region for a [`Sender`](super::Sender) on another thread; from
+    /// now on completed send slots go back to their pool, where senders find them.
+    pub(crate) fn share_send_slots(&mut self) -> OwnedTierCache {
+        self.shares_send_slots = true;
+        self.spare_send_slots.clear();
+        self.tiers.send_cache()
     }
 
     /// A send slot of at least `len` bytes: from the send tier in force, or, while that is

@@ -14,32 +14,63 @@
 //! - An endpoint that cannot wake anybody ([`Readiness::Polling`]) is polled between
 //!   sleeps that double from [`Waiter::FIRST_SLEEP`] to [`Waiter::LONGEST_SLEEP`]: the
 //!   latency a wait adds there is at most the longest sleep.
+//! - A sleep on an endpoint's descriptor also watches the thread's own doorbell (an
+//!   `eventfd`, one per thread, made at its first such sleep) that the thread's waker
+//!   rings, so a wake from this process (a [`Sender`](super::Sender) queueing a message)
+//!   ends it too. A thread that cannot make one sleeps [`Waiter::LONGEST_SLEEP`] at most.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::task::{Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
-use crate::provider::{Armed, Endpoint, Readiness};
+use crate::provider::{Armed, Readiness};
+
+/// What a [`Waiter`] waits on: a connection's endpoint and its senders' queue.
+pub(super) trait Parkable {
+    /// How the endpoint wakes a sleeper.
+    fn readiness(&self) -> Readiness<'_>;
+    /// Asks for a wake at the next event ([`Endpoint::arm`](crate::Endpoint::arm)).
+    fn arm(&mut self, waker: &Waker) -> Armed;
+    /// Ends the wait begun by `arm`.
+    fn disarm(&mut self);
+    /// When progress is due with no event.
+    fn next_timer(&self) -> Option<Instant>;
+}
+
+thread_local! {
+    /// This thread's doorbell (module invariants); `None` if it could not be made.
+    static DOORBELL: Option<Arc<OwnedFd>> =
+        rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .ok()
+            .map(Arc::new);
+}
 
 /// The deadline of a blocking call passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Expired;
 
-/// Wakes a thread parked in [`Waiter::wait`].
+/// Wakes a thread sleeping in [`Waiter::wait`]: rings its doorbell and unparks it.
 #[derive(Debug)]
-struct ThreadWake(Thread);
+struct ThreadWake {
+    thread: Thread,
+    doorbell: Option<Arc<OwnedFd>>,
+}
 
 impl Wake for ThreadWake {
     fn wake(self: Arc<Self>) {
-        self.0.unpark();
+        self.wake_by_ref();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
+        if let Some(doorbell) = &self.doorbell {
+            // A full counter is rung enough.
+            let _rung = rustix::io::write(doorbell.as_fd(), &1u64.to_ne_bytes());
+        }
+        self.thread.unpark();
     }
 }
 
@@ -48,8 +79,8 @@ impl Wake for ThreadWake {
 pub(super) struct Waiter {
     deadline: Option<Instant>,
     passes: u32,
-    /// The thread's waker, made at the first sleep.
-    waker: Option<Waker>,
+    /// The thread's waker and doorbell, made at the first sleep.
+    waker: Option<(Waker, Option<Arc<OwnedFd>>)>,
     /// The next sleep of a polling endpoint.
     polling_sleep: Duration,
 }
@@ -90,11 +121,7 @@ impl Waiter {
     /// # Errors
     ///
     /// [`Expired`] once the deadline has passed.
-    pub(super) fn wait<E: Endpoint>(
-        &mut self,
-        endpoint: &mut E,
-        timer: Option<Instant>,
-    ) -> Result<(), Expired> {
+    pub(super) fn wait<P: Parkable>(&mut self, parked: &mut P) -> Result<(), Expired> {
         if self.passes < Waiter::TIGHT_POLLS {
             self.passes += 1;
             if self.deadline.is_some() && self.passes.is_multiple_of(Waiter::PASSES_PER_CLOCK) {
@@ -104,31 +131,45 @@ impl Waiter {
         }
         let now = Instant::now();
         self.check_deadline(now)?;
+        let timer = parked.next_timer();
         let wake_at = match (self.deadline, timer) {
             (Some(deadline), Some(timer)) => Some(deadline.min(timer)),
             (deadline, timer) => deadline.or(timer),
         };
         let timeout = wake_at.map(|at| at.saturating_duration_since(now));
-        if matches!(endpoint.readiness(), Readiness::Polling) {
+        if matches!(parked.readiness(), Readiness::Polling) {
             let sleep = timeout.map_or(self.polling_sleep, |t| t.min(self.polling_sleep));
             thread::sleep(sleep);
             self.polling_sleep = (self.polling_sleep * 2).min(Waiter::LONGEST_SLEEP);
             return Ok(());
         }
-        let waker = self
-            .waker
-            .get_or_insert_with(|| Waker::from(Arc::new(ThreadWake(thread::current()))));
-        match endpoint.arm(waker) {
+        let (waker, doorbell) = self.waker.get_or_insert_with(|| {
+            let doorbell = DOORBELL.with(Clone::clone);
+            let wake = ThreadWake {
+                thread: thread::current(),
+                doorbell: doorbell.clone(),
+            };
+            (Waker::from(Arc::new(wake)), doorbell)
+        });
+        match parked.arm(waker) {
             Armed::Pending => thread::yield_now(),
-            Armed::Parked => match endpoint.readiness() {
-                Readiness::Fd(fd) => sleep_on(fd, timeout),
+            Armed::Parked => match parked.readiness() {
+                Readiness::Fd(fd) => match doorbell {
+                    Some(doorbell) => sleep_on(fd, doorbell.as_fd(), timeout),
+                    None => {
+                        let longest =
+                            timeout.map_or(Waiter::LONGEST_SLEEP, |t| t.min(Waiter::LONGEST_SLEEP));
+                        let flags = PollFlags::IN | PollFlags::RDHUP;
+                        poll_for(&mut [PollFd::from_borrowed_fd(fd, flags)], Some(longest));
+                    }
+                },
                 _ => match timeout {
                     Some(timeout) => thread::park_timeout(timeout),
                     None => thread::park(),
                 },
             },
         }
-        endpoint.disarm();
+        parked.disarm();
         Ok(())
     }
 
@@ -140,16 +181,27 @@ impl Waiter {
     }
 }
 
-/// Sleeps until `fd` is readable or hung up, or `timeout` passes (an hour at most: the
-/// caller waits again). An interrupted or failed `poll(2)` ends the sleep early: the
-/// caller polls the endpoint, which reports any error of its own.
-fn sleep_on(fd: BorrowedFd<'_>, timeout: Option<Duration>) {
+/// Sleeps until `fd` is readable or hung up, `doorbell` rings, or `timeout` passes (an
+/// hour at most: the caller waits again); takes the doorbell's ring. An interrupted or
+/// failed `poll(2)` ends the sleep early: the caller polls the endpoint, which reports
+/// any error of its own.
+fn sleep_on(fd: BorrowedFd<'_>, doorbell: BorrowedFd<'_>, timeout: Option<Duration>) {
+    let mut fds = [
+        PollFd::from_borrowed_fd(fd, PollFlags::IN | PollFlags::RDHUP),
+        PollFd::from_borrowed_fd(doorbell, PollFlags::IN),
+    ];
+    poll_for(&mut fds, timeout);
+    if !fds[1].revents().is_empty() {
+        let mut count = [0u8; 8];
+        // Read to quiet it; nothing to learn from the count.
+        let _ = rustix::io::read(doorbell, &mut count);
+    }
+}
+
+/// `poll(2)` on `fds` for `timeout` (an hour at most; `None`: until one fires).
+fn poll_for(fds: &mut [PollFd<'_>], timeout: Option<Duration>) {
     const LONGEST: Duration = Duration::from_secs(3600);
-    let mut fds = [PollFd::from_borrowed_fd(
-        fd,
-        PollFlags::IN | PollFlags::RDHUP,
-    )];
     let timeout =
         timeout.map(|t| Timespec::try_from(t.min(LONGEST)).expect("an hour is a valid timespec"));
-    let _woken_or_interrupted = rustix::event::poll(&mut fds, timeout.as_ref());
+    let _woken_or_interrupted = rustix::event::poll(fds, timeout.as_ref());
 }

@@ -1,0 +1,189 @@
+//! `Sender`s: many threads sending on one connection through the tier's lock-free slots,
+//! while the connection's own thread sleeps until they queue something, with tier changes
+//! under them; over loopback and shared memory.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, ConnectionError, SendError, WouldBlock,
+};
+use tierbuf_transport::{LoopbackProvider, Provider, ShmProvider};
+
+/// Long enough that only a lost wake runs into it.
+const BOUND: Duration = Duration::from_secs(60);
+
+trait PairProvider: Provider<Endpoint: 'static> {
+    fn make() -> Self;
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
+}
+
+impl PairProvider for LoopbackProvider {
+    fn make() -> Self {
+        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+impl PairProvider for ShmProvider {
+    fn make() -> Self {
+        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+/// A pair on the `patent` ladder's tiers (512 B and 8 KiB) with demotion after
+/// `demote_after`.
+fn pair<P: PairProvider>(
+    provider: &P,
+    demote_after: Duration,
+) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
+    let ladder = TierLadder::builder()
+        .tier(512, 16, 480)
+        .tier(8192, 16, 8192)
+        .demote_after(demote_after)
+        .hysteresis(demote_after / 2)
+        .build()
+        .unwrap();
+    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (a, b) = provider.connect_pair(config.queue_depth());
+    let connect = |endpoint| {
+        let core = ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap();
+        Connection::new(core, endpoint).unwrap()
+    };
+    (connect(a), connect(b))
+}
+
+/// Worker `worker`'s message `index`: mostly small, every tenth past the smallest tier
+/// (a promotion), every fiftieth past the largest (segmented).
+fn message(worker: u8, index: u32) -> Vec<u8> {
+    let len = match index % 50 {
+        49 => 20_000,
+        n if n % 10 == 9 => 3000,
+        n => 8 + n as usize,
+    };
+    let mut bytes = vec![worker; len];
+    bytes[..4].copy_from_slice(&index.to_le_bytes());
+    bytes
+}
+
+fn workers_send_in_order_while_the_connection_sleeps_between<P: PairProvider>() {
+    const WORKERS: u8 = 4;
+    const MESSAGES: u32 = 300;
+    let provider = P::make();
+    let (mut driven, mut receiving) = pair(&provider, Duration::from_millis(5));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let mut sender = driven.sender();
+            thread::spawn(move || {
+                for index in 0..MESSAGES {
+                    sender.send(&message(worker, index)).unwrap();
+                    if index % 64 == 63 {
+                        // Long enough for the tier to be demoted under the senders.
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            })
+        })
+        .collect();
+    // The connection's thread only waits for messages, which never come to it: it wakes
+    // for what its senders queue, posts it, and sleeps again.
+    let driving = thread::spawn(move || {
+        let deadline = Instant::now() + BOUND;
+        while Instant::now() < deadline {
+            match driven.recv_deadline(Instant::now() + Duration::from_millis(50)) {
+                Ok(None) => {}
+                Ok(Some(_)) => panic!("nothing is sent this way"),
+                Err(error) if matches!(*error, ConnectionError::PeerClosed) => return driven,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        panic!("the receiver never closed: {:?}", driven.stats());
+    });
+    let mut next = [0u32; WORKERS as usize];
+    let deadline = Instant::now() + BOUND;
+    for _ in 0..u32::from(WORKERS) * MESSAGES {
+        let received = receiving
+            .recv_deadline(deadline)
+            .unwrap()
+            .unwrap_or_else(|| panic!("messages lost: {next:?} came, {:?}", receiving.stats()));
+        let worker = received[received.len() - 1];
+        let index = next[worker as usize];
+        assert!(
+            received[..] == message(worker, index)[..],
+            "worker {worker}'s message {index} is not the one that came"
+        );
+        next[worker as usize] += 1;
+    }
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    let stats = receiving.stats();
+    assert!(stats.messages_received >= u64::from(WORKERS) * u64::from(MESSAGES));
+    drop(receiving);
+    let driven = driving.join().unwrap();
+    let stats = driven.stats();
+    assert!(
+        stats.promotions > 0 && stats.demotions > 0,
+        "the tier changed under the senders both ways: {stats:?}"
+    );
+}
+
+fn a_full_queue_refuses_and_a_closed_connection_fails_its_senders<P: PairProvider>() {
+    let provider = P::make();
+    let (mut connection, peer) = pair(&provider, Duration::from_secs(60));
+    let mut sender = connection.sender();
+    // Nobody drives the connection: the queue fills.
+    let mut queued = 0;
+    let refused = loop {
+        match sender.try_send(b"queued") {
+            Ok(()) => queued += 1,
+            Err(error) => break error,
+        }
+        assert!(queued < 100_000, "the queue never filled");
+    };
+    assert!(
+        matches!(refused, SendError::WouldBlock(WouldBlock::SendersQueueFull)),
+        "{refused:?}"
+    );
+    drop(connection);
+    let error = sender.send(b"late").unwrap_err();
+    assert!(matches!(error, SendError::Failed(_)), "{error:?}");
+    drop(peer);
+}
+
+macro_rules! on_each_provider {
+    ($($test:ident),* $(,)?) => {
+        mod loopback {
+            use super::*;
+            $(#[test] fn $test() { super::$test::<LoopbackProvider>(); })*
+        }
+        mod shm {
+            use super::*;
+            $(#[test] fn $test() { super::$test::<ShmProvider>(); })*
+        }
+    };
+}
+
+on_each_provider!(
+    workers_send_in_order_while_the_connection_sleeps_between,
+    a_full_queue_refuses_and_a_closed_connection_fails_its_senders,
+);
