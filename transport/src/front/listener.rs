@@ -116,19 +116,20 @@ impl<K: Kind> fmt::Debug for Listener<K> {
 /// stop.
 pub(super) struct Acceptor {
     stop: Arc<AtomicBool>,
-    /// Makes the thread's accept return (a connection that says nothing).
-    wake: Box<dyn Fn() + Send + Sync>,
+    /// Makes the thread's accept return (a connection that says nothing); false when it
+    /// could not.
+    wake: Box<dyn Fn() -> bool + Send + Sync>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Acceptor {
     /// Starts a thread that calls `accept` and queues what it returns, at most
     /// [`ACCEPT_BACKLOG`] ahead of the listener; `wake` must make a call of `accept` in
-    /// progress return.
+    /// progress return, or say that it could not.
     pub(super) fn start<K: Kind>(
         address: &str,
         mut accept: impl FnMut() -> Incoming<K> + Send + 'static,
-        wake: impl Fn() + Send + Sync + 'static,
+        wake: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Result<(Receiver<Incoming<K>>, Acceptor), SetupError> {
         let (queue, incoming) = mpsc::sync_channel(ACCEPT_BACKLOG);
         let stop = Arc::new(AtomicBool::new(false));
@@ -163,12 +164,14 @@ impl Acceptor {
 impl Drop for Acceptor {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        (self.wake)();
-        if let Some(thread) = self.thread.take() {
+        let woken = (self.wake)();
+        if let (true, Some(thread)) = (woken, self.thread.take()) {
             // The thread only queues endpoints; a panic there has nothing left to report
             // to, and the listener's calls reported `ListenerGone` already.
             let _ = thread.join();
         }
+        // Not woken (the socket's path was removed, say): the thread is left waiting,
+        // and stops with the next peer that comes, if any does.
     }
 }
 

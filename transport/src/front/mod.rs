@@ -57,7 +57,12 @@
 //! [`ACCEPT_BACKLOG`] endpoints: so `accept_timeout` can wait with a deadline on a
 //! provider whose own `accept` has none, and one slow peer's handshake holds up no
 //! `accept` call. Dropping the listener stops the thread (waking it with a connection of
-//! its own that says nothing) and joins it. `connect_timeout` of shm and verbs connects
+//! its own that says nothing) and joins it. Where that connection cannot be made (an shm
+//! socket's path removed by someone else while it listens) the thread is left waiting in
+//! the provider's `accept`, holding the listening socket, until a peer comes or the
+//! process ends: the providers' listeners have no way to stop a waiting `accept` from
+//! another thread (an `accept` with a deadline in `ShmListener` would remove this, and
+//! the thread). `connect_timeout` of shm and verbs connects
 //! on a thread of its own and waits for it at most the timeout; a connection completed
 //! after that is closed. On loopback nothing waits: `connect` returns at once.
 

@@ -182,19 +182,24 @@ fn connect_endpoint(shared: &Shared<Shm>, path: &Path) -> Incoming<Shm> {
 }
 
 /// Connects to the socket at `path` and hangs up at once: a listener's accepting thread
-/// wakes and finds a peer gone before its hello.
-fn knock(path: &Path) {
+/// wakes and finds a peer gone before its hello. False when the path no longer leads to
+/// the listener (removed by someone else, as the demo removes its run directory once
+/// connected): then nothing can wake the thread.
+fn knock(path: &Path) -> bool {
     let Ok(socket) = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     ) else {
-        return;
+        return false;
     };
-    if let Ok(address) = SocketAddrUnix::new(path) {
-        // Refused only when the backlog is full: then the thread has peers to take and
-        // sees that it is stopping after the next one.
-        let _ = rustix::net::connect(&socket, &address);
+    let Ok(address) = SocketAddrUnix::new(path) else {
+        return false;
+    };
+    match rustix::net::connect(&socket, &address) {
+        // A full backlog: the thread has peers to take, and stops after the next one.
+        Ok(()) | Err(rustix::io::Errno::AGAIN) => true,
+        Err(_) => false,
     }
 }

@@ -145,8 +145,8 @@ fn verbs(operation: &'static str) -> impl FnOnce(VerbsError) -> SetupError {
 }
 
 /// Connects to the listener at `local` and hangs up at once: its accepting thread wakes
-/// and finds a peer gone before its hello.
-fn knock(local: SocketAddr) {
+/// and finds a peer gone before its hello. False when it could not connect.
+fn knock(local: SocketAddr) -> bool {
     let mut target = local;
     if target.ip().is_unspecified() {
         target.set_ip(match local {
@@ -154,6 +154,5 @@ fn knock(local: SocketAddr) {
             SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
         });
     }
-    // A failure leaves the thread waiting for the next peer; it stops after that one.
-    let _ = TcpStream::connect_timeout(&target, Duration::from_secs(1));
+    TcpStream::connect_timeout(&target, Duration::from_secs(1)).is_ok()
 }
