@@ -1,8 +1,41 @@
-//! tierbuf's transport: a verbs-shaped provider interface ([`Provider`], [`Endpoint`]), its
-//! providers, and [`connection`]s that apply tiers to two-sided send/receive over them.
-//! The in-process [`LoopbackProvider`] is the default for examples and tests;
-//! [`ShmProvider`] connects two processes through shared memory; the `verbs` module
-//! (feature `verbs`) drives RDMA hardware (see `docs/transport.md` and `docs/verbs.md`).
+//! tierbuf's transport: connections that apply tiers to two-sided send/receive, the
+//! front door that builds them ([`Transport`]), and the verbs-shaped provider interface
+//! under them ([`Provider`], [`Endpoint`]) with its providers.
+//!
+//! ```
+//! use tierbuf_transport::Transport;
+//! type Error = Box<dyn std::error::Error + Send + Sync>;
+//! let node = Transport::loopback().ladder_preset("rpc").budget_bytes(64 << 20).build()?;
+//! let listener = node.listen("echo")?;
+//! let server = std::thread::spawn(move || -> Result<(), Error> {
+//!     let mut connection = listener.accept()?;
+//!     while let Ok(request) = connection.recv() { // until the client hangs up
+//!         connection.send(&request)?;
+//!     }
+//!     Ok(())
+//! });
+//! let mut client = node.connect("echo")?;
+//! for len in [64, 4 << 10, 200 << 10] { // 4 KiB is promoted, 200 KiB segmented too
+//!     let request = vec![len as u8; len];
+//!     client.send(&request)?;
+//!     assert_eq!(&client.recv()?[..], &request[..]);
+//! }
+//! drop(client);
+//! server.join().unwrap()?;
+//! # Ok::<(), Error>(())
+//! ```
+//!
+//! [`Transport::loopback`] keeps both ends in this process; [`Transport::shm`] connects
+//! processes of one host through shared memory (a socket path as the address); the
+//! `verbs` provider (feature `verbs`) drives RDMA hardware, with `Transport::verbs` (a TCP
+//! address for the exchange). `docs/connection.md` ("Front door") says what the builder
+//! checks; `docs/transport.md` and `docs/verbs.md` describe the providers.
+//!
+//! # The provider interface
+//!
+//! Under the connections, a provider registers memory and connects endpoint pairs whose
+//! posts and completions follow verbs' rules; the in-process [`LoopbackProvider`] needs
+//! nothing but memory:
 //!
 //! ```
 //! use tierbuf_pool::{MemoryBudget, SlotPool};
@@ -30,6 +63,8 @@
 
 pub mod connection;
 mod error;
+#[cfg(not(loom))]
+mod front;
 #[cfg(all(feature = "fuzzing", not(loom)))]
 pub mod fuzzing;
 mod loopback;
@@ -42,6 +77,14 @@ mod sync;
 pub mod verbs;
 
 pub use error::{PostError, QueueKind, TransportError};
+#[cfg(feature = "verbs")]
+#[cfg(not(loom))]
+pub use front::Verbs;
+#[cfg(not(loom))]
+pub use front::{
+    ACCEPT_BACKLOG, ConnectionOf, Kind, Listener, Loopback, SetupError, Shm, Transport,
+    TransportBuilder,
+};
 pub use loopback::{LoopbackEndpoint, LoopbackProvider, LoopbackRegistrar, MAX_QUEUE_DEPTH};
 pub use provider::{
     Armed, BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits,

@@ -4,34 +4,28 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use tierbuf_pool::MemlockPolicy;
-use tierbuf_transport::{LoopbackProvider, MAX_QUEUE_DEPTH};
+use tierbuf_transport::Transport;
 
 use super::DemoError;
 use super::args::DemoArgs;
 use super::figures::Figures;
 use super::report::{Report, report};
-use super::setup::{Setup, Side, budget, check_returned};
+use super::setup::{Setup, Side, check_returned};
 use super::traffic::{QUIET_POLL, quiet_deadline, run_clients, serve, timed_traffic};
 
 /// The run on the loopback provider: clients on this thread, servers on another.
 pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
-    let setup = &Setup::new(args, MAX_QUEUE_DEPTH)?;
-    let budget = budget(MemlockPolicy::Ignore)?;
-    let provider = LoopbackProvider::new(budget.clone());
-    let reservoirs = [setup.reservoir(&provider)?, setup.reservoir(&provider)?];
-    let now = Instant::now();
+    let (setup, transport) = Setup::build(args, Transport::loopback())?;
+    let setup = &setup;
+    let budget = transport.budget().clone();
+    let listener = transport.listen("demo")?;
     let mut clients = Side::with_capacity(args.connections);
     let mut servers = Side::with_capacity(args.connections);
     for _ in 0..args.connections {
-        let (a, b) = provider.pair(setup.depth, setup.depth)?;
-        clients
-            .connections
-            .push(setup.connection(&reservoirs[0], a, now)?);
-        servers
-            .connections
-            .push(setup.connection(&reservoirs[1], b, now)?);
+        clients.connections.push(transport.connect("demo")?);
+        servers.connections.push(listener.accept()?);
     }
+    drop(listener);
     let at_start = budget.in_use();
 
     let peak = AtomicU64::new(at_start);
@@ -59,7 +53,7 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
         at_start,
         &peak,
         &budget,
-        reservoirs.iter().map(|r| r.spare_bytes()).sum(),
+        transport.reservoir().spare_bytes(),
         busy_tier_steps,
         clients.totals() + servers.totals(),
     );
@@ -72,6 +66,6 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
         peer: None,
         latencies,
     });
-    drop((clients, servers, reservoirs));
+    drop((clients, servers, transport));
     check_returned(&budget)
 }

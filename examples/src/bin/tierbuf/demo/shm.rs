@@ -23,8 +23,9 @@
 //!
 //! Each process holds a socket per connection and a memory file per registered region, so
 //! a few thousand connections pass the usual soft limit of 1024 open files: both processes
-//! raise the soft limit up to the hard limit when they must, and refuse a connection count
-//! that even the hard limit cannot hold.
+//! build their transport for `--connections` connections, which raises the soft limit up
+//! to the hard limit when it must, and refuses a connection count that even the hard limit
+//! cannot hold.
 
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
@@ -34,14 +35,12 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use tierbuf_pool::MemlockPolicy;
-use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::{RING_CAPACITY, ShmProvider};
+use tierbuf_transport::Transport;
 
 use super::DemoError;
-use super::args::{DemoArgs, ProviderKind};
+use super::args::DemoArgs;
 use super::remote::{ClientLines, PeerLines, read_lines, remote_clients, remote_servers};
-use super::setup::{Setup, budget, check_returned, open_files_for};
+use super::setup::{Setup, Side, check_returned};
 
 /// How long the demo waits for the peer's next line, or for it to exit.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,8 +59,9 @@ pub(crate) struct PeerArgs {
 /// The demo's side of a shm run: starts the peer, connects, runs the clients, and reports
 /// both processes' figures.
 pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
-    let setup = &Setup::new(args, RING_CAPACITY as u32)?;
-    make_room_for(args.connections, &setup.ladder)?;
+    // Building the transport raises the open-file limit first, for the peer too.
+    let (setup, transport) = Setup::build(args, Transport::shm())?;
+    let setup = &setup;
     let dir = RunDirectory::create()?;
     let socket = dir.path().join("peer.sock");
     let mut peer = Peer::start(args, &socket)?;
@@ -70,12 +70,10 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
         other => return Err(peer.unexpected(other)),
     }
 
-    let budget = budget(MemlockPolicy::Ignore)?;
-    let provider = ShmProvider::new(budget.clone());
-    let reservoir = setup.reservoir(&provider)?;
-    let mut clients = setup.connect_side(&reservoir, args.connections, |index| {
-        provider
-            .connect(&socket, setup.depth, setup.depth)
+    let budget = transport.budget().clone();
+    let mut clients = Side::connect(args.connections, |index| {
+        transport
+            .connect(&socket)
             .map_err(|e| format!("connection {index} to the peer process: {e}").into())
     })?;
     // Every connection has its own socket now: with the directory gone, nothing is left
@@ -90,12 +88,12 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
         args,
         setup,
         &budget,
-        &reservoir,
+        transport.reservoir(),
         &mut clients,
         &mut peer,
         placement,
     )?;
-    drop((clients, reservoir));
+    drop((clients, transport));
     peer.finish()?;
     check_returned(&budget)
 }
@@ -114,17 +112,14 @@ pub(crate) fn run_peer(args: PeerArgs) -> ExitCode {
 /// The peer's side of a shm run: the servers.
 fn peer(args: &PeerArgs) -> Result<(), DemoError> {
     let demo = &args.demo;
-    let setup = Setup::new(demo, RING_CAPACITY as u32)?;
-    make_room_for(demo.connections, &setup.ladder)?;
+    let (_, transport) = Setup::build(demo, Transport::shm())?;
     let requests = watch_the_demo();
-    let budget = budget(MemlockPolicy::Ignore)?;
-    let provider = ShmProvider::new(budget.clone());
-    let reservoir = setup.reservoir(&provider)?;
-    let listener = provider.listen(&args.socket)?;
+    let budget = transport.budget().clone();
+    let listener = transport.listen(&args.socket)?;
     tell_the_demo("listening")?;
-    let mut servers = setup.connect_side(&reservoir, demo.connections, |index| {
+    let mut servers = Side::connect(demo.connections, |index| {
         listener
-            .accept(setup.depth, setup.depth)
+            .accept()
             .map_err(|e| format!("connection {index} from the demo: {e}").into())
     })?;
     drop(listener);
@@ -132,10 +127,10 @@ fn peer(args: &PeerArgs) -> Result<(), DemoError> {
         demo.messages,
         &mut servers,
         &budget,
-        &reservoir,
+        transport.reservoir(),
         &mut DemoLink { requests },
     )?;
-    drop((servers, reservoir));
+    drop((servers, transport));
     check_returned(&budget)
 }
 
@@ -336,32 +331,4 @@ impl Drop for RunDirectory {
         // Only a stale directory in the temporary directory is left if this fails.
         let _ = std::fs::remove_dir_all(&self.path);
     }
-}
-
-/// Open files one process holds per connection at most: its socket, and a memory file for
-/// a send and a receive region of every tier.
-fn files_per_connection(ladder: &TierLadder) -> u64 {
-    1 + 2 * ladder.tiers().len() as u64
-}
-
-/// Open files besides the connections': the standard streams, the pipes between the two
-/// processes, the listener, the reservoir's spare regions, and room to spare.
-fn other_files(ladder: &TierLadder) -> u64 {
-    64 + (ladder.policy().reservoir_regions() * ladder.tiers().len()) as u64
-}
-
-/// Lets this process open the files `connections` connections need, raising its soft
-/// limit up to the hard limit if it must (a process started afterwards inherits it).
-fn make_room_for(connections: usize, ladder: &TierLadder) -> Result<(), DemoError> {
-    let per_connection = files_per_connection(ladder);
-    open_files_for(
-        ProviderKind::Shm,
-        connections,
-        per_connection,
-        &format!(
-            "a socket and {} memory files per connection",
-            per_connection - 1
-        ),
-        other_files(ladder),
-    )
 }

@@ -24,90 +24,44 @@
 
 use std::io::Write;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use tierbuf_pool::{MemlockPolicy, MemoryBudget};
-use tierbuf_tiers::Reservoir;
-use tierbuf_transport::verbs::{
-    EndpointOptions, MAX_QUEUE_DEPTH, MemlockFacts, VerbsConfig, VerbsProvider, check_memlock,
-    ladder_pinned_bytes,
-};
+use tierbuf_transport::verbs::VerbsConfig;
+use tierbuf_transport::{Transport, Verbs};
 
 use super::DemoError;
-use super::args::{DemoArgs, ProviderKind};
+use super::args::DemoArgs;
 use super::remote::{ClientLines, PeerLines, read_lines, remote_clients, remote_servers};
-use super::setup::{Setup, budget, check_returned, open_files_for};
+use super::setup::{Setup, Side, check_returned};
 
 /// How long one side waits for the other's next line on the control connection.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Open files besides the connections' sockets: the standard streams, the device, the
-/// control connection and listeners, and room to spare.
-const OTHER_FILES: u64 = 64;
-
 /// Runs the side that `--listen` or `--peer` names.
 pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
-    let setup = Setup::new(args, MAX_QUEUE_DEPTH)?;
     // clap requires --device and one of --listen and --peer with --provider verbs.
     let device = args
         .device
         .as_deref()
         .ok_or("--provider verbs needs --device")?;
     match (&args.listen, &args.peer) {
-        (Some(addr), None) => listening_side(args, &setup, device, addr),
-        (None, Some(addr)) => client_side(args, &setup, device, addr),
+        (Some(addr), None) => listening_side(args, device, addr),
+        (None, Some(addr)) => client_side(args, device, addr),
         _ => Err("--provider verbs needs one of --listen and --peer".into()),
     }
 }
 
-/// This side's device, its budget and its reservoir.
-struct Local {
-    budget: MemoryBudget,
-    provider: VerbsProvider,
-    reservoir: Arc<Reservoir>,
-}
-
-/// Opens `device`, checks that RLIMIT_MEMLOCK lets the run's connections pin what they
-/// may need and that the open-file limit holds them, and fills the reservoir.
-fn open(args: &DemoArgs, setup: &Setup, device: &str) -> Result<Local, DemoError> {
+/// Opens `device` for the run's transport, which checks that RLIMIT_MEMLOCK lets the
+/// connections pin what they may need and that the open-file limit holds them, and fills
+/// the reservoir.
+fn open(args: &DemoArgs, device: &str) -> Result<(Setup, Transport<Verbs>), DemoError> {
     let mut config = VerbsConfig::new(device);
     if let Some(gid_index) = args.gid_index {
         config = config.with_gid_index(gid_index);
     }
-    let budget = budget(MemlockPolicy::Auto)?;
-    let provider = VerbsProvider::open(&config, budget.clone())
-        .map_err(|e| format!("opening RDMA device {device:?}: {e}"))?;
-    let required = ladder_pinned_bytes(&setup.ladder, args.connections, tierbuf_pool::page_size());
-    check_memlock(required, MemlockFacts::current()).map_err(|e| {
-        format!(
-            "{} connections on ladder {}: {e}",
-            args.connections, setup.name
-        )
-    })?;
-    open_files_for(
-        ProviderKind::Verbs,
-        args.connections,
-        1,
-        "a socket per connection",
-        OTHER_FILES,
-    )?;
-    let reservoir = setup.reservoir(&provider)?;
-    Ok(Local {
-        budget,
-        provider,
-        reservoir,
-    })
-}
-
-/// The queue depths of every endpoint, as the setup says.
-fn endpoint_options(setup: &Setup) -> EndpointOptions {
-    EndpointOptions {
-        send_depth: setup.depth,
-        recv_depth: setup.depth,
-        ..EndpointOptions::default()
-    }
+    Setup::build(args, Transport::verbs(config))
+        .map_err(|e| format!("RDMA device {device:?}: {}", super::with_causes(&*e)).into())
 }
 
 /// The plan the client sends: what the two sides must agree on.
@@ -147,17 +101,10 @@ fn check_plan(theirs: &str, ours: &str) -> Result<(), String> {
 }
 
 /// The side given `--listen`: the servers.
-fn listening_side(
-    args: &DemoArgs,
-    setup: &Setup,
-    device: &str,
-    addr: &str,
-) -> Result<(), DemoError> {
-    let Local {
-        budget,
-        provider,
-        reservoir,
-    } = open(args, setup, device)?;
+fn listening_side(args: &DemoArgs, device: &str, addr: &str) -> Result<(), DemoError> {
+    let (setup, transport) = open(args, device)?;
+    let setup = &setup;
+    let budget = transport.budget().clone();
     let control_listener =
         TcpListener::bind(addr).map_err(|e| format!("listening at {addr}: {e}"))?;
     let local_addr = control_listener.local_addr()?;
@@ -165,7 +112,7 @@ fn listening_side(
         "tierbuf demo: {} connection pairs on RDMA device {}, listening at {local_addr} for \
          `tierbuf demo --provider verbs --peer`",
         args.connections,
-        provider.device_name()
+        transport.provider().device_name()
     );
     std::io::stdout().flush()?;
     let (stream, client) = control_listener
@@ -179,9 +126,10 @@ fn listening_side(
         return Err(format!("refused the client at {client}: {reason}").into());
     }
 
-    let listener = provider.listen((control.local_ip()?, 0), endpoint_options(setup))?;
-    control.send(&format!("listening {}", listener.local_addr()?.port()))?;
-    let mut servers = setup.connect_side(&reservoir, args.connections, |index| {
+    let listener = transport.listen((control.local_ip()?, 0))?;
+    let port = listener.address().parse::<SocketAddr>()?.port();
+    control.send(&format!("listening {port}"))?;
+    let mut servers = Side::connect(args.connections, |index| {
         listener
             .accept()
             .map_err(|e| format!("connection {index} from the client at {client}: {e}").into())
@@ -191,14 +139,14 @@ fn listening_side(
         args.messages,
         &mut servers,
         &budget,
-        &reservoir,
+        transport.reservoir(),
         &mut control,
     )?;
     match control.next_line()?.as_str() {
         "closed" => {}
         other => return Err(control.unexpected(other)),
     }
-    drop((servers, reservoir));
+    drop((servers, transport));
     let returned = check_returned(&budget);
     match &returned {
         Ok(()) => control.send("done")?,
@@ -213,12 +161,10 @@ fn listening_side(
 }
 
 /// The side given `--peer`: the clients, and the report.
-fn client_side(args: &DemoArgs, setup: &Setup, device: &str, addr: &str) -> Result<(), DemoError> {
-    let Local {
-        budget,
-        provider,
-        reservoir,
-    } = open(args, setup, device)?;
+fn client_side(args: &DemoArgs, device: &str, addr: &str) -> Result<(), DemoError> {
+    let (setup, transport) = open(args, device)?;
+    let setup = &setup;
+    let budget = transport.budget().clone();
     let peer = addr
         .to_socket_addrs()
         .map_err(|e| format!("--peer {addr}: {e}"))?
@@ -242,27 +188,26 @@ fn client_side(args: &DemoArgs, setup: &Setup, device: &str, addr: &str) -> Resu
     };
 
     let rdma_addr = SocketAddr::new(peer.ip(), port);
-    let options = endpoint_options(setup);
-    let mut clients = setup.connect_side(&reservoir, args.connections, |index| {
-        provider.connect(rdma_addr, &options).map_err(|e| {
+    let mut clients = Side::connect(args.connections, |index| {
+        transport.connect(rdma_addr).map_err(|e| {
             format!("connection {index} to the listening side at {rdma_addr}: {e}").into()
         })
     })?;
     let placement = format!(
         "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs",
         std::process::id(),
-        provider.device_name()
+        transport.provider().device_name()
     );
     remote_clients(
         args,
         setup,
         &budget,
-        &reservoir,
+        transport.reservoir(),
         &mut clients,
         &mut control,
         placement,
     )?;
-    drop((clients, reservoir));
+    drop((clients, transport));
     control.send("closed")?;
     let line = control.next_line()?;
     if let Some(reason) = line.strip_prefix("failed ") {

@@ -1,0 +1,241 @@
+//! [`SetupError`]: why the front door could not build a transport, listen, accept or
+//! connect.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tierbuf_pool::PoolError;
+use tierbuf_tiers::TierError;
+use tierbuf_tiers::ladder::{LadderError, LoadError};
+
+use crate::connection::{ConnectionError, Fault};
+use crate::error::TransportError;
+
+/// Why the front door ([`Transport`](super::Transport)) could not build, listen, accept
+/// or connect. [`SetupError::fault`] says whose doing it was; every variant keeps the
+/// error it came from as its `source`.
+///
+/// ```
+/// use tierbuf_transport::connection::Fault;
+/// use tierbuf_transport::{SetupError, Transport};
+/// let error = Transport::loopback().ladder_preset("tiny").budget_bytes(1 << 20).build().unwrap_err();
+/// assert!(matches!(error, SetupError::UnknownPreset { .. }));
+/// assert_eq!(error.fault(), Fault::Caller);
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// No preset ladder has this name.
+    #[error("no preset ladder is called {name:?}")]
+    UnknownPreset {
+        /// The name given.
+        name: String,
+        /// The ladder loader's error.
+        #[source]
+        source: LoadError,
+    },
+    /// The ladder file could not be read, parsed or validated.
+    #[error("the ladder file {} cannot be used", path.display())]
+    LadderFile {
+        /// The file given.
+        path: PathBuf,
+        /// The ladder loader's error (it names the line and column of a bad value).
+        #[source]
+        source: LoadError,
+    },
+    /// The ladder with the builder's overrides (demotion timing, reservoir regions)
+    /// breaks a rule of the ladder's validation.
+    #[error("the ladder with the builder's overrides is not valid")]
+    Ladder {
+        /// The rule broken.
+        #[source]
+        source: LadderError,
+    },
+    /// The ladder is valid but connections cannot run on it (its smallest tier cannot
+    /// carry a control frame, say).
+    #[error("connections cannot run on this ladder")]
+    Config {
+        /// The connection layer's error.
+        #[source]
+        source: ConnectionError,
+    },
+    /// The ladder needs deeper queues than the provider's endpoints have.
+    #[error(
+        "the ladder needs queues {needed} deep, past the {provider} provider's {max}: \
+         give its tiers fewer slots"
+    )]
+    QueueTooDeep {
+        /// The provider's name.
+        provider: &'static str,
+        /// The depth the ladder needs (`ConnectionConfig::queue_depth`).
+        needed: u32,
+        /// The deepest queue the provider takes.
+        max: u32,
+    },
+    /// No memory budget could be made from the system's limits.
+    #[error("no memory budget could be made from this system's limits")]
+    Budget {
+        /// The pool's error.
+        #[source]
+        source: PoolError,
+    },
+    /// The memory budget cannot hold the reservoir's spare regions and one connection on
+    /// the smallest tier.
+    #[error(
+        "a memory budget of {cap} bytes cannot hold the ladder's reservoir and one \
+         connection, which need {needed} bytes"
+    )]
+    BudgetTooSmall {
+        /// The budget's cap.
+        cap: u64,
+        /// What the ladder needs at least, in whole pages.
+        needed: u64,
+    },
+    /// Filling the reservoir failed.
+    #[error("filling the reservoir failed")]
+    Reservoir {
+        /// The reservoir's error.
+        #[source]
+        source: TierError,
+    },
+    /// This process cannot open the files the connections it expects would hold.
+    #[error(
+        "{connections} connections over {provider} need up to {needed} open files per \
+         process ({holding}), but the limit is {limit}: expect {fit} connections or fewer, \
+         or raise the hard limit (ulimit -Hn)"
+    )]
+    OpenFiles {
+        /// The provider's name.
+        provider: &'static str,
+        /// The connections expected.
+        connections: usize,
+        /// What each connection holds open.
+        holding: String,
+        /// The open files needed.
+        needed: u64,
+        /// The hard limit.
+        limit: u64,
+        /// The most connections the limit holds.
+        fit: u64,
+    },
+    /// Raising this process's open-file limit failed.
+    #[error("raising the open-file limit from {from} to {to} failed")]
+    RaiseOpenFiles {
+        /// The soft limit.
+        from: u64,
+        /// The hard limit, asked for as the soft one.
+        to: u64,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another listener of this transport listens at this address already.
+    #[error("a listener is already listening at {address}")]
+    AddressInUse {
+        /// The address.
+        address: String,
+    },
+    /// Nothing listens at the address connected to.
+    #[error("nothing listens at {address}")]
+    NoListener {
+        /// The address.
+        address: String,
+        /// What the provider said, where it said something.
+        #[source]
+        source: Option<TransportError>,
+    },
+    /// `accept_timeout` or `connect_timeout` ran out of time.
+    #[error("{operation} did not complete within {timeout:?}")]
+    TimedOut {
+        /// What waited: accepting or connecting.
+        operation: &'static str,
+        /// The timeout given.
+        timeout: Duration,
+    },
+    /// The provider failed: opening it, listening, or connecting an endpoint (a peer that
+    /// failed its handshake is reported here, and the listener goes on).
+    #[error("the {provider} provider failed in {operation}")]
+    Provider {
+        /// The provider's name.
+        provider: &'static str,
+        /// What the front door was doing.
+        operation: &'static str,
+        /// The provider's error.
+        #[source]
+        source: TransportError,
+    },
+    /// The verbs provider failed: opening the device, a memlock limit too low for the
+    /// connections expected, listening, or connecting.
+    #[cfg(feature = "verbs")]
+    #[error("the verbs provider failed in {operation}")]
+    Verbs {
+        /// What the front door was doing.
+        operation: &'static str,
+        /// The provider's error.
+        #[source]
+        source: crate::verbs::VerbsError,
+    },
+    /// An endpoint was connected, but the connection over it could not start.
+    #[error("the connection over a new endpoint could not start")]
+    Connection {
+        /// The connection's error.
+        #[source]
+        source: Arc<ConnectionError>,
+    },
+    /// The thread that accepts for a listener is gone (it panicked).
+    #[error("the listener's accepting thread is gone")]
+    ListenerGone,
+    /// A thread to accept or connect on could not be started.
+    #[error("no thread could be started for {purpose}")]
+    Thread {
+        /// What the thread was for.
+        purpose: &'static str,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SetupError {
+    /// Whose doing the failure was: the caller's arguments or use, this process's
+    /// resources, or the peer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tierbuf_transport::connection::Fault;
+    /// use tierbuf_transport::SetupError;
+    /// let timeout = SetupError::TimedOut { operation: "accepting", timeout: Duration::ZERO };
+    /// assert_eq!(timeout.fault(), Fault::Peer);
+    /// ```
+    pub fn fault(&self) -> Fault {
+        match self {
+            SetupError::UnknownPreset { .. }
+            | SetupError::LadderFile { .. }
+            | SetupError::Ladder { .. }
+            | SetupError::Config { .. }
+            | SetupError::QueueTooDeep { .. }
+            | SetupError::BudgetTooSmall { .. }
+            | SetupError::AddressInUse { .. }
+            | SetupError::NoListener { .. } => Fault::Caller,
+            SetupError::Budget { .. }
+            | SetupError::Reservoir { .. }
+            | SetupError::OpenFiles { .. }
+            | SetupError::RaiseOpenFiles { .. }
+            | SetupError::ListenerGone
+            | SetupError::Thread { .. } => Fault::Local,
+            // No peer came, or none answered in time.
+            SetupError::TimedOut { .. } => Fault::Peer,
+            SetupError::Provider { source, .. } => match source {
+                TransportError::Handshake { .. }
+                | TransportError::PeerDied { .. }
+                | TransportError::PeerStalled { .. } => Fault::Peer,
+                TransportError::InvalidDepth { .. } => Fault::Caller,
+                _ => Fault::Local,
+            },
+            #[cfg(feature = "verbs")]
+            SetupError::Verbs { .. } => Fault::Local,
+            SetupError::Connection { source } => source.fault(),
+        }
+    }
+}
