@@ -121,9 +121,9 @@ pub fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
         .expect("a valid ladder");
     let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::new(ladder)));
     let region = TieredRegion::new(reservoir).expect("the first tier");
-    let queue = loom::sync::Arc::new(SendQueue::new(2));
+    let queue = Arc::new(SendQueue::new(2));
     let sender = {
-        let queue = loom::sync::Arc::clone(&queue);
+        let queue = Arc::clone(&queue);
         let mut slots = region.owned_cache();
         thread::spawn(move || {
             let mut slot = slots.try_acquire().expect("a free slot");

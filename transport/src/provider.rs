@@ -54,9 +54,12 @@ pub trait Provider: Send + Sync + fmt::Debug {
 ///   posts one (reliable connection with infinite RNR retry); it is never dropped.
 /// - **Length.** A message longer than the receive buffer it meets is not delivered: the
 ///   receive completes with [`CompletionStatus::LocalLengthError`], the send with
-///   [`CompletionStatus::RemoteInvalidRequest`], and nothing is written to the receive
-///   buffer. As in verbs, any error completion breaks the connection
-///   ([`EndpointState::Broken`]): every later request of either side is flushed.
+///   [`CompletionStatus::RemoteInvalidRequest`], and nothing is written past the receive
+///   buffer (the software providers write nothing at all). A device may report the same
+///   failure as [`CompletionStatus::LocalOperationError`] and
+///   [`CompletionStatus::RemoteOperationError`], as soft-RoCE does. As in verbs, any
+///   error completion breaks the connection ([`EndpointState::Broken`]): every later
+///   request of either side is flushed.
 /// - **Keys and bounds.** Every buffer must lie inside a live region registered with the
 ///   provider, found by its remote key; anything else is refused when posted
 ///   ([`PostError::UnknownKey`], [`PostError::OutOfBounds`]). A region deregistered while
@@ -480,6 +483,9 @@ pub enum CompletionStatus {
     /// A buffer's region was deregistered before the request was carried out
     /// (`IBV_WC_LOC_PROT_ERR`).
     LocalProtectionError,
+    /// This side's queue could not carry out the request as posted; soft-RoCE reports a
+    /// receive that met a message longer than its buffer so (`IBV_WC_LOC_QP_OP_ERR`).
+    LocalOperationError,
     /// The peer refused the send: its receive buffer was too short
     /// (`IBV_WC_REM_INV_REQ_ERR`).
     RemoteInvalidRequest,

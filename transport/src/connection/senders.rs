@@ -30,7 +30,7 @@
 //!   queue holding every slot behind a message waiting for one would never move.
 
 use std::fmt;
-use std::sync::{Arc as StdArc, Condvar, PoisonError};
+use std::sync::{Arc, Condvar, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
 use crate::provider::Armed;
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, UnboundedQueue, fence};
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering, UnboundedQueue, fence};
 
 /// How long a sender that found the queue full waits for room before it looks again,
 /// at most: the connection's thread wakes it sooner when it takes items.
@@ -72,7 +72,7 @@ pub struct SendQueue<T> {
     parked: AtomicBool,
     waker: Mutex<Option<Waker>>,
     /// The connection's failure, once it has one or is gone; senders report it.
-    closed: std::sync::Mutex<Option<StdArc<ConnectionError>>>,
+    closed: std::sync::Mutex<Option<Arc<ConnectionError>>>,
     /// Where senders wait for room.
     room: Condvar,
 }
@@ -182,7 +182,7 @@ impl<T> SendQueue<T> {
     }
 
     /// Records the connection's failure (or its end) for the senders, and wakes them.
-    pub(crate) fn close(&self, failure: StdArc<ConnectionError>) {
+    pub(crate) fn close(&self, failure: Arc<ConnectionError>) {
         let mut closed = self.closed.lock().unwrap_or_else(PoisonError::into_inner);
         if closed.is_none() {
             *closed = Some(failure);
@@ -191,7 +191,7 @@ impl<T> SendQueue<T> {
         self.room.notify_all();
     }
 
-    fn failure(&self) -> Option<StdArc<ConnectionError>> {
+    fn failure(&self) -> Option<Arc<ConnectionError>> {
         self.closed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -274,7 +274,7 @@ pub struct Sender {
     queue: Arc<SendQueue<Queued>>,
     slots: OwnedTierCache,
     /// By tier: the most send slots queued items may hold (module invariants).
-    slot_limits: StdArc<[usize]>,
+    slot_limits: Arc<[usize]>,
 }
 
 impl Sender {
@@ -355,7 +355,7 @@ impl Clone for Sender {
         Sender {
             queue: Arc::clone(&self.queue),
             slots: self.slots.clone(),
-            slot_limits: StdArc::clone(&self.slot_limits),
+            slot_limits: Arc::clone(&self.slot_limits),
         }
     }
 }

@@ -13,10 +13,13 @@
 //! - The [`OpenDevice::empty_message`] region is a field declared before the cell, so it
 //!   is deregistered before the domain is deallocated.
 
+use std::ffi::CStr;
+use std::fmt;
 use std::io;
+use std::net::Ipv6Addr;
 use std::sync::{Mutex, MutexGuard};
 
-use ibverbs::{Context, MemoryRegion, ProtectionDomain, ibv_gid_type};
+use ibverbs::{Context, Gid, MemoryRegion, ProtectionDomain, ibv_gid_type};
 
 use super::error::{VerbsError, open_error, select_device};
 
@@ -36,6 +39,7 @@ pub(crate) struct OpenDevice {
     empty_message: Mutex<MemoryRegion<u8>>,
     name: String,
     gid_index: Option<u32>,
+    path: PortPath,
     domain: ContextAndDomain,
 }
 
@@ -80,6 +84,24 @@ impl OpenDevice {
                     entries,
                 }
             })?;
+        let path = PortPath {
+            device: name.to_owned(),
+            port: PORT,
+            gid: gid_index.and_then(|index| {
+                let entry = context.gid_table().get(index as usize)?;
+                Some(RoutingGid {
+                    index,
+                    value: gid_address(&entry.gid),
+                    kind: GidKind::of(entry.gid_type),
+                })
+            }),
+            // Only what the path says: a port whose MTU cannot be read still carries
+            // traffic (the queue pairs take the MTU themselves).
+            active_mtu: active_mtu(name).unwrap_or_else(|error| {
+                tracing::warn!(device = name, %error, "reading the port's active MTU failed");
+                None
+            }),
+        };
         let domain =
             ContextAndDomain::try_new(context, |context| context.alloc_pd()).map_err(|source| {
                 device_error(
@@ -102,6 +124,7 @@ impl OpenDevice {
             empty_message: Mutex::new(empty_message),
             name: name.to_owned(),
             gid_index,
+            path,
             domain,
         })
     }
@@ -114,6 +137,11 @@ impl OpenDevice {
     /// The GID index queue pairs route by, if any (RoCE).
     pub(crate) fn gid_index(&self) -> Option<u32> {
         self.gid_index
+    }
+
+    /// The device, port, GID and MTU the queue pairs go out by.
+    pub(crate) fn path(&self) -> &PortPath {
+        &self.path
     }
 
     /// The device context.
@@ -146,6 +174,162 @@ impl std::fmt::Debug for OpenDevice {
     }
 }
 
+/// The port every queue pair uses: `ibverbs` 0.9 opens port 1 and no other.
+const PORT: u8 = 1;
+
+/// Where a provider's queue pairs go out: the device and port, the GID entry they route
+/// by (RoCE; none on InfiniBand, which routes by LID) and the port's active MTU, which
+/// they take as their path MTU. Its `Display` is one line for reports and logs.
+///
+/// ```no_run
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_transport::verbs::{VerbsConfig, VerbsProvider};
+/// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(1 << 20))?;
+/// // device rxe0 port 1, GID index 1 ::ffff:10.0.2.15 (RoCE v2), MTU 1024
+/// println!("{}", provider.path());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PortPath {
+    /// The device's name.
+    pub device: String,
+    /// The port number.
+    pub port: u8,
+    /// The GID entry the queue pairs route by, if any.
+    pub gid: Option<RoutingGid>,
+    /// The port's active MTU in bytes, where the port could be queried.
+    pub active_mtu: Option<u32>,
+}
+
+impl fmt::Display for PortPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device {} port {}, ", self.device, self.port)?;
+        match &self.gid {
+            Some(gid) => write!(f, "GID index {} {} ({})", gid.index, gid.value, gid.kind)?,
+            None => f.write_str("routed by LID (no GID)")?,
+        }
+        match self.active_mtu {
+            Some(mtu) => write!(f, ", MTU {mtu}"),
+            None => f.write_str(", MTU unknown"),
+        }
+    }
+}
+
+/// A GID table entry queue pairs route by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RoutingGid {
+    /// Its index in the port's GID table.
+    pub index: u32,
+    /// The GID, as the IPv6 address it is (an IPv4 one shows as `::ffff:a.b.c.d`).
+    pub value: Ipv6Addr,
+    /// How it is carried.
+    pub kind: GidKind,
+}
+
+/// How a GID's traffic is carried (`ibv_gid_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GidKind {
+    /// InfiniBand.
+    InfiniBand,
+    /// RoCE v1: InfiniBand's network layer over Ethernet.
+    RoceV1,
+    /// RoCE v2: over UDP/IP.
+    RoceV2,
+    /// A type this build does not know.
+    Other(ibv_gid_type),
+}
+
+impl GidKind {
+    fn of(gid_type: ibv_gid_type) -> GidKind {
+        match gid_type {
+            GID_TYPE_IB => GidKind::InfiniBand,
+            GID_TYPE_ROCE_V1 => GidKind::RoceV1,
+            GID_TYPE_ROCE_V2 => GidKind::RoceV2,
+            other => GidKind::Other(other),
+        }
+    }
+}
+
+impl fmt::Display for GidKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GidKind::InfiniBand => f.write_str("InfiniBand"),
+            GidKind::RoceV1 => f.write_str("RoCE v1"),
+            GidKind::RoceV2 => f.write_str("RoCE v2"),
+            GidKind::Other(other) => write!(f, "GID type {other}"),
+        }
+    }
+}
+
+/// The 16 bytes of `gid` as an IPv6 address.
+fn gid_address(gid: &Gid) -> Ipv6Addr {
+    Ipv6Addr::from((u128::from(gid.subnet_prefix()) << 64) | u128::from(gid.interface_id()))
+}
+
+/// The bytes of an `ibv_mtu` value, `None` for a value `verbs.h` does not define.
+fn mtu_bytes(mtu: ibverbs_sys::ibv_mtu) -> Option<u32> {
+    (1..=5).contains(&mtu).then(|| 128 << mtu)
+}
+
+/// The active MTU of port [`PORT`] of device `name`, through a context of its own:
+/// `ibverbs` queries the port when it opens a device and keeps the answer private.
+fn active_mtu(name: &str) -> io::Result<Option<u32>> {
+    let mut count = 0;
+    // SAFETY: `count` is a valid place for the number of devices; the list returned is
+    // freed below, after the last use of any device pointer from it.
+    let list = unsafe { ibverbs_sys::ibv_get_device_list(&mut count) };
+    if list.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a non-null list holds `count` device pointers (then a null one).
+    let devices = unsafe { std::slice::from_raw_parts(list, count.max(0) as usize) };
+    let found = devices.iter().copied().find(|&device| {
+        // SAFETY: `device` comes from the live list; the name it returns is a C string
+        // owned by the device, read before the list is freed.
+        let device_name = unsafe { ibverbs_sys::ibv_get_device_name(device) };
+        // SAFETY: non-null, it is a NUL-terminated string (see above).
+        !device_name.is_null()
+            && unsafe { CStr::from_ptr(device_name) }.to_bytes() == name.as_bytes()
+    });
+    let result = match found {
+        None => Ok(None),
+        Some(device) => {
+            // SAFETY: `device` is a device of the live list.
+            let context = unsafe { ibverbs_sys::ibv_open_device(device) };
+            if context.is_null() {
+                Err(io::Error::last_os_error())
+            } else {
+                let mut attributes = ibverbs_sys::ibv_port_attr::default();
+                // SAFETY: `context` is open; libibverbs' exported `ibv_query_port` fills
+                // the compat prefix of `ibv_port_attr`, which holds `active_mtu` (the
+                // `ibverbs` crate calls it the same way). The context is closed once.
+                let queried = unsafe {
+                    let queried = ibverbs_sys::ibv_query_port(
+                        context,
+                        PORT,
+                        (&mut attributes as *mut ibverbs_sys::ibv_port_attr).cast(),
+                    );
+                    ibverbs_sys::ibv_close_device(context);
+                    queried
+                };
+                match queried {
+                    0 => Ok(mtu_bytes(attributes.active_mtu)),
+                    errno => Err(io::Error::from_raw_os_error(errno)),
+                }
+            }
+        }
+    };
+    // SAFETY: `list` came from `ibv_get_device_list` and is freed once; no pointer from it
+    // is used after this.
+    unsafe { ibverbs_sys::ibv_free_device_list(list) };
+    result
+}
+
+/// `IBV_GID_TYPE_IB` of `verbs.h`.
+const GID_TYPE_IB: ibv_gid_type = 0;
 /// `IBV_GID_TYPE_ROCE_V1` of `verbs.h` (`ibverbs` 0.9 re-exports the type, not its values).
 const GID_TYPE_ROCE_V1: ibv_gid_type = 1;
 /// `IBV_GID_TYPE_ROCE_V2` of `verbs.h`.
@@ -206,7 +390,51 @@ pub(crate) fn lock(region: &Mutex<MemoryRegion<u8>>) -> MutexGuard<'_, MemoryReg
 mod tests {
     use super::*;
 
-    const GID_TYPE_IB: ibv_gid_type = 0;
+    #[test]
+    fn a_path_says_device_port_gid_and_mtu_in_one_line() {
+        let roce = PortPath {
+            device: "rxe0".into(),
+            port: 1,
+            gid: Some(RoutingGid {
+                index: 1,
+                value: "::ffff:10.0.2.15".parse().unwrap(),
+                kind: GidKind::of(GID_TYPE_ROCE_V2),
+            }),
+            active_mtu: mtu_bytes(3),
+        };
+        assert_eq!(
+            roce.to_string(),
+            "device rxe0 port 1, GID index 1 ::ffff:10.0.2.15 (RoCE v2), MTU 1024"
+        );
+        let infiniband = PortPath {
+            device: "mlx5_0".into(),
+            port: 1,
+            gid: None,
+            active_mtu: mtu_bytes(5),
+        };
+        assert_eq!(
+            infiniband.to_string(),
+            "device mlx5_0 port 1, routed by LID (no GID), MTU 4096"
+        );
+    }
+
+    #[test]
+    fn mtu_values_are_the_five_verbs_defines() {
+        let bytes: Vec<Option<u32>> = (0..=6).map(mtu_bytes).collect();
+        assert_eq!(
+            bytes,
+            [
+                None,
+                Some(256),
+                Some(512),
+                Some(1024),
+                Some(2048),
+                Some(4096),
+                None
+            ]
+        );
+        assert_eq!(GidKind::of(7).to_string(), "GID type 7");
+    }
 
     fn entry(gid_index: u32, gid_type: ibv_gid_type) -> GidTableEntry {
         GidTableEntry {

@@ -36,7 +36,7 @@ use super::error::VerbsError;
 use super::handshake::Hello;
 use super::registrar::DeviceMemory;
 use super::rendezvous::{PeerWatch, Rendezvous};
-use super::status::completion_status;
+use super::status::DeviceFailure;
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
@@ -206,6 +206,8 @@ pub struct VerbsEndpoint {
     /// held, not yet handed to the caller.
     ready: VecDeque<Completion>,
     state: EndpointState,
+    /// The first error completion, as the device reported it.
+    failure: Option<DeviceFailure>,
     peer: PeerWatch,
     next_peer_check: Instant,
     local: Hello,
@@ -307,6 +309,7 @@ impl VerbsEndpoint {
             outstanding: Outstanding::default(),
             ready: VecDeque::new(),
             state: EndpointState::Open,
+            failure: None,
             peer: rendezvous.into_watch()?,
             next_peer_check: Instant::now(),
             local,
@@ -328,6 +331,12 @@ impl VerbsEndpoint {
     /// The name of the device this endpoint's queue pair is on.
     pub fn device_name(&self) -> &str {
         self.device.name()
+    }
+
+    /// The error completion that broke this endpoint, with the device's own status and
+    /// vendor syndrome; `None` while no request has failed (flushes aside).
+    pub fn failure(&self) -> Option<DeviceFailure> {
+        self.failure
     }
 
     /// Posts `range` of `resolved`'s region (or the empty message when `None`) to the
@@ -439,6 +448,7 @@ impl VerbsEndpoint {
                 opcode,
                 &mut self.in_device,
                 &mut self.state,
+                &mut self.failure,
                 self.device.name(),
             );
             self.ready.push_back(completion);
@@ -506,12 +516,14 @@ impl VerbsEndpoint {
 }
 
 /// The completion of `work_completion`, taken from the queue of `opcode`: the oldest
-/// request of that queue. An error completion breaks the connection.
+/// request of that queue. An error completion breaks the connection; the first one that
+/// is not a flush is kept in `failure`.
 fn complete(
     work_completion: &ibv_wc,
     opcode: Opcode,
     in_device: &mut InDevice,
     state: &mut EndpointState,
+    failure: &mut Option<DeviceFailure>,
     device: &str,
 ) -> Completion {
     let wr_id = work_completion.wr_id();
@@ -521,23 +533,17 @@ fn complete(
         Some(wr_id),
         "a reliable connection completes each queue in posting order"
     );
-    let raw_status = work_completion
+    let (raw_status, vendor_error) = work_completion
         .error()
-        .map_or(ibv_wc_status::IBV_WC_SUCCESS, |(status, _)| status);
-    let status = completion_status(raw_status);
-    if let Some((_, vendor_error)) = work_completion.error() {
+        .unwrap_or((ibv_wc_status::IBV_WC_SUCCESS, 0));
+    let failed = DeviceFailure::new(wr_id, opcode, raw_status, vendor_error);
+    let status = failed.status;
+    if work_completion.error().is_some() {
         if status == CompletionStatus::Flushed {
             tracing::debug!(device, wr_id, ?opcode, "request flushed");
         } else {
-            tracing::warn!(
-                device,
-                wr_id,
-                ?opcode,
-                raw_status,
-                vendor_error,
-                ?status,
-                "request failed; the connection is broken"
-            );
+            tracing::warn!(device, "{failed}; the connection is broken");
+            failure.get_or_insert(failed);
         }
         if *state == EndpointState::Open {
             *state = EndpointState::Broken;

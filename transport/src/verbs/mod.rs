@@ -53,12 +53,13 @@ use tierbuf_pool::{MemoryBudget, Registrar};
 
 use crate::provider::Provider;
 use device::OpenDevice;
+pub use device::{GidKind, PortPath, RoutingGid};
 pub use endpoint::{EndpointOptions, MAX_MESSAGE_LEN, MAX_QUEUE_DEPTH, VerbsEndpoint};
 pub use error::VerbsError;
 pub use memlock::{MemlockFacts, check_memlock, ladder_pinned_bytes, region_pinned_bytes};
 pub use registrar::VerbsRegistrar;
 use rendezvous::{Rendezvous, RendezvousListener};
-pub use status::completion_status;
+pub use status::{DeviceFailure, completion_status, status_name};
 
 /// Which device to open, and how its queue pairs route.
 ///
@@ -143,6 +144,11 @@ impl VerbsProvider {
     /// The name of the opened device.
     pub fn device_name(&self) -> &str {
         self.device.name()
+    }
+
+    /// The device, port, GID and MTU this provider's queue pairs go out by.
+    pub fn path(&self) -> &PortPath {
+        self.device.path()
     }
 
     /// Connects to the peer listening at `addr` ([`VerbsProvider::listen`]).

@@ -5,8 +5,12 @@
 //! been polled or its endpoint closed; the helpers below rely on that for their `unsafe`.
 //! A waiting send moves when its sender calls in (posts or polls), as a provider without
 //! a progress engine of its own allows, so the tests poll the sender before the receiver.
+//! A device completes requests in its own time (soft-RoCE under an emulated CPU takes
+//! milliseconds), so a rule that expects completions polls for them, up to an explicit and
+//! generous deadline ([`PATIENCE`]), where the software providers have them at once.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use tierbuf_pool::{HostRegistrar, MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_transport::{
@@ -16,12 +20,38 @@ use tierbuf_transport::{
 
 const SUCCESS: CompletionStatus = CompletionStatus::Success;
 
+/// How long a rule waits for a completion it expects, or for an endpoint to go idle: far
+/// longer than any provider takes, an emulated CPU included, so that only a lost request
+/// fails a rule.
+const PATIENCE: Duration = Duration::from_secs(60);
+
 /// A provider whose endpoints come in connected pairs, for these rules.
 pub(crate) trait TestProvider: Provider<Endpoint: 'static> {
+    /// Whether deregistering a region stops the provider reaching its memory at once, so
+    /// that the memory (and its budget) may go back before a queued request naming it
+    /// completes. A device checks keys as it works (verbs); a software provider reads
+    /// the memory itself, so it keeps the memory until the request completes.
+    const DEREGISTRATION_REVOKES_ACCESS: bool = false;
+
+    /// Why the rules cannot run here (no device, say), or `None` when they can.
+    fn unavailable() -> Option<String> {
+        None
+    }
     /// A provider charging `budget`.
     fn with_budget(budget: MemoryBudget) -> Self;
     /// Two connected endpoints of the given depths.
     fn connect_pair(&self, send_depth: u32, recv_depth: u32) -> (Self::Endpoint, Self::Endpoint);
+}
+
+/// Whether the rules skip on provider `P`, saying why when they do.
+pub(crate) fn skipped<P: TestProvider>() -> bool {
+    match P::unavailable() {
+        Some(reason) => {
+            println!("skipped: {reason}");
+            true
+        }
+        None => false,
+    }
 }
 
 fn provider<P: TestProvider>() -> P {
@@ -68,6 +98,24 @@ fn poll_all<E: Endpoint>(endpoint: &mut E) -> Vec<Completion> {
             return all;
         }
     }
+}
+
+/// Polls until at least `count` completions have come, failing past [`PATIENCE`]; returns
+/// every completion taken, so that a rule's assertion sees any beyond `count` that had
+/// come by then.
+fn poll_for<E: Endpoint>(endpoint: &mut E, count: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + PATIENCE;
+    let mut all = poll_all(endpoint);
+    while all.len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {count} completions came within {PATIENCE:?}: {all:?}",
+            all.len()
+        );
+        std::thread::yield_now();
+        all.extend(poll_all(endpoint));
+    }
+    all
 }
 
 fn completion(wr_id: u64, byte_len: u32, status: CompletionStatus, opcode: Opcode) -> Completion {
@@ -117,12 +165,12 @@ pub(crate) fn messages_arrive_byte_for_byte_in_order<P: TestProvider>() {
             send(&mut a, &[buffer], index).unwrap();
             messages.push((message, len));
         }
-        let sent = poll_all(&mut a);
+        let sent = poll_for(&mut a, 4);
         let expected: Vec<_> = (0..4)
             .map(|i| completion(round * 4 + i, 0, SUCCESS, Opcode::Send))
             .collect();
         assert_eq!(sent, expected);
-        let received = poll_all(&mut b);
+        let received = poll_for(&mut b, 4);
         assert_eq!(received.len(), 4);
         for (i, done) in received.iter().enumerate() {
             let index = round * 4 + i as u64;
@@ -137,43 +185,67 @@ pub(crate) fn messages_arrive_byte_for_byte_in_order<P: TestProvider>() {
 
 pub(crate) fn gather_lists_are_concatenated_and_limited<P: TestProvider>() {
     let (pool, mut a, mut b) = fixture::<P>(64, 8, 4, 4);
+    let limits = a.limits();
     let mut parts: Vec<OwnedSlot> = (0..3).map(|_| pool.try_acquire_owned().unwrap()).collect();
     for (i, part) in parts.iter_mut().enumerate() {
         part.fill(b'a' + i as u8);
     }
     let inbox = pool.try_acquire_owned().unwrap();
     recv(&mut b, BufferRef::from(&inbox), 1).unwrap();
-    let gather = [
-        BufferRef::from(&parts[0]).prefix(3).unwrap(),
-        BufferRef::from(&parts[1]).prefix(0).unwrap(),
-        BufferRef::from(&parts[2]).prefix(5).unwrap(),
-    ];
+    // As many of these as the endpoint gathers (a verbs endpoint takes one), an empty one
+    // among them.
+    let lens = [3u32, 0, 5];
+    let gather: Vec<BufferRef> = lens
+        .iter()
+        .zip(&parts)
+        .take(limits.max_gather)
+        .map(|(&len, part)| BufferRef::from(part).prefix(len).unwrap())
+        .collect();
+    let expected: Vec<u8> = lens
+        .iter()
+        .take(limits.max_gather)
+        .enumerate()
+        .flat_map(|(i, &len)| std::iter::repeat_n(b'a' + i as u8, len as usize))
+        .collect();
     send(&mut a, &gather, 2).unwrap();
-    assert_eq!(poll_all(&mut b), [completion(1, 8, SUCCESS, Opcode::Recv)]);
-    assert_eq!(&inbox[..8], b"aaaccccc");
+    assert_eq!(
+        poll_for(&mut b, 1),
+        [completion(1, expected.len() as u32, SUCCESS, Opcode::Recv)]
+    );
+    assert_eq!(&inbox[..expected.len()], &expected[..]);
 
-    let too_many = [BufferRef::from(&parts[0]); 5];
+    let too_many = vec![BufferRef::from(&parts[0]); limits.max_gather + 1];
     assert_eq!(
         send(&mut a, &too_many, 3),
-        Err(PostError::TooManyBuffers { given: 5, max: 4 })
+        Err(PostError::TooManyBuffers {
+            given: limits.max_gather + 1,
+            max: limits.max_gather
+        })
     );
+    // Longer than one message carries, whether in one buffer or two.
     let huge = BufferRef {
         len: u32::MAX,
         ..BufferRef::from(&parts[0])
     };
+    let huge_gather = vec![huge; limits.max_gather.min(2)];
+    let huge_len = huge_gather.len() as u64 * u64::from(u32::MAX);
+    assert!(huge_len > u64::from(limits.max_message), "{limits:?}");
     assert_eq!(
-        send(&mut a, &[huge, huge], 3),
+        send(&mut a, &huge_gather, 3),
         Err(PostError::MessageTooLong {
-            len: 2 * u64::from(u32::MAX),
-            max: u32::MAX
+            len: huge_len,
+            max: limits.max_message
         })
     );
     // An empty gather list sends an empty message.
     recv(&mut b, BufferRef::from(&inbox), 4).unwrap();
     send(&mut a, &[], 5).unwrap();
-    assert_eq!(poll_all(&mut b), [completion(4, 0, SUCCESS, Opcode::Recv)]);
     assert_eq!(
-        poll_all(&mut a),
+        poll_for(&mut b, 1),
+        [completion(4, 0, SUCCESS, Opcode::Recv)]
+    );
+    assert_eq!(
+        poll_for(&mut a, 2),
         [
             completion(2, 0, SUCCESS, Opcode::Send),
             completion(5, 0, SUCCESS, Opcode::Send)
@@ -190,10 +262,13 @@ pub(crate) fn a_message_of_exactly_the_receive_length_is_delivered<P: TestProvid
     recv(&mut b, BufferRef::from(&inbox).prefix(100).unwrap(), 1).unwrap();
     send(&mut a, &[BufferRef::from(&message).prefix(100).unwrap()], 2).unwrap();
     assert_eq!(
-        poll_all(&mut b),
+        poll_for(&mut b, 1),
         [completion(1, 100, SUCCESS, Opcode::Recv)]
     );
-    assert_eq!(poll_all(&mut a), [completion(2, 0, SUCCESS, Opcode::Send)]);
+    assert_eq!(
+        poll_for(&mut a, 1),
+        [completion(2, 0, SUCCESS, Opcode::Send)]
+    );
     assert!(is_message(&inbox[..100], 9));
     assert!(
         inbox[100..].iter().all(|&guard| guard == 0xEE),
@@ -213,24 +288,42 @@ pub(crate) fn a_message_one_byte_longer_than_the_receive_is_a_length_error<P: Te
     recv(&mut b, BufferRef::from(&spare), 2).unwrap();
     send(&mut a, &[BufferRef::from(&message).prefix(101).unwrap()], 3).unwrap();
     // The too-short receive fails, the error breaks the connection, the next receive is
-    // flushed; not a byte of the receive buffer (nor the guard after it) was written.
+    // flushed, and no byte past the receive buffer (the guard after it) was written. How
+    // the failure reads depends on who checks the length: the software providers, and
+    // most NICs, report a length error at the receiver and an invalid request at the
+    // sender; soft-RoCE fails the receive's work request as a whole (a local operation
+    // error) and the sender sees the peer's operation fail.
+    let received = poll_for(&mut b, 2);
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert!(
+        matches!(
+            received[0].status,
+            CompletionStatus::LocalLengthError | CompletionStatus::LocalOperationError
+        ),
+        "{received:?}"
+    );
     assert_eq!(
-        poll_all(&mut b),
+        received,
         [
-            completion(1, 0, CompletionStatus::LocalLengthError, Opcode::Recv),
+            completion(1, 0, received[0].status, Opcode::Recv),
             completion(2, 0, CompletionStatus::Flushed, Opcode::Recv),
         ]
     );
-    assert_eq!(
-        poll_all(&mut a),
-        [completion(
-            3,
-            0,
-            CompletionStatus::RemoteInvalidRequest,
-            Opcode::Send
-        )]
+    let sent = poll_for(&mut a, 1);
+    assert!(
+        matches!(
+            sent[..],
+            [Completion {
+                wr_id: 3,
+                byte_len: 0,
+                status: CompletionStatus::RemoteInvalidRequest
+                    | CompletionStatus::RemoteOperationError,
+                opcode: Opcode::Send,
+            }]
+        ),
+        "{sent:?}"
     );
-    assert!(inbox.iter().all(|&byte| byte == 0xEE));
+    assert!(inbox[100..].iter().all(|&byte| byte == 0xEE), "guard bytes");
     assert_eq!(
         (a.state(), b.state()),
         (EndpointState::Broken, EndpointState::Broken)
@@ -254,9 +347,12 @@ pub(crate) fn a_send_without_a_posted_receive_waits_for_one<P: TestProvider>() {
     let inbox = pool.try_acquire_owned().unwrap();
     recv(&mut b, BufferRef::from(&inbox), 8).unwrap();
     // The sender sees its completion without the receiver polling first.
-    assert_eq!(poll_all(&mut a), [completion(7, 0, SUCCESS, Opcode::Send)]);
     assert_eq!(
-        poll_all(&mut b),
+        poll_for(&mut a, 1),
+        [completion(7, 0, SUCCESS, Opcode::Send)]
+    );
+    assert_eq!(
+        poll_for(&mut b, 1),
         [completion(8, 128, SUCCESS, Opcode::Recv)]
     );
     assert!(is_message(&inbox, 5));
@@ -265,10 +361,12 @@ pub(crate) fn a_send_without_a_posted_receive_waits_for_one<P: TestProvider>() {
 pub(crate) fn unknown_keys_and_out_of_bounds_buffers_are_refused<P: TestProvider>() {
     let (pool, mut a, mut b) = fixture::<P>(256, 4, 2, 2);
     let slot = pool.try_acquire_owned().unwrap();
+    // The region may be longer than the four slots (a device registers whole pages).
+    let region_len = pool.region_len();
     let whole_region = BufferRef {
         remote_key: pool.keys().remote_key,
         addr: pool.keys().remote_addr,
-        len: 1024,
+        len: region_len as u32,
     };
     let unknown = BufferRef {
         remote_key: 0xDEAD_BEEF,
@@ -300,7 +398,7 @@ pub(crate) fn unknown_keys_and_out_of_bounds_buffers_are_refused<P: TestProvider
 
     let out_of_bounds = [
         BufferRef {
-            len: 1025,
+            len: region_len as u32 + 1,
             ..whole_region
         },
         BufferRef {
@@ -309,7 +407,7 @@ pub(crate) fn unknown_keys_and_out_of_bounds_buffers_are_refused<P: TestProvider
             ..whole_region
         },
         BufferRef {
-            addr: whole_region.addr + 1024,
+            addr: whole_region.addr + region_len as u64,
             len: 1,
             ..whole_region
         },
@@ -321,34 +419,42 @@ pub(crate) fn unknown_keys_and_out_of_bounds_buffers_are_refused<P: TestProvider
     ];
     for buffer in out_of_bounds {
         assert!(
-            matches!(recv(&mut b, buffer, 3), Err(PostError::OutOfBounds { remote_key, region_len: 1024, .. }) if remote_key == buffer.remote_key),
+            matches!(recv(&mut b, buffer, 3), Err(PostError::OutOfBounds { remote_key, region_len: len, .. }) if remote_key == buffer.remote_key && len == region_len),
             "{buffer:?}"
         );
+        // Behind a good buffer where the endpoint gathers more than one.
+        let mut gather = vec![BufferRef::from(&slot).prefix(0).unwrap(), buffer];
+        if a.limits().max_gather < 2 {
+            gather.remove(0);
+        }
+        // A buffer longer than one message may be refused for that first.
+        let too_long = u64::from(buffer.len) > u64::from(a.limits().max_message);
+        let refused = send(&mut a, &gather, 3);
         assert!(
-            matches!(
-                send(
-                    &mut a,
-                    &[BufferRef::from(&slot).prefix(0).unwrap(), buffer],
-                    3
-                ),
-                Err(PostError::OutOfBounds { .. })
-            ),
-            "{buffer:?}"
+            matches!(refused, Err(PostError::OutOfBounds { .. }))
+                || too_long && matches!(refused, Err(PostError::MessageTooLong { .. })),
+            "{buffer:?}: {refused:?}"
         );
     }
     // Nothing refused was queued; the whole region and the empty end are fine.
     assert_eq!(a.outstanding(), Outstanding::default());
     assert_eq!(b.outstanding(), Outstanding::default());
     let end = BufferRef {
-        addr: whole_region.addr + 1024,
+        addr: whole_region.addr + region_len as u64,
         len: 0,
         ..whole_region
     };
     send(&mut a, &[end], 4).unwrap();
     drop(slot);
     recv(&mut b, whole_region, 5).unwrap();
-    assert_eq!(poll_all(&mut a), [completion(4, 0, SUCCESS, Opcode::Send)]);
-    assert_eq!(poll_all(&mut b), [completion(5, 0, SUCCESS, Opcode::Recv)]);
+    assert_eq!(
+        poll_for(&mut a, 1),
+        [completion(4, 0, SUCCESS, Opcode::Send)]
+    );
+    assert_eq!(
+        poll_for(&mut b, 1),
+        [completion(5, 0, SUCCESS, Opcode::Recv)]
+    );
 
     // A deregistered region's key is unknown.
     let key = pool.keys().remote_key;
@@ -366,7 +472,12 @@ pub(crate) fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing
     let registrar = provider.registrar();
     let pool = pool(&provider, 4096, 1);
     let (mut a, mut b) = provider.connect_pair(2, 2);
+    // What the pool and the endpoints hold, and what the region adds (a provider may
+    // charge more than the bytes asked for: whole pages, say).
+    let before = registrar.budget().in_use();
     let region = registrar.register(4096, 4096).unwrap();
+    let region_cost = registrar.budget().in_use() - before;
+    assert!(region_cost >= 4096, "{region_cost}");
     let keys = region.keys();
     let message = BufferRef {
         remote_key: keys.remote_key,
@@ -375,24 +486,37 @@ pub(crate) fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing
     };
     send(&mut a, &[message], 1).unwrap();
     drop(region);
-    // The queued send keeps the memory (and its budget) until it completes.
-    assert_eq!(registrar.budget().in_use(), 2 * 4096);
+    // A software provider keeps the memory (and its budget) until the queued send
+    // completes; a device no longer reaches it once deregistered, so it may go back now.
+    let held = if P::DEREGISTRATION_REVOKES_ACCESS {
+        0
+    } else {
+        region_cost
+    };
+    assert_eq!(registrar.budget().in_use(), before + held);
     let inbox = pool.try_acquire_owned().unwrap();
     recv(&mut b, BufferRef::from(&inbox), 2).unwrap();
-    assert_eq!(
-        poll_all(&mut a),
-        [completion(
-            1,
-            0,
-            CompletionStatus::LocalProtectionError,
-            Opcode::Send
-        )]
+    // The send fails on this side: a protection error, or (soft-RoCE) the queue pair
+    // failing the request as posted.
+    let sent = poll_for(&mut a, 1);
+    assert!(
+        matches!(
+            sent[..],
+            [Completion {
+                wr_id: 1,
+                byte_len: 0,
+                status: CompletionStatus::LocalProtectionError
+                    | CompletionStatus::LocalOperationError,
+                opcode: Opcode::Send,
+            }]
+        ),
+        "{sent:?}"
     );
     assert_eq!(
-        poll_all(&mut b),
+        poll_for(&mut b, 1),
         [completion(2, 0, CompletionStatus::Flushed, Opcode::Recv)]
     );
-    assert_eq!(registrar.budget().in_use(), 4096);
+    assert_eq!(registrar.budget().in_use(), before);
     assert_eq!(a.state(), EndpointState::Broken);
 }
 
@@ -424,7 +548,7 @@ pub(crate) fn receives_are_consumed_in_posting_order<P: TestProvider>() {
         .unwrap();
         messages.push(message);
     }
-    let received = poll_all(&mut b);
+    let received = poll_for(&mut b, 6);
     let expected: Vec<_> = sizes
         .iter()
         .enumerate()
@@ -454,12 +578,18 @@ pub(crate) fn posting_past_a_queue_depth_is_refused_until_completions_are_polled
     assert_eq!(recv(&mut b, buffer(6), 6), full(QueueKind::Recv, 3));
     assert_eq!(send(&mut a, &[buffer(2)], 2), full(QueueKind::Send, 2));
 
-    assert_eq!(poll_all(&mut a).len(), 2);
-    assert_eq!(poll_all(&mut b).len(), 2);
+    assert_eq!(poll_for(&mut a, 2).len(), 2);
+    assert_eq!(poll_for(&mut b, 2).len(), 2);
     recv(&mut b, buffer(6), 6).unwrap();
     send(&mut a, &[buffer(2)], 2).unwrap();
-    assert_eq!(poll_all(&mut a), [completion(2, 0, SUCCESS, Opcode::Send)]);
-    assert_eq!(poll_all(&mut b), [completion(5, 64, SUCCESS, Opcode::Recv)]);
+    assert_eq!(
+        poll_for(&mut a, 1),
+        [completion(2, 0, SUCCESS, Opcode::Send)]
+    );
+    assert_eq!(
+        poll_for(&mut b, 1),
+        [completion(5, 64, SUCCESS, Opcode::Recv)]
+    );
     assert_eq!(b.outstanding(), Outstanding { sends: 0, recvs: 1 });
 }
 
@@ -472,8 +602,8 @@ pub(crate) fn closing_flushes_the_outstanding_requests_of_both_sides<P: TestProv
     a.close();
     a.close();
     let flushed = |wr_id| completion(wr_id, 0, CompletionStatus::Flushed, Opcode::Recv);
-    assert_eq!(poll_all(&mut a), [flushed(1), flushed(2)]);
-    assert_eq!(poll_all(&mut b), [flushed(3)]);
+    assert_eq!(poll_for(&mut a, 2), [flushed(1), flushed(2)]);
+    assert_eq!(poll_for(&mut b, 1), [flushed(3)]);
     assert_eq!(
         (a.state(), b.state()),
         (EndpointState::Closed, EndpointState::PeerClosed)
@@ -500,7 +630,7 @@ pub(crate) fn dropping_an_endpoint_flushes_the_waiting_sends_of_its_peer<P: Test
     send(&mut a, &[BufferRef::from(&message)], 2).unwrap();
     drop(b);
     let flushed = |wr_id| completion(wr_id, 0, CompletionStatus::Flushed, Opcode::Send);
-    assert_eq!(poll_all(&mut a), [flushed(1), flushed(2)]);
+    assert_eq!(poll_for(&mut a, 2), [flushed(1), flushed(2)]);
     assert_eq!(a.state(), EndpointState::PeerClosed);
     drop((a, message, pool));
     assert_eq!(budget.in_use(), 0, "every registered byte returned");
@@ -575,20 +705,21 @@ pub(crate) fn a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messa
     assert_eq!(b.outstanding(), Outstanding::default());
 }
 
-/// Polls until nothing is outstanding, failing rather than hanging if a request is lost.
+/// Polls until nothing is outstanding, failing past [`PATIENCE`] rather than hanging if a
+/// request is lost.
 fn poll_until_idle<E: Endpoint>(endpoint: &mut E) -> Vec<Completion> {
+    let deadline = Instant::now() + PATIENCE;
     let mut all = Vec::new();
-    for _ in 0..1_000_000 {
-        if endpoint.outstanding() == Outstanding::default() {
-            return all;
-        }
+    while endpoint.outstanding() != Outstanding::default() {
+        assert!(
+            Instant::now() < deadline,
+            "requests never completed: {:?} outstanding after {PATIENCE:?}",
+            endpoint.outstanding()
+        );
         all.extend(poll_all(endpoint));
         std::thread::yield_now();
     }
-    panic!(
-        "requests never completed: {:?} outstanding",
-        endpoint.outstanding()
-    );
+    all
 }
 
 pub(crate) fn closing_during_traffic_completes_every_request_exactly_once<P: TestProvider>() {
@@ -703,7 +834,7 @@ pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothin
     );
     recv(&mut b, BufferRef::from(&inboxes[1]), 11).unwrap();
     assert_eq!(
-        poll_all(&mut a),
+        poll_for(&mut a, 2),
         vec![
             completion(1, 0, SUCCESS, Opcode::Send),
             completion(2, 0, SUCCESS, Opcode::Send)
@@ -716,11 +847,11 @@ pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothin
     recv(&mut b, BufferRef::from(&inboxes[2]), 12).unwrap();
     assert!(a.try_post_send_copied(&[&small], 3).unwrap());
     assert_eq!(
-        poll_all(&mut a),
+        poll_for(&mut a, 1),
         vec![completion(3, 0, SUCCESS, Opcode::Send)]
     );
     assert_eq!(
-        poll_all(&mut b),
+        poll_for(&mut b, 3),
         vec![
             completion(10, 200, SUCCESS, Opcode::Recv),
             completion(11, 64, SUCCESS, Opcode::Recv),
@@ -732,64 +863,107 @@ pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothin
     assert_eq!(&inboxes[2][..2], &small);
 }
 
-/// Instantiates every rule above as a `#[test]` for the provider type given.
+/// Instantiates every rule above as a `#[test]` for the provider type given; each passes
+/// with the reason printed where the provider is unavailable here.
 #[macro_export]
 macro_rules! provider_rules {
     ($provider:ty) => {
         #[test]
         fn messages_arrive_byte_for_byte_in_order() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::messages_arrive_byte_for_byte_in_order::<$provider>();
         }
         #[test]
         fn gather_lists_are_concatenated_and_limited() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::gather_lists_are_concatenated_and_limited::<$provider>();
         }
         #[test]
         fn a_message_of_exactly_the_receive_length_is_delivered() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::a_message_of_exactly_the_receive_length_is_delivered::<$provider>();
         }
         #[test]
         fn a_message_one_byte_longer_than_the_receive_is_a_length_error() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::a_message_one_byte_longer_than_the_receive_is_a_length_error::<$provider>();
         }
         #[test]
         fn a_send_without_a_posted_receive_waits_for_one() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::a_send_without_a_posted_receive_waits_for_one::<$provider>();
         }
         #[test]
         fn unknown_keys_and_out_of_bounds_buffers_are_refused() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::unknown_keys_and_out_of_bounds_buffers_are_refused::<$provider>();
         }
         #[test]
         fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early::<$provider>();
         }
         #[test]
         fn receives_are_consumed_in_posting_order() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::receives_are_consumed_in_posting_order::<$provider>();
         }
         #[test]
         fn posting_past_a_queue_depth_is_refused_until_completions_are_polled() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::posting_past_a_queue_depth_is_refused_until_completions_are_polled::<$provider>();
         }
         #[test]
         fn closing_flushes_the_outstanding_requests_of_both_sides() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::closing_flushes_the_outstanding_requests_of_both_sides::<$provider>();
         }
         #[test]
         fn dropping_an_endpoint_flushes_the_waiting_sends_of_its_peer() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::dropping_an_endpoint_flushes_the_waiting_sends_of_its_peer::<$provider>();
         }
         #[test]
         fn a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::a_sender_and_a_receiver_on_two_threads_exchange_thousands_of_messages::<$provider>();
         }
         #[test]
         fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothing() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothing::<$provider>();
         }
         #[test]
         fn closing_during_traffic_completes_every_request_exactly_once() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
             provider_rules::closing_during_traffic_completes_every_request_exactly_once::<$provider>();
         }
     };

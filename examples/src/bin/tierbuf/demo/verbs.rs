@@ -110,9 +110,10 @@ fn listening_side(args: &DemoArgs, device: &str, addr: &str) -> Result<(), DemoE
     let local_addr = control_listener.local_addr()?;
     println!(
         "tierbuf demo: {} connection pairs on RDMA device {}, listening at {local_addr} for \
-         `tierbuf demo --provider verbs --peer`",
+         `tierbuf demo --provider verbs --peer`; RDMA path: {}",
         args.connections,
-        transport.provider().device_name()
+        transport.provider().device_name(),
+        transport.provider().path()
     );
     std::io::stdout().flush()?;
     let (stream, client) = control_listener
@@ -193,10 +194,13 @@ fn client_side(args: &DemoArgs, device: &str, addr: &str) -> Result<(), DemoErro
             format!("connection {index} to the listening side at {rdma_addr}: {e}").into()
         })
     })?;
+    // Two header lines: where each side ran, then the path this side's queue pairs took.
     let placement = format!(
-        "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs",
+        "clients in this process (PID {}) on RDMA device {}, servers in the peer process at {peer}, over verbs\n  \
+         RDMA path: {}",
         std::process::id(),
-        transport.provider().device_name()
+        transport.provider().device_name(),
+        transport.provider().path()
     );
     remote_clients(
         args,

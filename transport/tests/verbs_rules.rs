@@ -1,0 +1,61 @@
+//! The verbs rules, checked on the verbs provider: the same rules the loopback and shm
+//! providers keep, on the RDMA device `TIERBUF_VERBS_DEVICE` names (soft-RoCE will do:
+//! `rdma link add rxe0 type rxe netdev eth0`; `.ci/verbs-rxe` runs them so in a guest).
+//!
+//! ```text
+//! TIERBUF_VERBS_DEVICE=rxe0 cargo test -p tierbuf-transport --features verbs --test verbs_rules
+//! ```
+//!
+//! Without the variable each rule prints why it skips and passes. `TIERBUF_VERBS_GID_INDEX`
+//! picks a GID entry, as for `verbs_device`.
+#![cfg(feature = "verbs")]
+
+mod provider_rules;
+
+use provider_rules::TestProvider;
+use tierbuf_pool::MemoryBudget;
+use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+
+const DEVICE_VARIABLE: &str = "TIERBUF_VERBS_DEVICE";
+const GID_INDEX_VARIABLE: &str = "TIERBUF_VERBS_GID_INDEX";
+
+impl TestProvider for VerbsProvider {
+    // The device checks a request's keys as it carries it out: once a region is
+    // deregistered the device cannot reach its memory, so it goes back at once.
+    const DEREGISTRATION_REVOKES_ACCESS: bool = true;
+
+    fn unavailable() -> Option<String> {
+        match std::env::var(DEVICE_VARIABLE) {
+            Ok(name) if !name.is_empty() => None,
+            _ => Some(format!(
+                "{DEVICE_VARIABLE} names no RDMA device; see docs/verbs.md for soft-RoCE"
+            )),
+        }
+    }
+
+    /// The provider on the device `TIERBUF_VERBS_DEVICE` names: with the variable set, a
+    /// device that does not open fails the rule.
+    fn with_budget(budget: MemoryBudget) -> VerbsProvider {
+        let name = std::env::var(DEVICE_VARIABLE).expect("checked by `unavailable`");
+        let mut config = VerbsConfig::new(name);
+        if let Ok(index) = std::env::var(GID_INDEX_VARIABLE) {
+            let index = index
+                .parse()
+                .unwrap_or_else(|_| panic!("{GID_INDEX_VARIABLE}={index:?} is not a number"));
+            config = config.with_gid_index(index);
+        }
+        VerbsProvider::open(&config, budget)
+            .unwrap_or_else(|error| panic!("opening {}: {error}", config.device()))
+    }
+
+    fn connect_pair(&self, send_depth: u32, recv_depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        let options = EndpointOptions {
+            send_depth,
+            recv_depth,
+            ..EndpointOptions::default()
+        };
+        self.pair(&options).unwrap()
+    }
+}
+
+provider_rules!(VerbsProvider);
