@@ -115,8 +115,8 @@ pub fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
     let budget = MemoryBudget::with_cap(1 << 20);
     let provider = LoopbackProvider::new(budget.clone());
     let ladder = TierLadder::builder()
-        .tier(64, 2, 48)
-        .tier(128, 2, 112)
+        .tier(64, 3, 48)
+        .tier(128, 3, 112)
         .build()
         .expect("a valid ladder");
     let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::new(ladder)));

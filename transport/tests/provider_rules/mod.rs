@@ -27,11 +27,11 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A provider whose endpoints come in connected pairs, for these rules.
 pub(crate) trait TestProvider: Provider<Endpoint: 'static> {
-    /// Whether deregistering a region stops the provider reaching its memory at once, so
-    /// that the memory (and its budget) may go back before a queued request naming it
-    /// completes. A device checks keys as it works (verbs); a software provider reads
-    /// the memory itself, so it keeps the memory until the request completes.
-    const DEREGISTRATION_REVOKES_ACCESS: bool = false;
+    /// Why the provider does not keep the rule for a region deregistered under a queued
+    /// request, if it does not. A software provider keeps the memory until the request
+    /// completes and fails the request; verbs leaves deregistering memory that a posted
+    /// request names undefined, and soft-RoCE answered differently from run to run.
+    const DEREGISTRATION_UNDER_A_REQUEST_UNDEFINED: Option<&'static str> = None;
 
     /// Why the rules cannot run here (no device, say), or `None` when they can.
     fn unavailable() -> Option<String> {
@@ -468,6 +468,10 @@ pub(crate) fn unknown_keys_and_out_of_bounds_buffers_are_refused<P: TestProvider
 pub(crate) fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing_early<
     P: TestProvider,
 >() {
+    if let Some(why) = P::DEREGISTRATION_UNDER_A_REQUEST_UNDEFINED {
+        println!("not a rule of this provider: {why}");
+        return;
+    }
     let provider = provider::<P>();
     let registrar = provider.registrar();
     let pool = pool(&provider, 4096, 1);
@@ -486,31 +490,18 @@ pub(crate) fn a_region_deregistered_under_a_queued_send_fails_it_without_freeing
     };
     send(&mut a, &[message], 1).unwrap();
     drop(region);
-    // A software provider keeps the memory (and its budget) until the queued send
-    // completes; a device no longer reaches it once deregistered, so it may go back now.
-    let held = if P::DEREGISTRATION_REVOKES_ACCESS {
-        0
-    } else {
-        region_cost
-    };
-    assert_eq!(registrar.budget().in_use(), before + held);
+    // The provider keeps the memory (and its budget) until the queued send completes.
+    assert_eq!(registrar.budget().in_use(), before + region_cost);
     let inbox = pool.try_acquire_owned().unwrap();
     recv(&mut b, BufferRef::from(&inbox), 2).unwrap();
-    // The send fails on this side: a protection error, or (soft-RoCE) the queue pair
-    // failing the request as posted.
-    let sent = poll_for(&mut a, 1);
-    assert!(
-        matches!(
-            sent[..],
-            [Completion {
-                wr_id: 1,
-                byte_len: 0,
-                status: CompletionStatus::LocalProtectionError
-                    | CompletionStatus::LocalOperationError,
-                opcode: Opcode::Send,
-            }]
-        ),
-        "{sent:?}"
+    assert_eq!(
+        poll_for(&mut a, 1),
+        [completion(
+            1,
+            0,
+            CompletionStatus::LocalProtectionError,
+            Opcode::Send
+        )]
     );
     assert_eq!(
         poll_for(&mut b, 1),
