@@ -311,4 +311,135 @@ on_each_provider!(
     a_deadline_passes_when_nothing_comes,
     a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing,
     wait_ready_hands_out_the_busy_connection_only(300),
+    tables_echo_through_promotions_and_demotions(200),
 );
+
+/// A pair on the `patent` ladder's tiers that demotes after `demote_after`.
+fn demoting_connections<P: PairProvider>(
+    provider: &P,
+    demote_after: Duration,
+) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
+    let ladder = TierLadder::builder()
+        .tier(512, 16, 480)
+        .tier(8192, 16, 8192)
+        .demote_after(demote_after)
+        .hysteresis(demote_after / 3)
+        .build()
+        .unwrap();
+    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (a, b) = provider.connect_pair(config.queue_depth());
+    let connect = |endpoint| {
+        let core = ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap();
+        Connection::new(core, endpoint).unwrap()
+    };
+    (connect(a), connect(b))
+}
+
+/// Offers the rest of `pending`'s message without blocking; whether all of it went.
+fn offer<E: tierbuf_transport::Endpoint>(
+    connection: &mut Connection<E>,
+    pending: &mut Option<(Vec<u8>, usize)>,
+) -> bool {
+    while let Some((bytes, sent)) = pending.as_mut() {
+        match connection.try_send_some(&bytes[*sent..]) {
+            Ok(taken) => {
+                *sent += taken;
+                if *sent == bytes.len() {
+                    *pending = None;
+                }
+            }
+            Err(SendError::WouldBlock(_)) => return false,
+            Err(error) => panic!("{error}"),
+        }
+    }
+    true
+}
+
+/// Two tables, a client's and a server's, each driven by one thread through
+/// `wait_ready` only: `connections` pairs echo `rounds` requests each, one in flight per
+/// connection, one in ten promoted and segmented, with demotions falling due between.
+fn tables_echo_through_promotions_and_demotions<P: PairProvider>(connections: usize) {
+    use std::collections::HashMap;
+    const ROUNDS: usize = 20;
+    let provider = P::make();
+    let servers = ConnectionTable::new();
+    let clients = ConnectionTable::new();
+    let mut handles = Vec::new();
+    for _ in 0..connections {
+        let (client, server) = demoting_connections(&provider, Duration::from_millis(30));
+        servers.insert(server);
+        handles.push(clients.insert(client));
+    }
+    let size = |round: usize| if round % 10 == 9 { 8000 } else { 64 };
+    let serving = thread::spawn(move || {
+        let (mut ready, mut served) = (Vec::new(), 0);
+        let mut replies: HashMap<u64, Option<(Vec<u8>, usize)>> = HashMap::new();
+        while served < connections * ROUNDS || replies.values().any(Option::is_some) {
+            assert!(
+                servers.wait_ready(&mut ready, BOUND).unwrap() > 0,
+                "the servers stalled"
+            );
+            for shared in &ready {
+                let mut connection = shared.lock().unwrap();
+                let reply = replies.entry(shared.id().get()).or_default();
+                if !offer(&mut connection, reply) {
+                    continue;
+                }
+                while let Some(request) = connection.try_recv().unwrap() {
+                    *reply = Some((request.to_vec(), 0));
+                    served += 1;
+                    drop(request);
+                    if !offer(&mut connection, reply) {
+                        break;
+                    }
+                }
+            }
+        }
+        servers
+    });
+    let mut requests: Vec<_> = (0..connections)
+        .map(|_| Some((vec![7; size(0)], 0)))
+        .collect();
+    for (index, shared) in handles.iter().enumerate() {
+        offer(&mut shared.lock().unwrap(), &mut requests[index]);
+    }
+    let (mut replies, mut ready) = (vec![0; connections], Vec::new());
+    while replies.iter().sum::<usize>() < connections * ROUNDS {
+        assert!(
+            clients.wait_ready(&mut ready, BOUND).unwrap() > 0,
+            "the clients stalled"
+        );
+        for shared in &ready {
+            let index = handles.iter().position(|h| h.id() == shared.id()).unwrap();
+            let mut connection = shared.lock().unwrap();
+            if !offer(&mut connection, &mut requests[index]) {
+                continue;
+            }
+            while let Some(reply) = connection.try_recv().unwrap() {
+                assert_eq!(reply.len(), size(replies[index]));
+                replies[index] += 1;
+                if replies[index] < ROUNDS {
+                    requests[index] = Some((vec![7; size(replies[index])], 0));
+                    if !offer(&mut connection, &mut requests[index]) {
+                        break;
+                    }
+                }
+            }
+        }
+        // Now and then a pause long enough for demotions to fall due.
+        if replies.iter().sum::<usize>() % (connections * 3) == 0 {
+            thread::sleep(Duration::from_millis(40));
+        }
+    }
+    drop(serving.join().unwrap());
+}

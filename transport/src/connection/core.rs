@@ -457,6 +457,22 @@ impl ConnectionCore {
         }
     }
 
+    /// Asks for `waker` to be woken when the core has work no endpoint event announces: a
+    /// receive slot given back by a message dropped on another thread. Pending when its
+    /// own progress has work now: slots given back and not yet reposted, credit owed, or
+    /// work requests not yet handed out.
+    pub(crate) fn arm(&self, waker: &std::task::Waker) -> crate::provider::Armed {
+        if self.owes_credit() || !self.work.is_empty() {
+            return crate::provider::Armed::Pending;
+        }
+        self.returned.arm(waker)
+    }
+
+    /// Ends a wait begun with [`ConnectionCore::arm`].
+    pub(crate) fn disarm(&self) {
+        self.returned.disarm();
+    }
+
     /// Whether receives posted since the peer last heard of them are enough to send a
     /// credit frame for: half the receives posted (at least two); or any freed by data,
     /// control or a dropped message while this side's last credit is the one the frame

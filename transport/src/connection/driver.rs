@@ -780,7 +780,7 @@ impl<E: Endpoint> Connection<E> {
     /// Asks the endpoint to wake `waker` (or its descriptor) at its next event; pending
     /// while work of this side waits to be posted.
     pub(super) fn arm(&mut self, waker: &std::task::Waker) -> crate::provider::Armed {
-        if !self.unposted.is_empty() {
+        if !self.unposted.is_empty() || self.core.arm(waker) == crate::provider::Armed::Pending {
             return crate::provider::Armed::Pending;
         }
         if let Some(queue) = &self.senders
@@ -794,6 +794,7 @@ impl<E: Endpoint> Connection<E> {
     /// Ends a wait begun with [`Connection::arm`].
     pub(super) fn disarm(&mut self) {
         self.endpoint.disarm();
+        self.core.disarm();
         if let Some(queue) = &self.senders {
             queue.disarm();
         }

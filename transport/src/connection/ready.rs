@@ -13,7 +13,7 @@
 //!   again when the arm finds work pending. So no event of any connection goes unseen by
 //!   the next wait.
 //! - **A wake reaches the sleeper.** An endpoint's wake comes through its descriptor
-//!   (registered edge-triggered in the table's `epoll` set, with the connection's id as
+//!   (registered level-triggered in the table's `epoll` set, with the connection's id as
 //!   its token) or through the connection's waker, which queues the id and rings the
 //!   doorbell (an `eventfd` in the same set) if a waiter is sleeping. A queuer pushes the
 //!   id, fences (`SeqCst`) and then looks at `sleeping`; a waiter sets `sleeping`,
@@ -24,7 +24,15 @@
 //! - **Timers are kept.** After a connection is armed, its next timer (a promotion that
 //!   may time out, a demotion falling due) goes into `timers`; the sleep ends at the
 //!   earliest, and a due timer queues its connection. Entries of connections that have
-//!   moved on are harmless: the look finds nothing to do and re-arms.
+//!   moved on are harmless: the look finds nothing to do and re-arms. A timer already
+//!   past when it is added (one the look's progress did not move) is put a
+//!   [`POLLING_SLEEP`] ahead, so a connection whose timer does not move is polled, not
+//!   spun on.
+//! - **Wakes are never starved.** Every wait reads the `epoll` set, without waiting when
+//!   connections are queued already, so a queue that refills itself (timers due back to
+//!   back) cannot keep a descriptor's wake unread. Registration is level-triggered: a
+//!   descriptor still readable is reported again, so a look that could not drain it
+//!   (its connection held by a user) loses nothing.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -189,7 +197,7 @@ impl ReadySet {
         let Some(descriptors) = self.descriptors.get() else {
             return Ok(());
         };
-        let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::ET;
+        let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
         match epoll::add(
             &descriptors.epoll,
             fd,
@@ -210,8 +218,11 @@ impl ReadySet {
         }
     }
 
-    /// Keeps `at` as a time to look at `id` again.
-    pub(super) fn add_timer(&self, at: Instant, id: ConnectionId) {
+    /// Keeps `at` as a time to look at `id` again; a time already past (a timer the
+    /// look just made did not move) counts as [`POLLING_SLEEP`] from `now`, so that such
+    /// a connection is polled, not spun on.
+    pub(super) fn add_timer(&self, at: Instant, now: Instant, id: ConnectionId) {
+        let at = if at <= now { now + POLLING_SLEEP } else { at };
         self.timers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -254,12 +265,15 @@ impl ReadySet {
             .expect("a waiter makes the descriptors before it sleeps");
         self.sleeping.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        if !self.look.is_empty() {
-            self.sleeping.store(false, Ordering::Relaxed);
-            return Ok(Woken::default());
-        }
-        let timeout = Timespec::try_from(wake_at.saturating_duration_since(now))
-            .expect("a wait's timeout is a valid timespec");
+        // With connections queued already the set is still read, without waiting: a
+        // queue that never empties (timers falling due back to back) must not starve the
+        // descriptors' wakes.
+        let timeout = if self.look.is_empty() {
+            wake_at.saturating_duration_since(now)
+        } else {
+            Duration::ZERO
+        };
+        let timeout = Timespec::try_from(timeout).expect("a wait's timeout is a valid timespec");
         let mut events = Vec::with_capacity(EVENTS_PER_WAIT);
         let waited = epoll::wait(
             &descriptors.epoll,

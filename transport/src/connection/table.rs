@@ -324,7 +324,7 @@ impl<E: Endpoint> Shared<E> {
             }
             if connection.arm(&entry.waker) == Armed::Parked {
                 if let Some(at) = connection.next_timer() {
-                    self.ready.add_timer(at, entry.id);
+                    self.ready.add_timer(at, Instant::now(), entry.id);
                 }
                 return Look::Armed;
             }

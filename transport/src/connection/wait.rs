@@ -131,7 +131,10 @@ impl Waiter {
         }
         let now = Instant::now();
         self.check_deadline(now)?;
-        let timer = parked.next_timer();
+        // A timer already past (progress did not move it) is polled, not spun on.
+        let timer = parked
+            .next_timer()
+            .map(|at| at.max(now + Waiter::FIRST_SLEEP));
         let wake_at = match (self.deadline, timer) {
             (Some(deadline), Some(timer)) => Some(deadline.min(timer)),
             (deadline, timer) => deadline.or(timer),

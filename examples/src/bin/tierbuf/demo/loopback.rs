@@ -22,8 +22,8 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let mut clients = Side::with_capacity(args.connections);
     let mut servers = Side::with_capacity(args.connections);
     for _ in 0..args.connections {
-        clients.connections.push(transport.connect("demo")?);
-        servers.connections.push(listener.accept()?);
+        clients.push(transport.connect("demo")?);
+        servers.push(listener.accept()?);
     }
     drop(listener);
     let at_start = budget.in_use();
@@ -40,7 +40,7 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
         Ok(latencies)
     })?;
 
-    let busy_tier_steps = (clients.totals() + servers.totals()).send_tier_sum;
+    let busy_tier_steps = (clients.totals()? + servers.totals()?).send_tier_sum;
     // Quiet: keep progressing until every connection has stepped back down and its old
     // tiers are retired (memory back where it started), or the deadline passes.
     let deadline = quiet_deadline(args);
@@ -55,7 +55,7 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
         &budget,
         transport.reservoir().spare_bytes(),
         busy_tier_steps,
-        clients.totals() + servers.totals(),
+        clients.totals()? + servers.totals()?,
     );
 
     report(Report {

@@ -108,7 +108,7 @@ pub(super) fn remote_clients<E: Endpoint>(
         run_clients(clients, args.messages, sizes, bar, budget, &peak)
     })?;
 
-    let busy_tier_steps = clients.totals().send_tier_sum;
+    let busy_tier_steps = clients.totals()?.send_tier_sum;
     // Quiet: as on loopback, until both processes are back where they started.
     let deadline = quiet_deadline(args);
     let mut quiet = false;
@@ -129,7 +129,7 @@ pub(super) fn remote_clients<E: Endpoint>(
         budget,
         reservoir.spare_bytes(),
         busy_tier_steps,
-        clients.totals(),
+        clients.totals()?,
     );
     let figures = peer.report()?;
     report(Report {
@@ -166,7 +166,7 @@ pub(super) fn remote_servers<E: Endpoint>(
     let at_start = budget.in_use();
     let peak = AtomicU64::new(at_start);
     serve(servers, messages, budget, &peak)?;
-    let busy_tier_steps = servers.totals().send_tier_sum;
+    let busy_tier_steps = servers.totals()?.send_tier_sum;
     let mut quiet = false;
     while !clients.report_asked()? {
         servers.progress()?;
@@ -182,7 +182,7 @@ pub(super) fn remote_servers<E: Endpoint>(
         budget,
         reservoir.spare_bytes(),
         busy_tier_steps,
-        servers.totals(),
+        servers.totals()?,
     );
     clients.tell(&format!("report {}", encode(&figures)))
 }

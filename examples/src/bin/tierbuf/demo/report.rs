@@ -172,11 +172,11 @@ fn print_tier_changes_and_traffic(r: &Report<'_>) {
 /// The round-trip latency by request size class, from `latencies` (sorted here).
 fn print_latencies(latencies: &mut [Vec<u64>; CLASSES]) {
     println!("round-trip latency by request size (measured, request sent to reply received;");
-    println!("  each side is one thread sweeping all its connections, so a round trip includes");
-    println!(
-        "  waiting for both sweeps: this is the demo's scheduling, not the transport's latency,"
-    );
-    println!("  which `cargo bench -p tierbuf-benches` measures):");
+    println!("  each side is one thread that sleeps until a connection has work and looks only");
+    println!("  at those, so a round trip includes the wakes of both threads; with a request in");
+    println!("  flight on every connection it also waits behind the others' (Little's law: the");
+    println!("  mean is about connections ÷ round trips per second); the transport's own latency");
+    println!("  is what `cargo bench -p tierbuf-benches` measures):");
     println!(
         "  {:<28} {:>8} {:>10} {:>10} {:>10} {:>10}",
         "class", "count", "p50", "p99", "p99.9", "max"

@@ -3,12 +3,12 @@
 //! connections made through that transport, and the check that every registered byte
 //! came back.
 
-use std::ops::Add;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::Connection;
+use tierbuf_transport::connection::{Connection, ConnectionId, ConnectionTable, SharedConnection};
 use tierbuf_transport::{Endpoint, Kind, Transport, TransportBuilder};
 
 use super::DemoError;
@@ -56,53 +56,74 @@ impl Setup {
     }
 }
 
-/// One client or server side: its connections, connection `i` of one side being the peer
-/// of connection `i` of the other.
-pub(super) struct Side<E: Endpoint> {
-    pub(super) connections: Vec<Connection<E>>,
+/// One client or server side: its connections in a [`ConnectionTable`], whose readiness
+/// tells the side's thread which of them have work; connection `i` of one side is the
+/// peer of connection `i` of the other.
+pub(super) struct Side<E: Endpoint + 'static> {
+    pub(super) table: ConnectionTable<E>,
+    /// The connections by index.
+    pub(super) connections: Vec<SharedConnection<E>>,
+    /// The index of each connection, by its id in the table.
+    indices: HashMap<ConnectionId, usize>,
 }
 
-impl<E: Endpoint> Side<E> {
+impl<E: Endpoint + 'static> Side<E> {
     pub(super) fn with_capacity(count: usize) -> Side<E> {
         Side {
+            table: ConnectionTable::new(),
             connections: Vec::with_capacity(count),
+            indices: HashMap::with_capacity(count),
         }
     }
 
     /// A side of `count` connections, connection `i` made by `connect(i)`.
     pub(super) fn connect(
         count: usize,
-        connect: impl FnMut(usize) -> Result<Connection<E>, DemoError>,
+        mut connect: impl FnMut(usize) -> Result<Connection<E>, DemoError>,
     ) -> Result<Side<E>, DemoError> {
-        Ok(Side {
-            connections: (0..count).map(connect).collect::<Result<_, _>>()?,
-        })
+        let mut side = Side::with_capacity(count);
+        for index in 0..count {
+            side.push(connect(index)?);
+        }
+        Ok(side)
+    }
+
+    /// Adds `connection` as the next index.
+    pub(super) fn push(&mut self, connection: Connection<E>) {
+        let shared = self.table.insert(connection);
+        self.indices.insert(shared.id(), self.connections.len());
+        self.connections.push(shared);
+    }
+
+    /// The index of the connection `shared` names.
+    pub(super) fn index_of(&self, shared: &SharedConnection<E>) -> usize {
+        self.indices[&shared.id()]
     }
 
     /// One round of progress on every connection.
     pub(super) fn progress(&mut self) -> Result<(), DemoError> {
-        for connection in &mut self.connections {
-            connection.progress()?;
+        for connection in &self.connections {
+            connection.lock()?.progress()?;
         }
         Ok(())
     }
 
     /// The counters of every connection, summed.
-    pub(super) fn totals(&self) -> Totals {
-        self.connections
-            .iter()
-            .map(|connection| {
-                let stats = connection.stats();
-                Totals {
+    pub(super) fn totals(&self) -> Result<Totals, DemoError> {
+        let mut totals = Totals::default();
+        for connection in &self.connections {
+            let stats = connection.lock()?.stats();
+            totals = totals
+                + Totals {
                     promotions: stats.promotions,
                     demotions: stats.demotions,
                     nacks: stats.nacks,
                     messages: stats.messages_sent,
                     bytes: stats.bytes_sent,
                     send_tier_sum: u64::from(stats.send_tier),
-                }
-            })
-            .fold(Totals::default(), Add::add)
+                };
+        }
+        Ok(totals)
     }
 }
 

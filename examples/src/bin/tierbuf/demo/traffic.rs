@@ -1,7 +1,8 @@
 //! The traffic each side runs: the clients keep one request in flight per connection and
 //! time every round trip ([`run_clients`]), the servers answer each request with a reply of
-//! the same size ([`serve`]); each side is one thread making rounds over all its
-//! connections, and notes the peak of its process's registered bytes as it goes.
+//! the same size ([`serve`]); each side is one thread that sleeps until some of its
+//! connections have work (their table's readiness) and looks only at those, and notes
+//! the peak of its process's registered bytes as it goes.
 //! [`timed_traffic`] gives the traffic its request sizes, progress bar and clock;
 //! [`QUIET_POLL`] and [`quiet_deadline`] pace the quiet phase after it.
 
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tierbuf_pool::MemoryBudget;
 use tierbuf_transport::Endpoint;
-use tierbuf_transport::connection::{Connection, SendError};
+use tierbuf_transport::connection::{Connection, SendError, SharedConnection};
 
 use super::DemoError;
 use super::args::DemoArgs;
@@ -59,8 +60,42 @@ pub(super) fn timed_traffic<T>(
     Ok((result, elapsed))
 }
 
+/// How long a side waits for any of its connections before it looks at the clock: a
+/// side that has waited [`STALL_LIMIT`] with nothing ready gives up.
+const READY_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a side may find none of its connections ready before the run fails.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits until some of `side`'s connections may have work, and puts them in `ready`;
+/// fails when none has for [`STALL_LIMIT`].
+fn wait_ready<E: Endpoint>(
+    side: &Side<E>,
+    ready: &mut Vec<SharedConnection<E>>,
+) -> Result<(), DemoError> {
+    let since = Instant::now();
+    while side.table.wait_ready(ready, READY_WAIT)? == 0 {
+        if since.elapsed() >= STALL_LIMIT {
+            return Err(format!("no connection had work for {STALL_LIMIT:?}").into());
+        }
+    }
+    Ok(())
+}
+
+/// One client connection's request in flight: its sequence number, when it was made,
+/// and whether it has been sent.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    sequence: usize,
+    started: Instant,
+    sent: bool,
+}
+
 /// The client side: one request in flight per connection; returns round-trip times in
-/// nanoseconds per size class.
+/// nanoseconds per size class. The thread sleeps until a connection has a reply or room
+/// to send ([`ConnectionTable::wait_ready`](tierbuf_transport::connection::ConnectionTable::wait_ready)),
+/// so a round trip is timed by the transport's wake, not by a sweep over every
+/// connection.
 pub(super) fn run_clients<E: Endpoint>(
     side: &mut Side<E>,
     messages: usize,
@@ -71,55 +106,75 @@ pub(super) fn run_clients<E: Endpoint>(
 ) -> Result<[Vec<u64>; CLASSES], DemoError> {
     let count = side.connections.len();
     let mut next = vec![0usize; count];
-    let mut in_flight: Vec<Option<(usize, Instant, bool)>> = vec![None; count];
+    let mut in_flight: Vec<Option<InFlight>> = vec![None; count];
     let mut latencies: [Vec<u64>; CLASSES] = Default::default();
     let (mut buffer, mut scratch) = (Vec::new(), Vec::new());
     let mut done = 0;
     let mut peak_watch = PeakWatch::new(budget, peak);
+    let mut ready: Vec<_> = side.connections.clone();
     while done < count {
-        done = 0;
-        for (index, connection) in side.connections.iter_mut().enumerate() {
-            if let Some((sequence, started, false)) = in_flight[index] {
-                let len = sizes.size(index, sequence);
-                fill(&mut buffer, index, sequence, false, len);
-                if offer(connection, &buffer)? {
-                    in_flight[index] = Some((sequence, started, true));
-                } else {
-                    connection.progress()?;
+        for shared in &ready {
+            let index = side.index_of(shared);
+            let mut connection = shared.lock()?;
+            loop {
+                match in_flight[index] {
+                    Some(request @ InFlight { sent: false, .. }) => {
+                        let len = sizes.size(index, request.sequence);
+                        fill(&mut buffer, index, request.sequence, false, len);
+                        if !offer(&mut connection, &buffer)? {
+                            break;
+                        }
+                        in_flight[index] = Some(InFlight {
+                            sent: true,
+                            ..request
+                        });
+                    }
+                    Some(request) => {
+                        let Some(reply) = connection.try_recv()? else {
+                            break;
+                        };
+                        let len = sizes.size(index, request.sequence);
+                        if reply.len() != len {
+                            return Err(format!(
+                                "connection {index}: reply {} is {} bytes, not {len}",
+                                request.sequence,
+                                reply.len()
+                            )
+                            .into());
+                        }
+                        check(&reply, index, request.sequence, true, &mut scratch)?;
+                        latencies[sizes.class(len)]
+                            .push(request.started.elapsed().as_nanos() as u64);
+                        in_flight[index] = None;
+                        bar.inc(1);
+                    }
+                    None if next[index] == messages => {
+                        done += 1;
+                        next[index] += 1;
+                        break;
+                    }
+                    None if next[index] > messages => break,
+                    None => {
+                        in_flight[index] = Some(InFlight {
+                            sequence: next[index],
+                            started: Instant::now(),
+                            sent: false,
+                        });
+                        next[index] += 1;
+                    }
                 }
-            }
-            if let Some((sequence, started, true)) = in_flight[index]
-                && let Some(reply) = connection.try_recv()?
-            {
-                let len = sizes.size(index, sequence);
-                if reply.len() != len {
-                    return Err(format!(
-                        "connection {index}: reply {sequence} is {} bytes, not {len}",
-                        reply.len()
-                    )
-                    .into());
-                }
-                check(&reply, index, sequence, true, &mut scratch)?;
-                latencies[sizes.class(len)].push(started.elapsed().as_nanos() as u64);
-                in_flight[index] = None;
-                bar.inc(1);
-            }
-            if in_flight[index].is_none() {
-                if next[index] == messages {
-                    done += 1;
-                    connection.progress()?;
-                    continue;
-                }
-                in_flight[index] = Some((next[index], Instant::now(), false));
-                next[index] += 1;
             }
         }
         peak_watch.round_done();
+        if done < count {
+            wait_ready(side, &mut ready)?;
+        }
     }
     Ok(latencies)
 }
 
-/// The server side: answers every request with a reply of the same size.
+/// The server side: answers every request with a reply of the same size, looking only at
+/// the connections that may have a request or room for a reply.
 pub(super) fn serve<E: Endpoint>(
     side: &mut Side<E>,
     messages: usize,
@@ -131,32 +186,40 @@ pub(super) fn serve<E: Endpoint>(
     let mut pending: Vec<Option<Vec<u8>>> = vec![None; count];
     let mut scratch = Vec::new();
     let mut peak_watch = PeakWatch::new(budget, peak);
-    while answered.iter().any(|&n| n < messages) || pending.iter().any(Option::is_some) {
-        for (index, connection) in side.connections.iter_mut().enumerate() {
+    let mut finished = 0;
+    let mut ready = Vec::new();
+    while finished < count {
+        wait_ready(side, &mut ready)?;
+        for shared in &ready {
+            let index = side.index_of(shared);
+            let mut connection = shared.lock()?;
+            let was_finished = answered[index] == messages && pending[index].is_none();
             if let Some(reply) = &pending[index] {
-                if offer(connection, reply)? {
-                    pending[index] = None;
-                } else {
-                    connection.progress()?;
+                if !offer(&mut connection, reply)? {
                     continue;
                 }
+                pending[index] = None;
             }
-            if let Some(request) = connection.try_recv()? {
+            while let Some(request) = connection.try_recv()? {
                 let sequence = answered[index];
                 check(&request, index, sequence, false, &mut scratch)?;
                 let mut reply = Vec::new();
                 fill(&mut reply, index, sequence, true, request.len());
                 drop(request);
                 answered[index] += 1;
-                if !offer(connection, &reply)? {
+                if !offer(&mut connection, &reply)? {
                     pending[index] = Some(reply);
+                    break;
                 }
+            }
+            if !was_finished && answered[index] == messages && pending[index].is_none() {
+                finished += 1;
             }
         }
         peak_watch.round_done();
     }
-    for connection in &mut side.connections {
-        connection.flush()?;
+    for connection in &side.connections {
+        connection.lock()?.flush()?;
     }
     Ok(())
 }
@@ -173,12 +236,12 @@ fn offer<E: Endpoint>(connection: &mut Connection<E>, bytes: &[u8]) -> Result<bo
     }
 }
 
-/// The rounds over a side's connections between two readings of the registered bytes for
-/// their peak.
+/// The rounds of a side's loop between two readings of the registered bytes for their
+/// peak.
 const ROUNDS_PER_PEAK_READING: u64 = 64;
 
 /// Keeps `peak` at the most registered bytes `budget` has shown, reading them once every
-/// [`ROUNDS_PER_PEAK_READING`] rounds over a side's connections.
+/// [`ROUNDS_PER_PEAK_READING`] rounds of a side's loop.
 struct PeakWatch<'a> {
     budget: &'a MemoryBudget,
     peak: &'a AtomicU64,
@@ -194,8 +257,7 @@ impl<'a> PeakWatch<'a> {
         }
     }
 
-    /// Counts a round over the side's connections, and reads the registered bytes if it
-    /// is time.
+    /// Counts a round of the side's loop, and reads the registered bytes if it is time.
     fn round_done(&mut self) {
         self.rounds += 1;
         if self.rounds.is_multiple_of(ROUNDS_PER_PEAK_READING) {
