@@ -32,13 +32,13 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `command` with its stdin and stdout piped, and waits for it to say it
-    /// listens.
+    /// Starts `command` with its stdin and stdout piped, and waits for its [`LISTENING`]
+    /// line (other lines before it, a test harness's say, are passed over).
     ///
     /// # Errors
     ///
-    /// [`KvError::Process`] when it cannot start, says anything else first, ends, or says
-    /// nothing for [`PROCESS_TIMEOUT`].
+    /// [`KvError::Process`] when it cannot start, ends before listening, or does not
+    /// listen within [`PROCESS_TIMEOUT`].
     pub fn start(mut command: Command) -> Result<ServerProcess, KvError> {
         let mut child = command
             .stdin(Stdio::piped())
@@ -51,22 +51,29 @@ impl ServerProcess {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout is piped");
         let process = ServerProcess { child, stdin };
-        let (sender, line) = mpsc::channel();
+        let (sender, listening) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut first = String::new();
-            let read = BufReader::new(stdout).read_line(&mut first);
+            let mut lines = BufReader::new(stdout).lines();
+            let found = lines.by_ref().find(|line| match line {
+                Ok(line) => line == LISTENING,
+                Err(_) => true,
+            });
             // The receiver is gone only if the client stopped waiting.
-            let _ = sender.send(read.map(|_| first));
+            let _ = sender.send(found.transpose());
+            // The rest is read and dropped, so the process never blocks on a full pipe
+            // nor fails writing to a closed one.
+            lines.for_each(drop);
         });
-        match line.recv_timeout(PROCESS_TIMEOUT) {
-            Ok(Ok(line)) if line.trim_end() == LISTENING => Ok(process),
-            Ok(Ok(line)) if line.is_empty() => Err(process.failed("it ended before listening")),
-            Ok(Ok(line)) => Err(process.failed(&format!("it said {line:?}, not {LISTENING:?}"))),
+        match listening.recv_timeout(PROCESS_TIMEOUT) {
+            Ok(Ok(Some(_))) => Ok(process),
+            Ok(Ok(None)) | Err(RecvTimeoutError::Disconnected) => {
+                Err(process.failed("it ended before listening"))
+            }
             Ok(Err(source)) => Err(KvError::Process {
                 what: "reading its stdout".to_owned(),
                 source: Some(source),
             }),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+            Err(RecvTimeoutError::Timeout) => {
                 Err(process.failed(&format!("it did not listen within {PROCESS_TIMEOUT:?}")))
             }
         }
