@@ -212,10 +212,12 @@ fn describe(args: &Args, workload: &Workload) {
         for index in 0..workload.keys {
             let len = workload.len(connection, index);
             bytes += len as u64;
-            match len {
-                0..=SMALL_MAX => small += 1,
-                ..=MEDIUM_MAX => medium += 1,
-                _ => large += 1,
+            if len <= SMALL_MAX {
+                small += 1;
+            } else if len <= MEDIUM_MAX {
+                medium += 1;
+            } else {
+                large += 1;
             }
         }
     }

@@ -216,7 +216,7 @@ pub enum KvError {
     Store {
         /// Why.
         #[source]
-        source: redb::Error,
+        source: store::StoreError,
     },
     /// The server process could not be started, spoke out of turn or failed.
     #[error("the server process: {what}")]

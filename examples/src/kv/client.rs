@@ -241,7 +241,7 @@ impl Workload {
 
     /// Whether value `index` is one of those deleted.
     pub fn deleted(&self, index: usize) -> bool {
-        self.delete_every > 0 && index % self.delete_every == 0
+        self.delete_every > 0 && index.is_multiple_of(self.delete_every)
     }
 }
 

@@ -11,7 +11,7 @@ use tierbuf_transport::connection::{Connection, ConnectionError};
 use tierbuf_transport::{Endpoint, Transport};
 
 use super::memory::Sampler;
-use super::store::Store;
+use super::store::{Store, StoreError};
 use super::wire::{self, Reply, Request, Status};
 use super::{KvError, Setup, returned};
 
@@ -44,7 +44,7 @@ impl Body {
 /// The reply to `message`: a malformed request is answered with BAD REQUEST and a failed
 /// store with STORE FAILED, saying why.
 fn answer(message: &[u8], store: &Store, sampler: &Sampler) -> (Status, Body) {
-    let failed = |error: redb::Error| (Status::StoreFailed, Body::Text(error.to_string()));
+    let failed = |error: StoreError| (Status::StoreFailed, Body::Text(error.to_string()));
     match Request::decode(message) {
         Err(error) => (Status::BadRequest, Body::Text(error.to_string())),
         Ok(Request::Put { key, value }) => match store.put(key, value) {
@@ -125,8 +125,7 @@ pub fn serve<E: Endpoint>(
             .collect();
         threads
             .into_iter()
-            .map(|thread| thread.join().map_err(|_| KvError::Panicked("server"))?)
-            .collect()
+            .try_for_each(|thread| thread.join().map_err(|_| KvError::Panicked("server"))?)
     })
 }
 

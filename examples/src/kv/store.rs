@@ -9,6 +9,14 @@ use redb::{AccessGuard, Database, Durability, TableDefinition};
 /// The one table: keys and values as bytes.
 const TABLE: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("kv");
 
+/// redb's error, boxed: it is large, and rare.
+pub type StoreError = Box<redb::Error>;
+
+/// `error` as a [`StoreError`].
+fn boxed(error: impl Into<redb::Error>) -> StoreError {
+    Box::new(error.into())
+}
+
 /// A redb database in a temporary file.
 ///
 /// Each PUT and DELETE is a transaction of its own, committed without an fsync
@@ -26,13 +34,13 @@ impl Store {
     /// # Errors
     ///
     /// redb's, when the file cannot be made or the table created.
-    pub fn create_temporary() -> Result<Store, redb::Error> {
+    pub fn create_temporary() -> Result<Store, StoreError> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.subsec_nanos());
         let path =
             std::env::temp_dir().join(format!("tierbuf-kv-{}-{nanos:09}.redb", std::process::id()));
-        let db = Database::create(&path)?;
+        let db = Database::create(&path).map_err(boxed)?;
         let store = Store { db, path };
         // Opening the table in a write transaction creates it, so a read before any write
         // finds it.
@@ -49,8 +57,8 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// redb's.
-    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), redb::Error> {
+    /// redb's, boxed.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.write(|table| table.insert(key, value).map(drop))
     }
 
@@ -58,22 +66,22 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// redb's.
+    /// redb's, boxed.
     pub fn get(
         &self,
         key: &[u8],
-    ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, redb::Error> {
-        let read = self.db.begin_read()?;
-        let table = read.open_table(TABLE)?;
-        Ok(table.get(key)?)
+    ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, StoreError> {
+        let read = self.db.begin_read().map_err(boxed)?;
+        let table = read.open_table(TABLE).map_err(boxed)?;
+        table.get(key).map_err(boxed)
     }
 
     /// Removes `key`; whether it was there.
     ///
     /// # Errors
     ///
-    /// redb's.
-    pub fn delete(&self, key: &[u8]) -> Result<bool, redb::Error> {
+    /// redb's, boxed.
+    pub fn delete(&self, key: &[u8]) -> Result<bool, StoreError> {
         let mut removed = false;
         self.write(|table| {
             removed = table.remove(key)?.is_some();
@@ -88,14 +96,14 @@ impl Store {
         change: impl FnOnce(
             &mut redb::Table<'_, &'static [u8], &'static [u8]>,
         ) -> Result<(), redb::StorageError>,
-    ) -> Result<(), redb::Error> {
-        let mut transaction = self.db.begin_write()?;
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.db.begin_write().map_err(boxed)?;
         transaction.set_durability(Durability::None);
         {
-            let mut table = transaction.open_table(TABLE)?;
-            change(&mut table)?;
+            let mut table = transaction.open_table(TABLE).map_err(boxed)?;
+            change(&mut table).map_err(boxed)?;
         }
-        transaction.commit()?;
+        transaction.commit().map_err(boxed)?;
         Ok(())
     }
 }
