@@ -24,7 +24,8 @@ use clap::{Parser, ValueEnum};
 use tierbuf_examples::kv::client::{MEDIUM_MAX, Outcome, SMALL_MAX, Workload};
 use tierbuf_examples::kv::server::run_shm_server;
 use tierbuf_examples::kv::wire::MAX_VALUE_LEN;
-use tierbuf_examples::kv::{KvError, LadderChoice, Setup, run, with_causes};
+use tierbuf_examples::kv::{KvError, LadderChoice, Setup, run};
+use tierbuf_examples::with_causes;
 
 /// The provider the client and server talk over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

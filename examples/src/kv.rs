@@ -242,15 +242,3 @@ fn returned(budget: &MemoryBudget) -> Result<(), KvError> {
         left => Err(KvError::Leaked(left)),
     }
 }
-
-/// `error` and each of its sources, joined by ": ".
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
