@@ -24,6 +24,8 @@
 //! - [`figures`]: what each process measures, and the text form in which the servers'
 //!   process hands its figures over; [`report`]: the report printed from them.
 
+use tierbuf_examples::with_causes;
+
 mod args;
 mod figures;
 mod loopback;
@@ -75,19 +77,6 @@ pub(crate) fn run(args: DemoArgs) -> ExitCode {
 
 type DemoError = Box<dyn std::error::Error + Send + Sync>;
 
-/// `error` and every `source()` under it, joined by colons: what failed, then why (a
-/// connection that failed because its peer died says so).
-fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 fn demo(args: &DemoArgs) -> Result<(), DemoError> {
     match args.provider {
         ProviderKind::Loopback => loopback::run(args),
@@ -98,7 +87,7 @@ fn demo(args: &DemoArgs) -> Result<(), DemoError> {
 
 #[cfg(test)]
 mod tests {
-    use super::with_causes;
+    use tierbuf_examples::with_causes;
 
     #[test]
     fn an_error_is_reported_with_every_cause_under_it() {
