@@ -4,6 +4,7 @@
 #![cfg(feature = "tokio")]
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -201,7 +202,37 @@ macro_rules! on_each_provider {
     };
 }
 
+/// One task reads and then flushes in the same poll, as tarpc's dispatch does: the
+/// flush, ready at once, must not take the wake the read's `Pending` is owed (without
+/// it the read waited about 5 s, for a timer of the connection).
+async fn reading_then_flushing_in_one_poll_keeps_the_read_wake<P: PairProvider>() {
+    let provider = P::make();
+    let (mut reader, mut peer) = pair(&provider, "rpc");
+    let replying = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        peer.send(b"late").await.unwrap();
+        peer
+    });
+    let received = std::future::poll_fn(|cx| {
+        if let Poll::Ready(message) = reader.poll_next_unpin(cx) {
+            return Poll::Ready(message);
+        }
+        if let Poll::Ready(flushed) = SinkExt::<&[u8]>::poll_flush_unpin(&mut reader, cx) {
+            flushed.unwrap();
+        }
+        Poll::Pending
+    });
+    let message = tokio::time::timeout(Duration::from_secs(2), received)
+        .await
+        .expect("the read is woken")
+        .expect("a message")
+        .unwrap();
+    assert_eq!(&message[..], b"late");
+    drop(replying.await.unwrap());
+}
+
 on_each_provider!(
+    reading_then_flushing_in_one_poll_keeps_the_read_wake,
     every_size_echoes_back,
     the_sink_keeps_several_in_flight_and_the_stream_ends_at_close,
     many_connections_at_once,

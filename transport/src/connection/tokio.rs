@@ -8,6 +8,10 @@
 //!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
 //!   providers), and the connection's next timer as a tokio sleep. The next poll disarms
 //!   before anything else, so every arm is followed by a disarm.
+//! - One task may poll the stream and the sink in the same poll (tarpc's dispatch reads,
+//!   then writes and flushes): a call that finds the endpoint armed and returns `Ready`
+//!   arms it again before it returns, so the `Pending` an earlier call of that poll
+//!   returned still has its wake.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
@@ -145,7 +149,15 @@ impl<E: Endpoint> AsyncConnection<E> {
             len: message.len(),
             offset: 0,
         };
-        poll_fn(|cx| sending.poll_step(cx, message)).await
+        poll_fn(|cx| {
+            let was_armed = sending.connection.armed;
+            let polled = sending.poll_step(cx, message);
+            if was_armed && polled.is_ready() {
+                sending.connection.rearm(cx);
+            }
+            polled
+        })
+        .await
     }
 
     /// The next message.
@@ -155,7 +167,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// As [`Connection::recv`]: the connection's failure, after every message delivered
     /// before it.
     pub async fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
-        poll_fn(|cx| self.poll_recv(cx)).await
+        poll_fn(|cx| self.keeping_armed(cx, Self::poll_recv)).await
     }
 
     /// Waits until everything taken has been posted and every send has completed.
@@ -164,7 +176,31 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
-        poll_fn(|cx| self.poll_flushed(cx)).await
+        poll_fn(|cx| self.keeping_armed(cx, Self::poll_flushed)).await
+    }
+
+    /// Runs `poll`, and arms the endpoint again if it was armed before and `poll` is
+    /// ready (module invariants): a wake due to an earlier `Pending` is not lost.
+    fn keeping_armed<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let was_armed = self.armed;
+        let polled = poll(self, cx);
+        if was_armed && polled.is_ready() {
+            self.rearm(cx);
+        }
+        polled
+    }
+
+    /// Arms the endpoint again after a call that disarmed it returned `Ready`; if there
+    /// is work already, wakes the task instead, to poll again.
+    fn rearm(&mut self, cx: &mut Context<'_>) {
+        if !self.armed && self.poll_event(cx).is_ready() {
+            self.disarm();
+            cx.waker().wake_by_ref();
+        }
     }
 
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Arc<ConnectionError>>> {
@@ -174,6 +210,25 @@ impl<E: Endpoint> AsyncConnection<E> {
                 return Poll::Ready(Ok(message));
             }
             ready!(self.poll_event(cx));
+        }
+    }
+
+    /// Posts the rest of the message the sink took, if any.
+    fn poll_sinking(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Arc<ConnectionError>>> {
+        loop {
+            self.disarm();
+            let Some(rest) = self.sinking.take() else {
+                return Poll::Ready(Ok(()));
+            };
+            match self.connection.try_send_some(&rest) {
+                Ok(taken) if taken == rest.len() => {}
+                Ok(taken) => self.sinking = Some(rest[taken..].to_vec()),
+                Err(SendError::WouldBlock(_)) => {
+                    self.sinking = Some(rest);
+                    ready!(self.poll_event(cx));
+                }
+                Err(error) => return Poll::Ready(Err(failure_of(error))),
+            }
         }
     }
 
@@ -317,7 +372,7 @@ impl<E: Endpoint + Unpin> Stream for AsyncConnection<E> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        match ready!(this.poll_recv(cx)) {
+        match ready!(this.keeping_armed(cx, Self::poll_recv)) {
             Ok(message) => Poll::Ready(Some(Ok(message))),
             Err(error) if matches!(*error, ConnectionError::PeerClosed) => Poll::Ready(None),
             Err(error) => Poll::Ready(Some(Err(error))),
@@ -331,22 +386,7 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     type Error = Arc<ConnectionError>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        let this = self.get_mut();
-        loop {
-            this.disarm();
-            let Some(rest) = this.sinking.take() else {
-                return Poll::Ready(Ok(()));
-            };
-            match this.connection.try_send_some(&rest) {
-                Ok(taken) if taken == rest.len() => {}
-                Ok(taken) => this.sinking = Some(rest[taken..].to_vec()),
-                Err(SendError::WouldBlock(_)) => {
-                    this.sinking = Some(rest);
-                    ready!(this.poll_event(cx));
-                }
-                Err(error) => return Poll::Ready(Err(failure_of(error))),
-            }
-        }
+        self.get_mut().keeping_armed(cx, Self::poll_sinking)
     }
 
     fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
@@ -364,10 +404,10 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().poll_flushed(cx)
+        self.get_mut().keeping_armed(cx, Self::poll_flushed)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().poll_flushed(cx)
+        self.get_mut().keeping_armed(cx, Self::poll_flushed)
     }
 }

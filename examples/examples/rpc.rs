@@ -1,0 +1,473 @@
+//! A tarpc service over tierbuf (`tierbuf-tarpc`): a server process and a client process
+//! over shared memory (the client runs this binary again as the server), or both in this
+//! process over loopback (`--provider loopback`).
+//!
+//! ```sh
+//! cargo run --release -p tierbuf-examples --example rpc
+//! ```
+//!
+//! Many connections carry several calls in flight each; most requests are small and one
+//! in `--large-every` is large (64 KiB to 4 MiB), so the connections' tiers rise and fall.
+//! Every reply is checked byte for byte. At the end a table gives calls per second, the
+//! 50th and 99th percentile latency of each size class, the registered memory at start,
+//! at the peak of traffic and after an idle phase, and the tier changes. The exit status
+//! is non-zero when a call fails or a reply differs from its request.
+//!
+//! `--fault corrupt|exit` makes the server change one byte of a reply or exit mid-run,
+//! which the client must report as a failure (the tests use it).
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use futures_util::StreamExt;
+use serde_bytes::ByteBuf;
+use tarpc::client::NewClient;
+use tarpc::context::Context;
+use tarpc::server::{BaseChannel, Channel};
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tarpc::{StatsWatch, TierbufTransport};
+use tierbuf_transport::connection::Connection;
+use tierbuf_transport::{Endpoint, Transport, TransportBuilder};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// The service: an echo, and the server's own figures.
+#[tarpc::service]
+trait Bench {
+    /// The payload, back.
+    async fn echo(payload: ByteBuf) -> ByteBuf;
+    /// The server's registered memory and tier changes.
+    async fn report() -> ServerReport;
+}
+
+/// What the server process reports of itself.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+struct ServerReport {
+    in_use: u64,
+    peak: u64,
+    promotions: u64,
+    demotions: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Provider {
+    Loopback,
+    Shm,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Fault {
+    /// Change one byte of the 10th reply.
+    Corrupt,
+    /// Exit at the 10th call.
+    Exit,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(about = "A tarpc service over tierbuf connections")]
+struct Args {
+    /// Where the server runs: in a second process over shared memory, or in this one.
+    #[arg(long, value_enum, default_value_t = Provider::Shm)]
+    provider: Provider,
+    /// Connections from the client to the server.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Calls in flight on each connection.
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    /// Calls on each connection.
+    #[arg(long, default_value_t = 1000)]
+    calls: usize,
+    /// One call in this many carries a large payload.
+    #[arg(long, default_value_t = 40)]
+    large_every: usize,
+    /// The largest payload, in KiB (large ones run from 64 KiB up to it, by fours).
+    #[arg(long, default_value_t = 4096)]
+    max_large_kib: usize,
+    /// How long a connection stays on a tier it no longer uses.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    demote_after: Duration,
+    /// Make the server misbehave once (for the tests).
+    #[arg(long, value_enum)]
+    fault: Option<Fault>,
+    /// Run as the server process, listening at this socket path.
+    #[arg(long, hide = true)]
+    serve: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let outcome = match &args.serve {
+        Some(path) => serve_process(&args, path),
+        None => run_client(&args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("rpc: {error}");
+            let mut source = error.source();
+            while let Some(cause) = source {
+                eprintln!("  caused by: {cause}");
+                source = cause.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn builder<K: tierbuf_transport::Kind>(
+    args: &Args,
+    builder: TransportBuilder<K>,
+) -> TransportBuilder<K> {
+    builder
+        .ladder_preset("rpc")
+        .demote_after(args.demote_after)
+        .connections(args.connections)
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+/// The server's state, shared by its connections.
+#[derive(Clone)]
+struct Server {
+    budget: MemoryBudget,
+    peak: Arc<AtomicU64>,
+    watches: Arc<std::sync::Mutex<Vec<StatsWatch>>>,
+    calls: Arc<AtomicUsize>,
+    fault: Option<Fault>,
+}
+
+impl Bench for Server {
+    async fn echo(self, _: Context, mut payload: ByteBuf) -> ByteBuf {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        match self.fault {
+            Some(Fault::Corrupt) if call == 9 && !payload.is_empty() => payload[0] ^= 1,
+            Some(Fault::Exit) if call == 9 => std::process::exit(3),
+            _ => {}
+        }
+        payload
+    }
+
+    async fn report(self, _: Context) -> ServerReport {
+        let watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        let stats = watches.iter().map(StatsWatch::latest);
+        ServerReport {
+            in_use: self.budget.in_use(),
+            peak: self.peak.load(Ordering::Relaxed),
+            promotions: stats.clone().map(|s| s.promotions).sum(),
+            demotions: stats.map(|s| s.demotions).sum(),
+        }
+    }
+}
+
+/// Samples `budget` every millisecond into `peak` while the runtime runs.
+fn sample_peak(budget: MemoryBudget) -> Arc<AtomicU64> {
+    let peak = Arc::new(AtomicU64::new(budget.in_use()));
+    let sampled = Arc::clone(&peak);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        loop {
+            tick.tick().await;
+            sampled.fetch_max(budget.in_use(), Ordering::Relaxed);
+        }
+    });
+    peak
+}
+
+/// Serves `connections` until their clients hang up (tokio runtime context).
+async fn serve<E: Endpoint + Unpin + Send + 'static>(
+    connections: Vec<Connection<E>>,
+    budget: MemoryBudget,
+    fault: Option<Fault>,
+) -> Result<(), BoxError> {
+    let server = Server {
+        peak: sample_peak(budget.clone()),
+        budget,
+        watches: Arc::default(),
+        calls: Arc::default(),
+        fault,
+    };
+    let mut channels = Vec::new();
+    for connection in connections {
+        let mut transport = TierbufTransport::from_connection(connection)?;
+        server
+            .watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(transport.watch_stats());
+        let serving = BaseChannel::with_defaults(transport)
+            .execute(server.clone().serve())
+            .for_each(|call| async {
+                tokio::spawn(call);
+            });
+        channels.push(tokio::spawn(serving));
+    }
+    for channel in channels {
+        channel.await?;
+    }
+    Ok(())
+}
+
+fn serve_process(args: &Args, path: &Path) -> Result<(), BoxError> {
+    let node = builder(args, Transport::shm()).build()?;
+    let listener = node.listen(path)?;
+    let connections = (0..args.connections)
+        .map(|_| listener.accept_timeout(Duration::from_secs(30)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let budget = node.budget().clone();
+    runtime()?.block_on(serve(connections, budget, args.fault))
+}
+
+/// The server process, killed if the client gives up first.
+struct ServerProcess(Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn run_client(args: &Args) -> Result<(), BoxError> {
+    if args.connections == 0 || args.in_flight == 0 || args.calls == 0 || args.large_every == 0 {
+        return Err(
+            "--connections, --in-flight, --calls and --large-every must be at least 1".into(),
+        );
+    }
+    let runtime = runtime()?;
+    match args.provider {
+        Provider::Loopback => {
+            let node = builder(args, Transport::loopback()).build()?;
+            let listener = node.listen("rpc")?;
+            let clients = (0..args.connections)
+                .map(|_| node.connect("rpc"))
+                .collect::<Result<Vec<_>, _>>()?;
+            let servers = (0..args.connections)
+                .map(|_| listener.accept())
+                .collect::<Result<Vec<_>, _>>()?;
+            let budget = node.budget().clone();
+            runtime.block_on(async {
+                let serving = tokio::spawn(serve(servers, budget.clone(), args.fault));
+                let report = traffic(args, clients, &budget, false).await?;
+                serving.await??;
+                print!("{report}");
+                Ok(())
+            })
+        }
+        Provider::Shm => {
+            let path =
+                std::env::temp_dir().join(format!("tierbuf-rpc-{}.sock", std::process::id()));
+            let mut command = Command::new(std::env::current_exe()?);
+            command
+                .arg("--serve")
+                .arg(&path)
+                .args(["--connections", &args.connections.to_string()])
+                .args([
+                    "--demote-after",
+                    &humantime::format_duration(args.demote_after).to_string(),
+                ]);
+            if let Some(fault) = args.fault {
+                command.args([
+                    "--fault",
+                    fault.to_possible_value().expect("named").get_name(),
+                ]);
+            }
+            let mut server = ServerProcess(command.spawn()?);
+            let node = builder(args, Transport::shm()).build()?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !path.exists() {
+                if let Some(status) = server.0.try_wait()? {
+                    return Err(
+                        format!("the server process exited before listening: {status}").into(),
+                    );
+                }
+                if Instant::now() > deadline {
+                    return Err("the server process did not listen within 30 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let clients = (0..args.connections)
+                .map(|_| node.connect_timeout(&path, Duration::from_secs(10)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let budget = node.budget().clone();
+            let report = runtime.block_on(traffic(args, clients, &budget, true))?;
+            let status = server.0.wait()?;
+            if !status.success() {
+                return Err(format!("the server process failed: {status}").into());
+            }
+            print!("{report}");
+            Ok(())
+        }
+    }
+}
+
+/// The size class of a payload of `len` bytes, for the latency table.
+fn class_of(len: usize) -> usize {
+    if len < 64 << 10 { 0 } else { len }
+}
+
+/// The payload of call `call` on connection `connection`: small ones cycle through
+/// 16 B to 2 KiB; one in `large_every` is large, 64 KiB times a power of four up to the
+/// largest.
+fn payload(args: &Args, connection: usize, call: usize) -> Vec<u8> {
+    let len = if call % args.large_every == args.large_every - 1 {
+        let sizes: Vec<usize> = std::iter::successors(Some(64 << 10), |len| Some(len * 4))
+            .take_while(|&len| len <= (args.max_large_kib << 10).max(64 << 10))
+            .collect();
+        sizes[(call / args.large_every + connection) % sizes.len()]
+    } else {
+        [16, 64, 200, 700, 2048][(call + connection) % 5]
+    };
+    (0..len)
+        .map(|at| (at * 131 + call * 7 + connection) as u8)
+        .collect()
+}
+
+/// Runs the calls on `connections`, then the idle phase, and returns the report.
+async fn traffic<E: Endpoint + Unpin + Send + 'static>(
+    args: &Args,
+    connections: Vec<Connection<E>>,
+    budget: &MemoryBudget,
+    remote: bool,
+) -> Result<String, BoxError> {
+    let mut clients = Vec::new();
+    let mut watches = Vec::new();
+    let mut dispatches = Vec::new();
+    for connection in connections {
+        let mut transport = TierbufTransport::from_connection(connection)?;
+        watches.push(transport.watch_stats());
+        let NewClient { client, dispatch } =
+            BenchClient::new(tarpc::client::Config::default(), transport);
+        dispatches.push(tokio::spawn(dispatch));
+        clients.push(client);
+    }
+    let deadline = || {
+        let mut context = tarpc::context::current();
+        context.deadline = Instant::now() + Duration::from_secs(30);
+        context
+    };
+    let server_at_start = clients[0].report(deadline()).await?;
+    let at_start = budget.in_use() + if remote { server_at_start.in_use } else { 0 };
+    let peak = sample_peak(budget.clone());
+
+    let args = Arc::new(args.clone());
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (index, client) in clients.iter().enumerate() {
+        for lane in 0..args.in_flight {
+            let (client, args) = (client.clone(), Arc::clone(&args));
+            tasks.push(tokio::spawn(async move {
+                let mut latencies: Vec<(usize, Duration)> = Vec::new();
+                for call in (lane..args.calls).step_by(args.in_flight) {
+                    let sent = payload(&args, index, call);
+                    let began = Instant::now();
+                    let reply = client
+                        .echo(deadline(), ByteBuf::from(sent.clone()))
+                        .await
+                        .map_err(|error| format!("call {call} on connection {index}: {error}"))?;
+                    latencies.push((class_of(sent.len()), began.elapsed()));
+                    if reply[..] != sent[..] {
+                        return Err(format!(
+                            "call {call} on connection {index}: the reply of {} bytes differs from the request of {} bytes",
+                            reply.len(),
+                            sent.len()
+                        ));
+                    }
+                }
+                Ok(latencies)
+            }));
+        }
+    }
+    let mut classes: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
+    for task in tasks {
+        for (class, latency) in task.await?? {
+            classes.entry(class).or_default().push(latency);
+        }
+    }
+    let elapsed = started.elapsed();
+    let server_peak = clients[0].report(deadline()).await?;
+    let peak = peak.load(Ordering::Relaxed) + if remote { server_peak.peak } else { 0 };
+
+    // Idle: every connection steps back down to its first tier.
+    let quiet = Instant::now() + (args.demote_after * 4).max(Duration::from_millis(500));
+    let idle_deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = Instant::now();
+        if (now >= quiet && budget.in_use() <= at_start) || now >= idle_deadline {
+            break;
+        }
+    }
+    let server_idle = clients[0].report(deadline()).await?;
+    let after_idle = budget.in_use() + if remote { server_idle.in_use } else { 0 };
+
+    drop(clients);
+    for dispatch in dispatches {
+        dispatch.await??;
+    }
+    let stats: Vec<_> = watches.iter().map(StatsWatch::latest).collect();
+    let promotions: u64 = stats.iter().map(|s| s.promotions).sum();
+    let demotions: u64 = stats.iter().map(|s| s.demotions).sum();
+
+    let calls = args.connections * args.calls;
+    let mut report = format!(
+        "\ntarpc over tierbuf ({}): {} connections, {} calls in flight each, {calls} calls, every reply checked\n",
+        if remote {
+            "shm, server in a second process"
+        } else {
+            "loopback, one process"
+        },
+        args.connections,
+        args.in_flight,
+    );
+    report += &format!(
+        "  calls/s                    {:.0} ({calls} calls in {:.2} s)\n",
+        calls as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    report += "  latency by request size    calls      p50        p99\n";
+    for (class, mut latencies) in classes {
+        latencies.sort_unstable();
+        let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+        let name = if class == 0 {
+            "< 64 KiB".to_string()
+        } else {
+            format!("{} KiB", class >> 10)
+        };
+        report += &format!(
+            "    {name:<24} {:>7} {:>10.1?} {:>10.1?}\n",
+            latencies.len(),
+            at(0.5),
+            at(0.99)
+        );
+    }
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let both = if remote { " (both processes)" } else { "" };
+    report += &format!(
+        "  registered at start        {:.1} MiB{both}\n",
+        mib(at_start)
+    );
+    report += &format!("  registered at peak         {:.1} MiB{both}\n", mib(peak));
+    report += &format!(
+        "  registered after idle      {:.1} MiB{both}\n",
+        mib(after_idle)
+    );
+    report += &format!(
+        "  tier changes               requests: {promotions} promotions, {demotions} demotions; replies: {} promotions, {} demotions (as the server last saw them)\n",
+        server_idle.promotions, server_idle.demotions
+    );
+    Ok(report)
+}
