@@ -91,7 +91,7 @@ use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionStats, SendError,
+    Connection, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, SendError,
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
@@ -1201,6 +1201,89 @@ fn serve_endpoint(socket: &Path, size: usize) {
     }
 }
 
+/// Messages each of the two replying threads sends per iteration of `transport/senders`.
+const SENDER_MESSAGES: u64 = 1000;
+
+/// `transport/senders`: two threads reply on one loopback connection, 64 B each message,
+/// while a receiver thread reads them off the other side: through cloned `Sender`s (each
+/// takes its slot from the tier's lock-free cache and queues it; the connection's own
+/// thread posts), against the same two threads taking turns on a `Mutex<Connection>`.
+/// Time per message.
+fn senders(c: &mut Criterion) {
+    let mut group = c.benchmark_group("transport/senders");
+    group.throughput(Throughput::Elements(2 * SENDER_MESSAGES));
+    group.bench_function("sender_clones", |b| {
+        b.iter_custom(|iterations| {
+            let (mut driven, receiving) = pair();
+            let senders = [driven.sender(), driven.sender()];
+            let started = Instant::now();
+            let receiver = receive_all(receiving, 2 * SENDER_MESSAGES * iterations);
+            let workers = senders.map(|mut sender| {
+                std::thread::spawn(move || {
+                    for _ in 0..SENDER_MESSAGES * iterations {
+                        sender.send(&[7; 64]).expect("a reply");
+                    }
+                })
+            });
+            while !receiver.is_finished() {
+                drive(driven.progress());
+            }
+            for worker in workers {
+                worker.join().expect("a replying thread");
+            }
+            receiver.join().expect("the receiver");
+            started.elapsed()
+        })
+    });
+    group.bench_function("mutex_connection", |b| {
+        b.iter_custom(|iterations| {
+            let (driven, receiving) = pair();
+            let driven = std::sync::Mutex::new(driven);
+            let started = Instant::now();
+            let receiver = receive_all(receiving, 2 * SENDER_MESSAGES * iterations);
+            std::thread::scope(|scope| {
+                for _ in 0..2 {
+                    scope.spawn(|| {
+                        for _ in 0..SENDER_MESSAGES * iterations {
+                            driven
+                                .lock()
+                                .expect("the connection")
+                                .send(&[7; 64])
+                                .expect("a reply");
+                        }
+                    });
+                }
+                while !receiver.is_finished() {
+                    drive(driven.lock().expect("the connection").progress());
+                }
+            });
+            receiver.join().expect("the receiver");
+            started.elapsed()
+        })
+    });
+    group.finish();
+}
+
+/// Checks a progress of the replying side: the receiver closes its side only once it
+/// has every message, so its close is no error.
+fn drive(progressed: Result<(), Arc<ConnectionError>>) {
+    if let Err(error) = progressed
+        && !matches!(*error, ConnectionError::PeerClosed)
+    {
+        panic!("progress: {error}");
+    }
+}
+
+/// A thread that receives `count` 64 B messages on `connection`, checking each.
+fn receive_all(mut connection: Loopback, count: u64) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for _ in 0..count {
+            let message = connection.recv().expect("a message");
+            assert_eq!(message.len(), 64);
+        }
+    })
+}
+
 criterion_group!(
     benches,
     pingpong,
@@ -1208,7 +1291,8 @@ criterion_group!(
     pingpong_endpoint,
     stream,
     stream_consumed,
-    promotion
+    promotion,
+    senders
 );
 
 /// Runs as the peer process of a shm bench when started as one (see [`PeerProcess`]);

@@ -178,6 +178,9 @@ impl<T> SendQueue<T> {
 
     /// Tells waiting senders that items were taken.
     pub(crate) fn made_room(&self) {
+        // Under the lock a waiting sender checks the count under, so no wake falls between
+        // its check and its wait.
+        let _checks_wait = self.closed.lock().unwrap_or_else(PoisonError::into_inner);
         self.room.notify_all();
     }
 

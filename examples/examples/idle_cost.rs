@@ -1,0 +1,112 @@
+//! What waiting costs: the CPU time of a thread blocked in `recv` for a second, and of a
+//! server thread waiting on the readiness of many idle connections for a second.
+//!
+//! ```text
+//! cargo run --release -p tierbuf-examples --example idle_cost
+//! ```
+//!
+//! Each figure is the CPU time (user and system, `getrusage`) the waiting thread used
+//! over the wait, as a share of the wait's wall time: 2 % is 20 ms of a 1 s wait. It
+//! exits non-zero if a wait returned anything but "nothing came".
+
+use std::time::{Duration, Instant};
+
+use tierbuf_transport::connection::{Connection, ConnectionTable};
+use tierbuf_transport::{Endpoint, Transport};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long each wait lasts.
+const WAIT: Duration = Duration::from_secs(1);
+
+/// The CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    // SAFETY: `getrusage` writes the whole struct it is given, which is plain data.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Runs `wait` and returns the share of a core the thread used meanwhile.
+fn share_of_a_core(wait: impl FnOnce() -> Result<(), Error>) -> Result<f64, Error> {
+    let (cpu, wall) = (thread_cpu(), Instant::now());
+    wait()?;
+    Ok((thread_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64())
+}
+
+/// A thread blocked in `recv_deadline` on a connection nothing is sent on.
+fn blocked_recv<E: Endpoint>(mut connection: Connection<E>) -> Result<f64, Error> {
+    share_of_a_core(|| match connection.recv_deadline(Instant::now() + WAIT)? {
+        None => Ok(()),
+        Some(_) => Err("a message came on a connection nothing was sent on".into()),
+    })
+}
+
+/// A thread waiting on a table of `connections` idle served connections.
+fn idle_table<E: Endpoint + 'static>(
+    mut pair: impl FnMut() -> Result<(Connection<E>, Connection<E>), Error>,
+    connections: usize,
+) -> Result<f64, Error> {
+    let table = ConnectionTable::new();
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (client, served) = pair()?;
+        clients.push(client);
+        table.insert(served);
+    }
+    let mut ready = Vec::new();
+    // The first waits take the fresh connections' own start-up work.
+    while table.wait_ready(&mut ready, Duration::from_millis(50))? > 0 {}
+    share_of_a_core(|| match table.wait_ready(&mut ready, WAIT)? {
+        0 => Ok(()),
+        _ => Err("an idle connection was handed out".into()),
+    })
+}
+
+fn main() -> Result<(), Error> {
+    let loopback = Transport::loopback()
+        .ladder_preset("patent")
+        .budget_bytes(1 << 30)
+        .build()?;
+    let shm = Transport::shm()
+        .ladder_preset("patent")
+        .budget_bytes(1 << 30)
+        .connections(3000)
+        .build()?;
+    let loopback_listener = loopback.listen("idle")?;
+    let loopback_pair = || -> Result<_, Error> {
+        let client = loopback.connect("idle")?;
+        Ok((client, loopback_listener.accept()?))
+    };
+    let path = std::env::temp_dir().join(format!("tierbuf-idle-{}", std::process::id()));
+    let shm_listener = shm.listen(&path)?;
+    let shm_pair = || -> Result<_, Error> {
+        let client = shm.connect(&path)?;
+        Ok((client, shm_listener.accept()?))
+    };
+
+    println!("CPU used while waiting {WAIT:?}, as a share of one core:");
+    let (_client, connection) = loopback_pair()?;
+    println!(
+        "  blocked recv, loopback:               {:6.3} %",
+        100.0 * blocked_recv(connection)?
+    );
+    let (_client, connection) = shm_pair()?;
+    println!(
+        "  blocked recv, shm:                    {:6.3} %",
+        100.0 * blocked_recv(connection)?
+    );
+    println!(
+        "  10 000 idle loopback connections:     {:6.3} %",
+        100.0 * idle_table(loopback_pair, 10_000)?
+    );
+    println!(
+        "  1 500 idle shm connections:           {:6.3} %",
+        100.0 * idle_table(shm_pair, 1_500)?
+    );
+    Ok(())
+}
