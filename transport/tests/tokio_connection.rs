@@ -237,6 +237,7 @@ on_each_provider!(
     the_sink_keeps_several_in_flight_and_the_stream_ends_at_close,
     many_connections_at_once,
     a_send_dropped_halfway_fails_the_connection,
+    one_task_reads_and_writes_with_four_in_flight,
 );
 
 #[test]
@@ -250,4 +251,64 @@ fn a_current_thread_runtime_serves_both_sides() {
             .await
             .unwrap();
     });
+}
+
+/// One task reading and writing one connection in the same poll, as an RPC client's
+/// dispatch does: four requests in flight, each reply answered by the next request, the
+/// writes flushed and the reads drained in every poll.
+async fn one_task_reads_and_writes_with_four_in_flight<P: PairProvider>() {
+    use std::future::poll_fn;
+    use std::pin::Pin;
+    use std::task::Poll;
+
+    use futures_util::Sink;
+    use futures_util::Stream;
+
+    const CALLS: usize = 2000;
+    let provider = P::make();
+    let (mut client, mut server) = pair(&provider, "rpc");
+    let echo = tokio::spawn(async move {
+        while let Some(request) = server.next().await {
+            let request = request.unwrap().to_vec();
+            server.send(&request).await.unwrap();
+        }
+    });
+    let (mut to_send, mut received) = (4usize, 0usize);
+    let mut sent = 0usize;
+    poll_fn(|cx| {
+        loop {
+            let mut moved = false;
+            while to_send > 0 {
+                match Sink::<Vec<u8>>::poll_ready(Pin::new(&mut client), cx) {
+                    Poll::Ready(ready) => ready.unwrap(),
+                    Poll::Pending => break,
+                }
+                Pin::new(&mut client).start_send(request(sent)).unwrap();
+                sent += 1;
+                to_send -= 1;
+                moved = true;
+            }
+            if let Poll::Ready(flushed) = Sink::<Vec<u8>>::poll_flush(Pin::new(&mut client), cx) {
+                flushed.unwrap();
+            }
+            while let Poll::Ready(reply) = Pin::new(&mut client).poll_next(cx) {
+                let reply = reply.expect("the server answers").unwrap();
+                assert!(reply[..] == request(received)[..], "reply {received}");
+                received += 1;
+                moved = true;
+                if received == CALLS {
+                    return Poll::Ready(());
+                }
+                if sent + to_send < CALLS {
+                    to_send += 1;
+                }
+            }
+            if !moved {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await;
+    drop(client);
+    echo.await.unwrap();
 }
