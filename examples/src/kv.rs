@@ -127,7 +127,9 @@ impl Setup {
             .budget_bytes(self.budget_bytes)
             .connections(self.connections)
             .build()
-            .map_err(|source| KvError::Setup { source })
+            .map_err(|source| KvError::Setup {
+                source: Box::new(source),
+            })
     }
 }
 
@@ -154,7 +156,7 @@ pub enum KvError {
     Setup {
         /// Why.
         #[source]
-        source: SetupError,
+        source: Box<SetupError>,
     },
     /// Sending a request or a reply failed.
     #[error("sending on connection {connection}")]

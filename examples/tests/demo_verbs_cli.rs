@@ -112,7 +112,7 @@ fn assert_no_such_device(output: &Output) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("opening RDMA device \"nosuchdev\""),
+        stderr.contains("RDMA device \"nosuchdev\"") && stderr.contains("opening the device"),
         "{stderr}"
     );
     assert!(

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use tierbuf_transport::Transport;
+use tierbuf_transport::{SetupError, Transport};
 
 use super::client::{Outcome, Workload, run_workload};
 use super::memory::Sampler;
@@ -36,7 +36,9 @@ pub fn over_shm(
     let connections = (0..setup.connections)
         .map(|_| transport.connect(&socket))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| KvError::Setup { source })?;
+        .map_err(|source| KvError::Setup {
+            source: Box::new(source),
+        })?;
     let outcome = run_workload(connections, workload, Some(budget.clone()))?;
     process.finish()?;
     drop(transport);
@@ -53,7 +55,9 @@ pub fn over_shm(
 pub fn over_loopback(setup: &Setup, workload: &Workload) -> Result<Outcome, KvError> {
     let transport = setup.transport(Transport::loopback())?;
     let budget = transport.budget().clone();
-    let setup_error = |source| KvError::Setup { source };
+    let setup_error = |source: SetupError| KvError::Setup {
+        source: Box::new(source),
+    };
     let listener = transport.listen("kv").map_err(setup_error)?;
     let mut clients = Vec::with_capacity(setup.connections);
     let mut servers = Vec::with_capacity(setup.connections);

@@ -142,9 +142,9 @@ pub fn run_shm_server(socket: &Path, setup: &Setup) -> Result<(), KvError> {
     let budget = transport.budget().clone();
     let sampler = Sampler::start(budget.clone(), SAMPLE_PERIOD);
     let store = Store::create_temporary().map_err(|source| KvError::Store { source })?;
-    let listener = transport
-        .listen(socket)
-        .map_err(|source| KvError::Setup { source })?;
+    let listener = transport.listen(socket).map_err(|source| KvError::Setup {
+        source: Box::new(source),
+    })?;
     exit_when_stdin_closes();
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{LISTENING}")
@@ -157,7 +157,9 @@ pub fn run_shm_server(socket: &Path, setup: &Setup) -> Result<(), KvError> {
     let connections = (0..setup.connections)
         .map(|_| listener.accept_timeout(ACCEPT_TIMEOUT))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| KvError::Setup { source })?;
+        .map_err(|source| KvError::Setup {
+            source: Box::new(source),
+        })?;
     drop(listener);
     serve(connections, &store, &sampler)?;
     drop(transport);

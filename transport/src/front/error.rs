@@ -174,7 +174,7 @@ pub enum SetupError {
         operation: &'static str,
         /// The provider's error.
         #[source]
-        source: crate::verbs::VerbsError,
+        source: Box<crate::verbs::VerbsError>,
     },
     /// An endpoint was connected, but the connection over it could not start.
     #[error("the connection over a new endpoint could not start")]

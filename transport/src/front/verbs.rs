@@ -141,7 +141,10 @@ fn connect_endpoint(
 
 /// The error of a verbs call made while doing `operation`.
 fn verbs(operation: &'static str) -> impl FnOnce(VerbsError) -> SetupError {
-    move |source| SetupError::Verbs { operation, source }
+    move |source| SetupError::Verbs {
+        operation,
+        source: Box::new(source),
+    }
 }
 
 /// Connects to the listener at `local` and hangs up at once: its accepting thread wakes
