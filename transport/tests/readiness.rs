@@ -5,6 +5,8 @@
 //! Every wait here has a generous bound (seconds) so that a lost wake fails the test
 //! instead of hanging it; no test measures how long anything took.
 
+mod pairs;
+
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -13,42 +15,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
-use tierbuf_pool::{MemoryBudget, SlotPool};
-use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionTable, SendError,
-};
+use tierbuf_pool::SlotPool;
+use tierbuf_transport::connection::{Connection, ConnectionError, ConnectionTable, SendError};
 use tierbuf_transport::{
-    Armed, BufferRef, Completion, Endpoint, LoopbackProvider, Provider, Readiness, ShmProvider,
+    Armed, BufferRef, Completion, Endpoint, LoopbackProvider, Readiness, ShmProvider,
 };
+
+use pairs::{PairProvider, connections, demoting_ladder, preset};
 
 /// Long enough that only a lost wake runs into it.
 const BOUND: Duration = Duration::from_secs(20);
-
-/// A provider whose endpoints come in connected pairs.
-trait PairProvider: Provider<Endpoint: 'static> {
-    fn make() -> Self;
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
-}
-
-impl PairProvider for LoopbackProvider {
-    fn make() -> Self {
-        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
-    }
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
-        self.pair(depth, depth).unwrap()
-    }
-}
-
-impl PairProvider for ShmProvider {
-    fn make() -> Self {
-        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
-    }
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
-        self.pair(depth, depth).unwrap()
-    }
-}
 
 /// A waker that reports its wakes on a channel.
 struct ChannelWake(mpsc::SyncSender<()>);
@@ -163,34 +139,9 @@ fn closing_wakes_the_parked_peer<P: PairProvider>() {
     assert_eq!(receiver.arm(&waker), Armed::Pending, "closed by the peer");
 }
 
-/// A connected pair of connections on `ladder`.
-fn connections<P: PairProvider>(
-    provider: &P,
-    ladder: &str,
-) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
-    let config =
-        Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset(ladder).unwrap())).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let (a, b) = provider.connect_pair(config.queue_depth());
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap();
-        Connection::new(core, endpoint).unwrap()
-    };
-    (connect(a), connect(b))
-}
-
 fn a_deadline_passes_when_nothing_comes<P: PairProvider>() {
     let provider = P::make();
-    let (mut a, mut b) = connections(&provider, "patent");
+    let (mut a, mut b) = connections(&provider, preset("patent"));
     let start = Instant::now();
     let deadline = start + Duration::from_millis(30);
     assert!(b.recv_deadline(deadline).unwrap().is_none());
@@ -216,7 +167,7 @@ fn a_deadline_passes_when_nothing_comes<P: PairProvider>() {
 
 fn a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing<P: PairProvider>() {
     let provider = P::make();
-    let (mut a, mut b) = connections(&provider, "patent");
+    let (mut a, mut b) = connections(&provider, preset("patent"));
     let receiving = thread::spawn(move || {
         let first = b.recv().expect("the message");
         assert_eq!(&first[..], b"wake up");
@@ -241,7 +192,7 @@ fn wait_ready_hands_out_the_busy_connection_only<P: PairProvider>(idle: usize) {
     let mut clients = Vec::new();
     let mut busy_id = None;
     for _ in 0..=idle {
-        let (client, served) = connections(&provider, "patent");
+        let (client, served) = connections(&provider, preset("patent"));
         clients.push(client);
         busy_id = Some(table.insert(served).id());
     }
@@ -314,37 +265,6 @@ on_each_provider!(
     tables_echo_through_promotions_and_demotions(200),
 );
 
-/// A pair on the `patent` ladder's tiers that demotes after `demote_after`.
-fn demoting_connections<P: PairProvider>(
-    provider: &P,
-    demote_after: Duration,
-) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
-    let ladder = TierLadder::builder()
-        .tier(512, 16, 480)
-        .tier(8192, 16, 8192)
-        .demote_after(demote_after)
-        .hysteresis(demote_after / 3)
-        .build()
-        .unwrap();
-    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let (a, b) = provider.connect_pair(config.queue_depth());
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap();
-        Connection::new(core, endpoint).unwrap()
-    };
-    (connect(a), connect(b))
-}
-
 /// Offers the rest of `pending`'s message without blocking; whether all of it went.
 fn offer<E: tierbuf_transport::Endpoint>(
     connection: &mut Connection<E>,
@@ -368,15 +288,15 @@ fn offer<E: tierbuf_transport::Endpoint>(
 /// Two tables, a client's and a server's, each driven by one thread through
 /// `wait_ready` only: `connections` pairs echo `rounds` requests each, one in flight per
 /// connection, one in ten promoted and segmented, with demotions falling due between.
-fn tables_echo_through_promotions_and_demotions<P: PairProvider>(connections: usize) {
+fn tables_echo_through_promotions_and_demotions<P: PairProvider>(count: usize) {
     use std::collections::HashMap;
     const ROUNDS: usize = 20;
     let provider = P::make();
     let servers = ConnectionTable::new();
     let clients = ConnectionTable::new();
     let mut handles = Vec::new();
-    for _ in 0..connections {
-        let (client, server) = demoting_connections(&provider, Duration::from_millis(30));
+    for _ in 0..count {
+        let (client, server) = connections(&provider, demoting_ladder(Duration::from_millis(30)));
         servers.insert(server);
         handles.push(clients.insert(client));
     }
@@ -384,7 +304,7 @@ fn tables_echo_through_promotions_and_demotions<P: PairProvider>(connections: us
     let serving = thread::spawn(move || {
         let (mut ready, mut served) = (Vec::new(), 0);
         let mut replies: HashMap<u64, Option<(Vec<u8>, usize)>> = HashMap::new();
-        while served < connections * ROUNDS || replies.values().any(Option::is_some) {
+        while served < count * ROUNDS || replies.values().any(Option::is_some) {
             assert!(
                 servers.wait_ready(&mut ready, BOUND).unwrap() > 0,
                 "the servers stalled"
@@ -407,14 +327,12 @@ fn tables_echo_through_promotions_and_demotions<P: PairProvider>(connections: us
         }
         servers
     });
-    let mut requests: Vec<_> = (0..connections)
-        .map(|_| Some((vec![7; size(0)], 0)))
-        .collect();
+    let mut requests: Vec<_> = (0..count).map(|_| Some((vec![7; size(0)], 0))).collect();
     for (index, shared) in handles.iter().enumerate() {
         offer(&mut shared.lock().unwrap(), &mut requests[index]);
     }
-    let (mut replies, mut ready) = (vec![0; connections], Vec::new());
-    while replies.iter().sum::<usize>() < connections * ROUNDS {
+    let (mut replies, mut ready) = (vec![0; count], Vec::new());
+    while replies.iter().sum::<usize>() < count * ROUNDS {
         assert!(
             clients.wait_ready(&mut ready, BOUND).unwrap() > 0,
             "the clients stalled"
@@ -437,7 +355,7 @@ fn tables_echo_through_promotions_and_demotions<P: PairProvider>(connections: us
             }
         }
         // Now and then a pause long enough for demotions to fall due.
-        if replies.iter().sum::<usize>() % (connections * 3) == 0 {
+        if replies.iter().sum::<usize>() % (count * 3) == 0 {
             thread::sleep(Duration::from_millis(40));
         }
     }

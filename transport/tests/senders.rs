@@ -2,75 +2,18 @@
 //! while the connection's own thread sleeps until they queue something, with tier changes
 //! under them; over loopback and shared memory.
 
-use std::sync::Arc;
+mod pairs;
+
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionError, SendError, WouldBlock,
-};
-use tierbuf_transport::{LoopbackProvider, Provider, ShmProvider};
+use tierbuf_transport::connection::{ConnectionError, SendError, WouldBlock};
+use tierbuf_transport::{LoopbackProvider, ShmProvider};
+
+use pairs::{PairProvider, connections, demoting_ladder};
 
 /// Long enough that only a lost wake runs into it.
 const BOUND: Duration = Duration::from_secs(60);
-
-trait PairProvider: Provider<Endpoint: 'static> {
-    fn make() -> Self;
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
-}
-
-impl PairProvider for LoopbackProvider {
-    fn make() -> Self {
-        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
-    }
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
-        self.pair(depth, depth).unwrap()
-    }
-}
-
-impl PairProvider for ShmProvider {
-    fn make() -> Self {
-        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
-    }
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
-        self.pair(depth, depth).unwrap()
-    }
-}
-
-/// A pair on the `patent` ladder's tiers (512 B and 8 KiB) with demotion after
-/// `demote_after`.
-fn pair<P: PairProvider>(
-    provider: &P,
-    demote_after: Duration,
-) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
-    let ladder = TierLadder::builder()
-        .tier(512, 16, 480)
-        .tier(8192, 16, 8192)
-        .demote_after(demote_after)
-        .hysteresis(demote_after / 2)
-        .build()
-        .unwrap();
-    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let (a, b) = provider.connect_pair(config.queue_depth());
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap();
-        Connection::new(core, endpoint).unwrap()
-    };
-    (connect(a), connect(b))
-}
 
 /// Worker `worker`'s message `index`: mostly small, every tenth past the smallest tier
 /// (a promotion), every fiftieth past the largest (segmented).
@@ -89,7 +32,8 @@ fn workers_send_in_order_while_the_connection_sleeps_between<P: PairProvider>() 
     const WORKERS: u8 = 4;
     const MESSAGES: u32 = 300;
     let provider = P::make();
-    let (mut driven, mut receiving) = pair(&provider, Duration::from_millis(5));
+    let (mut driven, mut receiving) =
+        connections(&provider, demoting_ladder(Duration::from_millis(5)));
     let workers: Vec<_> = (0..WORKERS)
         .map(|worker| {
             let mut sender = driven.sender();
@@ -149,7 +93,7 @@ fn workers_send_in_order_while_the_connection_sleeps_between<P: PairProvider>() 
 
 fn a_full_queue_refuses_and_a_closed_connection_fails_its_senders<P: PairProvider>() {
     let provider = P::make();
-    let (mut connection, peer) = pair(&provider, Duration::from_secs(60));
+    let (mut connection, peer) = connections(&provider, demoting_ladder(Duration::from_secs(60)));
     let mut sender = connection.sender();
     // Nobody drives the connection: the queue fills.
     let mut queued = 0;

@@ -3,67 +3,30 @@
 //! dropped halfway.
 #![cfg(feature = "tokio")]
 
-use std::sync::Arc;
+mod pairs;
+
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    AsyncConnection, Connection, ConnectionConfig, ConnectionCore, ConnectionError, SendError,
-};
-use tierbuf_transport::{LoopbackProvider, Provider, ShmProvider};
+use tierbuf_transport::connection::{AsyncConnection, ConnectionError, SendError};
+use tierbuf_transport::{LoopbackProvider, ShmProvider};
+
+use pairs::{PairProvider, connections, preset};
 
 /// Long enough that only a lost wake runs into it.
 const BOUND: Duration = Duration::from_secs(60);
 
-trait PairProvider: Provider<Endpoint: 'static + Unpin> {
-    fn make() -> Self;
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
-}
-
-impl PairProvider for LoopbackProvider {
-    fn make() -> Self {
-        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
-    }
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
-        self.pair(depth, depth).unwrap()
-    }
-}
-
-impl PairProvider for ShmProvider {
-    fn make() -> Self {
-        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
-    }
-    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
-        self.pair(depth, depth).unwrap()
-    }
-}
-
+/// A connected pair of async connections on the preset ladder `ladder`.
 fn pair<P: PairProvider>(
     provider: &P,
     ladder: &str,
 ) -> (AsyncConnection<P::Endpoint>, AsyncConnection<P::Endpoint>) {
-    let config =
-        Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset(ladder).unwrap())).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let (a, b) = provider.connect_pair(config.queue_depth());
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap();
-        AsyncConnection::new(Connection::new(core, endpoint).unwrap()).unwrap()
-    };
-    (connect(a), connect(b))
+    let (a, b) = connections(provider, preset(ladder));
+    (
+        AsyncConnection::new(a).unwrap(),
+        AsyncConnection::new(b).unwrap(),
+    )
 }
 
 /// Message `index`'s bytes: its length cycles through small, tier-sized and segmented.

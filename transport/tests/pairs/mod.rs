@@ -1,0 +1,79 @@
+//! Connected pairs for the tests of waiting (`readiness`, `senders`, `tokio_connection`):
+//! providers whose endpoints come in pairs, and connections over them on a ladder.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tierbuf_pool::MemoryBudget;
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::{LoopbackProvider, Provider, ShmProvider};
+
+/// A provider whose endpoints come in connected pairs.
+pub(crate) trait PairProvider: Provider<Endpoint: 'static + Unpin> {
+    /// A provider charging a budget of 1 GiB.
+    fn make() -> Self;
+    /// Two connected endpoints, both queues `depth` deep.
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
+}
+
+impl PairProvider for LoopbackProvider {
+    fn make() -> Self {
+        LoopbackProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+impl PairProvider for ShmProvider {
+    fn make() -> Self {
+        ShmProvider::new(MemoryBudget::with_cap(1 << 30))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        self.pair(depth, depth).unwrap()
+    }
+}
+
+/// The preset ladder `name`.
+#[allow(dead_code)] // Not every test binary takes a preset.
+pub(crate) fn preset(name: &str) -> TierLadder {
+    TierLadder::preset(name).unwrap()
+}
+
+/// The `patent` ladder's tiers (512 B and 8 KiB), demoting after `demote_after`.
+#[allow(dead_code)] // Not every test binary demotes.
+pub(crate) fn demoting_ladder(demote_after: Duration) -> TierLadder {
+    TierLadder::builder()
+        .tier(512, 16, 480)
+        .tier(8192, 16, 8192)
+        .demote_after(demote_after)
+        .hysteresis(demote_after / 2)
+        .build()
+        .unwrap()
+}
+
+/// A connected pair of connections on `ladder`, sharing one reservoir.
+pub(crate) fn connections<P: PairProvider>(
+    provider: &P,
+    ladder: TierLadder,
+) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
+    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let (a, b) = provider.connect_pair(config.queue_depth());
+    let connect = |endpoint| {
+        let core = ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .unwrap();
+        Connection::new(core, endpoint).unwrap()
+    };
+    (connect(a), connect(b))
+}
