@@ -98,6 +98,15 @@ pub enum PoolError {
         #[source]
         source: std::io::Error,
     },
+    /// A shared region's memory file was asked for a second time: it is handed out once,
+    /// to the one peer the region serves (the caller's mistake).
+    #[error(
+        "region {remote_key:#x} was already exposed to a peer; its memory file is handed out once"
+    )]
+    AlreadyExposed {
+        /// The region's remote key.
+        remote_key: u32,
+    },
     /// Every remote key a registrar can hand out is held by a live region.
     #[error("all {live} remote keys of this registrar are held by live regions")]
     KeysExhausted {

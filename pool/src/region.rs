@@ -7,6 +7,8 @@
 //! - A region owns its memory: the bytes `[base, base + len)` stay mapped and registered
 //!   for as long as the region value lives, and are deregistered and unmapped exactly once,
 //!   when it is dropped.
+//! - A shared region is private memory until it is first exposed; only then is its memory
+//!   file made (see `shared`), so a region no peer sees holds no file descriptor.
 //! - A shared region's memory file is sealed against shrinking and growing before anyone
 //!   else can see it, so every process that maps its whole length can touch every byte of
 //!   that mapping for as long as it keeps it (no `SIGBUS` from a truncated file).
@@ -16,14 +18,16 @@
 //!   [`HugePages::Explicit`]), for as long as it lives. A budget's cap therefore bounds
 //!   what is pinned, however small the regions.
 
+mod shared;
+
 use std::fmt;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::budget::{MemoryBudget, Reservation};
 use crate::error::PoolError;
+
+pub use shared::SharedHostRegion;
 
 /// The keys through which a provider and its peer reach a registered region.
 ///
@@ -188,10 +192,11 @@ impl HostRegistrar {
 }
 
 impl HostRegistrar {
-    /// Registers `len` bytes of shared memory aligned to `align`: a sealed memory file
-    /// (`memfd`) mapped shared, whose descriptor can be passed to another process
-    /// (`SCM_RIGHTS`) that maps the same bytes. Charged, keyed and pinned as
-    /// [`Registrar::register`] is.
+    /// Registers `len` bytes aligned to `align` that can later be shared with another
+    /// process: [`SharedHostRegion::expose_memory_file`] moves them into a sealed memory
+    /// file (`memfd`) whose descriptor can be passed (`SCM_RIGHTS`) to a process that maps
+    /// the same bytes. Charged, keyed and pinned as [`Registrar::register`] is; until it
+    /// is exposed, the region holds no file descriptor.
     ///
     /// ```
     /// use tierbuf_pool::{HostRegistrar, MemoryBudget, Region, Registrar};
@@ -202,24 +207,15 @@ impl HostRegistrar {
     /// # Ok::<(), tierbuf_pool::PoolError>(())
     /// ```
     pub fn register_shared(&self, len: usize, align: usize) -> Result<SharedHostRegion, PoolError> {
-        let (region, memfd) = self.register_host(len, align, Backing::SharedFile)?;
-        let memfd = memfd.ok_or_else(|| PoolError::Map {
-            len,
-            source: std::io::Error::other("a shared mapping came without its memory file"),
-        })?;
-        Ok(SharedHostRegion {
+        let region = self.register_host(len, align)?;
+        Ok(SharedHostRegion::new(
             region,
-            memfd,
-            exposed: AtomicBool::new(false),
-        })
+            self.huge_pages,
+            self.lock_memory,
+        ))
     }
 
-    fn register_host(
-        &self,
-        len: usize,
-        align: usize,
-        backing: Backing,
-    ) -> Result<(HostRegion, Option<OwnedFd>), PoolError> {
+    fn register_host(&self, len: usize, align: usize) -> Result<HostRegion, PoolError> {
         if len == 0 {
             return Err(PoolError::ZeroLength);
         }
@@ -233,7 +229,7 @@ impl HostRegistrar {
                 slot_count: 1,
             })?;
         let reservation = self.budget.reserve(mapped as u64)?;
-        let (mapping, memfd) = Mapping::new(len, align, self.huge_pages, backing)?;
+        let mapping = Mapping::new(len, align, self.huge_pages)?;
         debug_assert_eq!(mapping.rounded, mapped, "charged what is mapped");
         if self.lock_memory {
             // SAFETY: `mapping` owns `[base, base + len)`, mapped and not yet shared.
@@ -257,13 +253,13 @@ impl HostRegistrar {
             key_table: std::sync::Arc::clone(&self.keys),
             _reservation: reservation,
         };
-        Ok((region, memfd))
+        Ok(region)
     }
 }
 
 impl Registrar for HostRegistrar {
     fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
-        let (region, _) = self.register_host(len, align, Backing::Private)?;
+        let region = self.register_host(len, align)?;
         Ok(Box::new(region))
     }
 
@@ -294,16 +290,8 @@ fn mapping_granule(huge_pages: HugePages) -> usize {
     }
 }
 
-/// What a [`Mapping`] maps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backing {
-    /// Anonymous private memory.
-    Private,
-    /// A fresh sealed memory file, mapped shared.
-    SharedFile,
-}
-
-/// A mapping of anonymous memory or of a memory file, unmapped on drop.
+/// A mapping of anonymous private memory (part of which a shared region may later
+/// replace with a mapping of its memory file), unmapped on drop.
 #[derive(Debug)]
 struct Mapping {
     /// The aligned first byte handed out.
@@ -316,15 +304,9 @@ struct Mapping {
 }
 
 impl Mapping {
-    /// Maps at least `len` bytes aligned to `align`; for [`Backing::SharedFile`] also
-    /// returns the memory file, `rounded` bytes long and mapped at `base`.
-    fn new(
-        len: usize,
-        align: usize,
-        huge_pages: HugePages,
-        backing: Backing,
-    ) -> Result<(Mapping, Option<OwnedFd>), PoolError> {
-        use rustix::mm::{Advice, MapFlags, ProtFlags};
+    /// Maps at least `len` bytes aligned to `align`.
+    fn new(len: usize, align: usize, huge_pages: HugePages) -> Result<Mapping, PoolError> {
+        use rustix::mm::{MapFlags, ProtFlags};
         let page = mapping_granule(huge_pages);
         let overflow = || PoolError::SizeOverflow {
             slot_size: len,
@@ -336,7 +318,7 @@ impl Mapping {
         let slack = align.saturating_sub(page);
         let map_len = rounded.checked_add(slack).ok_or_else(overflow)?;
         let mut flags = MapFlags::PRIVATE;
-        if huge_pages == HugePages::Explicit && backing == Backing::Private {
+        if huge_pages == HugePages::Explicit {
             flags |= MapFlags::HUGETLB;
         }
         let map_error = |errno: rustix::io::Errno| match huge_pages {
@@ -349,21 +331,17 @@ impl Mapping {
                 source: errno.into(),
             },
         };
-        let memfd = match backing {
-            Backing::Private => None,
-            Backing::SharedFile => Some(memory_file(rounded, huge_pages).map_err(map_error)?),
-        };
-        // A file mapping is placed inside an inaccessible reservation, which keeps the
-        // alignment slack out of reach.
-        let protection = match backing {
-            Backing::Private => ProtFlags::READ | ProtFlags::WRITE,
-            Backing::SharedFile => ProtFlags::empty(),
-        };
         // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing aliases
         // nothing.
-        let start =
-            unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), map_len, protection, flags) }
-                .map_err(map_error)?;
+        let start = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                map_len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                flags,
+            )
+        }
+        .map_err(map_error)?;
         let map_start = NonNull::new(start.cast::<u8>()).ok_or_else(|| PoolError::Map {
             len,
             source: std::io::Error::other("mmap returned a null mapping"),
@@ -377,47 +355,27 @@ impl Mapping {
             map_len,
             rounded,
         };
-        if let Some(memfd) = &memfd {
-            // SAFETY: `base .. base + rounded` lies inside the reservation this mapping
-            // owns (unmapped on drop with it), so `FIXED` replaces only pages of ours.
-            unsafe {
-                rustix::mm::mmap(
-                    base.as_ptr().cast(),
-                    rounded,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED | MapFlags::FIXED,
-                    memfd,
-                    0,
-                )
-            }
-            .map_err(map_error)?;
-        }
-        if huge_pages == HugePages::Transparent {
-            // SAFETY: advice on memory this mapping owns; it changes no contents.
-            // A kernel without transparent huge pages refuses the advice, and base pages
-            // are the documented fallback, so the refusal is not an error.
-            let _ = unsafe {
-                rustix::mm::madvise(mapping.base.as_ptr().cast(), rounded, Advice::LinuxHugepage)
-            };
-        }
-        Ok((mapping, memfd))
+        // SAFETY: `base .. base + rounded` lies inside the mapping just made, which this
+        // value owns.
+        unsafe { advise_huge_pages(base, rounded, huge_pages) };
+        Ok(mapping)
     }
 }
 
-/// A memory file of `len` bytes, sealed so that its length never changes again.
-fn memory_file(len: usize, huge_pages: HugePages) -> rustix::io::Result<OwnedFd> {
-    use rustix::fs::{MemfdFlags, SealFlags};
-    let mut flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
-    if huge_pages == HugePages::Explicit {
-        flags |= MemfdFlags::HUGETLB;
+/// Asks for transparent huge pages on `[base, base + len)` when `huge_pages` says so.
+///
+/// # Safety
+///
+/// The range must be memory the caller owns; the advice changes no contents.
+unsafe fn advise_huge_pages(base: NonNull<u8>, len: usize, huge_pages: HugePages) {
+    if huge_pages == HugePages::Transparent {
+        // SAFETY: the caller owns the range. A kernel without transparent huge pages
+        // refuses the advice, and base pages are the documented fallback, so the refusal
+        // is not an error.
+        let _ = unsafe {
+            rustix::mm::madvise(base.as_ptr().cast(), len, rustix::mm::Advice::LinuxHugepage)
+        };
     }
-    let memfd = rustix::fs::memfd_create("tierbuf-region", flags)?;
-    rustix::fs::ftruncate(&memfd, len as u64)?;
-    rustix::fs::fcntl_add_seals(
-        &memfd,
-        SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-    )?;
-    Ok(memfd)
 }
 
 impl Drop for Mapping {
@@ -487,69 +445,6 @@ unsafe impl<R: Region + ?Sized> Region for Box<R> {
 
     fn exposed_to_peer(&self) -> bool {
         (**self).exposed_to_peer()
-    }
-}
-
-/// A region of shared memory registered by [`HostRegistrar::register_shared`]: a sealed
-/// memory file mapped shared at [`Region::base`]. Another process that maps the file's
-/// first [`SharedHostRegion::file_len`] bytes sees the same bytes; dropping the region
-/// unmaps them here, frees its key and returns its budget, while another process's
-/// mapping keeps the file's pages alive until that process unmaps them.
-///
-/// Once its memory file has been handed out ([`SharedHostRegion::expose_memory_file`])
-/// the region says so ([`Region::exposed_to_peer`]) for the rest of its life, so that it
-/// never serves a second peer.
-#[derive(Debug)]
-pub struct SharedHostRegion {
-    region: HostRegion,
-    memfd: OwnedFd,
-    exposed: AtomicBool,
-}
-
-impl SharedHostRegion {
-    /// The memory file, for passing to another process. From this call on the region is
-    /// [exposed to a peer](Region::exposed_to_peer): whoever receives the file can map
-    /// the region's bytes for as long as it likes.
-    ///
-    /// ```
-    /// use tierbuf_pool::{HostRegistrar, MemoryBudget, Region};
-    /// let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 20));
-    /// let region = registrar.register_shared(4096, 4096)?;
-    /// assert!(!region.exposed_to_peer());
-    /// let _file = region.expose_memory_file();
-    /// assert!(region.exposed_to_peer());
-    /// # Ok::<(), tierbuf_pool::PoolError>(())
-    /// ```
-    pub fn expose_memory_file(&self) -> BorrowedFd<'_> {
-        self.exposed.store(true, Ordering::Release);
-        self.memfd.as_fd()
-    }
-
-    /// The memory file's length: the region's length rounded up to whole pages. Its
-    /// first byte is the region's first byte.
-    pub fn file_len(&self) -> usize {
-        self.region.mapping.rounded
-    }
-}
-
-// SAFETY: the inner host region keeps the promise for `[base, base + len)`. Another
-// process can reach these bytes only through the memory file this value hands out, and
-// whoever passes it on takes on the contract for what that process does with them.
-unsafe impl Region for SharedHostRegion {
-    fn base(&self) -> NonNull<u8> {
-        self.region.base()
-    }
-
-    fn len(&self) -> usize {
-        self.region.len()
-    }
-
-    fn keys(&self) -> RegionKeys {
-        self.region.keys()
-    }
-
-    fn exposed_to_peer(&self) -> bool {
-        self.exposed.load(Ordering::Acquire)
     }
 }
 
@@ -670,43 +565,5 @@ mod tests {
             Err(other) => panic!("unexpected error {other}"),
         }
         assert_eq!(explicit.budget().in_use(), 0);
-    }
-
-    #[test]
-    fn shared_region_is_a_sealed_file_mapped_at_its_base() {
-        let registrar = registrar_with_cap(1 << 30);
-        for align in [64, 4096, 1 << 21] {
-            let region = registrar.register_shared(10_000, align).unwrap();
-            assert_eq!(region.base().as_ptr() as usize % align, 0, "align {align}");
-            assert_eq!(region.file_len(), 12_288);
-            let stat = rustix::fs::fstat(region.expose_memory_file()).unwrap();
-            assert_eq!(stat.st_size, 12_288);
-            assert!(rustix::fs::ftruncate(region.expose_memory_file(), 4096).is_err());
-            // A second mapping of the file sees what the region writes.
-            // SAFETY: a fresh shared mapping of the whole file, unmapped below.
-            let other = unsafe {
-                rustix::mm::mmap(
-                    std::ptr::null_mut(),
-                    12_288,
-                    rustix::mm::ProtFlags::READ,
-                    rustix::mm::MapFlags::SHARED,
-                    region.expose_memory_file(),
-                    0,
-                )
-            }
-            .unwrap();
-            // SAFETY: the region owns these bytes; nothing else writes them.
-            unsafe { region.base().as_ptr().add(9_999).write(0x5A) };
-            // SAFETY: `other` maps 12 288 readable bytes.
-            assert_eq!(unsafe { other.cast::<u8>().add(9_999).read() }, 0x5A);
-            // SAFETY: exactly what `mmap` returned above.
-            unsafe { rustix::mm::munmap(other, 12_288) }.unwrap();
-            assert_eq!(
-                registrar.budget().in_use(),
-                12_288,
-                "the three pages mapped"
-            );
-        }
-        assert_eq!(registrar.budget().in_use(), 0);
     }
 }

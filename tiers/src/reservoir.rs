@@ -251,7 +251,8 @@ mod tests {
         assert_eq!(reservoir.spare(tier), 1, "a region no peer saw is a spare");
 
         let exposed = registrar.register_shared(len, 4096).unwrap();
-        let _ = exposed.expose_memory_file();
+        // SAFETY: nothing else touches the region's bytes.
+        let _file = unsafe { exposed.expose_memory_file() }.unwrap();
         let charged = registrar.budget().in_use();
         reservoir.give_back(tier, Box::new(exposed));
         assert_eq!(reservoir.spare(tier), 1, "an exposed region is not a spare");

@@ -75,6 +75,16 @@ pub enum PostError {
         /// The most one message carries.
         max: u32,
     },
+    /// A receive was posted in a region this process already shared with another peer
+    /// (a region receives for one peer only, which alone can see its bytes); the caller's
+    /// mistake. Nothing was posted.
+    #[error(
+        "region {remote_key:#x} is already shared with another peer; a receive region serves one"
+    )]
+    SharedWithAnotherPeer {
+        /// The region's key.
+        remote_key: u32,
+    },
     /// This endpoint was closed.
     #[error("the endpoint is closed")]
     Closed,

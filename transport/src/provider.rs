@@ -96,7 +96,9 @@ pub trait Endpoint: Send + fmt::Debug {
     /// [`Endpoint::poll`], or until this endpoint has been closed or dropped, nothing but
     /// the provider reads or writes the bytes `buffer` names, and no other outstanding
     /// request of any endpoint names any of them. An error return ends this at once:
-    /// nothing was posted.
+    /// nothing was posted. Besides, while this call runs nothing writes any byte of the
+    /// region `buffer` lies in: a provider may move the region's memory to share it with
+    /// the peer at its first receive (the shm provider does).
     unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError>;
 
     /// Posts a send of the concatenation of the `gather` buffers (at most

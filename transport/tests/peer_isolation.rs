@@ -122,3 +122,32 @@ fn regions_announced_to_a_peer_never_go_back_to_the_shared_reservoir() {
     promote_with(&mut c, &mut d, 3000);
     assert_eq!((c.stats().send_tier, d.stats().recv_tier), (1, 1));
 }
+
+#[test]
+fn a_region_receives_for_one_peer_only() {
+    use tierbuf_pool::SlotPool;
+    use tierbuf_transport::{BufferRef, Endpoint, PostError};
+    let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+    let pool = SlotPool::new(&*provider.registrar(), 64, 4).unwrap();
+    let (mut a, mut b) = provider.pair(4, 4).unwrap();
+    let (first, second) = (
+        pool.try_acquire_owned().unwrap(),
+        pool.try_acquire_owned().unwrap(),
+    );
+    // SAFETY: the slots stay untouched until the endpoints are dropped.
+    unsafe { a.post_recv(BufferRef::from(&first), 1) }.unwrap();
+    let remote_key = BufferRef::from(&second).remote_key;
+    assert_eq!(
+        // SAFETY: as above.
+        unsafe { b.post_recv(BufferRef::from(&second), 2) },
+        Err(PostError::SharedWithAnotherPeer { remote_key }),
+        "the region `a` shared with `b` cannot receive for `a`"
+    );
+    assert_eq!(
+        b.outstanding().recvs,
+        0,
+        "nothing posted, the endpoint stands"
+    );
+    // SAFETY: as above.
+    unsafe { a.post_recv(BufferRef::from(&second), 3) }.unwrap();
+}

@@ -179,7 +179,7 @@ impl<K: Kind> TransportBuilder<K> {
             });
         }
         if let Some(connections) = self.connections {
-            if let Some(files) = self.kind.open_files(&ladder) {
+            if let Some(files) = self.kind.open_files() {
                 open_files_for(K::NAME, connections, files)?;
             }
             self.kind.check_connections(&ladder, connections)?;
@@ -300,7 +300,7 @@ fn open_files_for(
 impl OpenFiles {
     /// `per_connection` files held by each connection (`holding` says which), and
     /// `others` besides.
-    pub(super) fn new(per_connection: u64, holding: String, others: u64) -> OpenFiles {
+    pub(super) fn new(per_connection: u64, holding: &'static str, others: u64) -> OpenFiles {
         OpenFiles {
             per_connection,
             holding,

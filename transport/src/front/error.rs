@@ -111,7 +111,7 @@ pub enum SetupError {
         /// The connections expected.
         connections: usize,
         /// What each connection holds open.
-        holding: String,
+        holding: &'static str,
         /// The open files needed.
         needed: u64,
         /// The hard limit.

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tierbuf_pool::{MemlockPolicy, MemoryBudget};
-use tierbuf_tiers::ladder::TierLadder;
 
 use super::builder::{Transport, TransportBuilder};
 use super::error::SetupError;
@@ -41,7 +40,7 @@ impl Kind for Loopback {
         Ok(LoopbackProvider::new(budget.clone()))
     }
 
-    fn open_files(&self, _ladder: &TierLadder) -> Option<OpenFiles> {
+    fn open_files(&self) -> Option<OpenFiles> {
         None
     }
 }

@@ -119,10 +119,10 @@ pub trait Kind: sealed::Sealed + fmt::Debug + Send + Sync + Sized + 'static {
     fn open(&self, budget: &MemoryBudget) -> Result<Self::Provider, SetupError>;
 
     /// What one connection holds open (files per connection, what they are) and the
-    /// files the process needs besides, for `connections` connections on `ladder`; `None`
-    /// for a provider that opens no file per connection.
+    /// files the process needs besides; `None` for a provider that opens no file per
+    /// connection.
     #[doc(hidden)]
-    fn open_files(&self, ladder: &TierLadder) -> Option<OpenFiles>;
+    fn open_files(&self) -> Option<OpenFiles>;
 
     /// Checks a limit of the provider's own for `connections` connections on `ladder`.
     #[doc(hidden)]
@@ -140,7 +140,7 @@ pub trait Kind: sealed::Sealed + fmt::Debug + Send + Sync + Sized + 'static {
 #[derive(Debug)]
 pub struct OpenFiles {
     per_connection: u64,
-    holding: String,
+    holding: &'static str,
     others: u64,
 }
 

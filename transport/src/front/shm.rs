@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use tierbuf_pool::{MemlockPolicy, MemoryBudget};
-use tierbuf_tiers::ladder::TierLadder;
 
 use super::builder::{Shared, Transport, TransportBuilder};
 use super::error::SetupError;
@@ -44,17 +43,11 @@ impl Kind for Shm {
         })
     }
 
-    fn open_files(&self, ladder: &TierLadder) -> Option<OpenFiles> {
-        // A socket, and a memory file for a send and a receive region of every tier;
-        // besides, the standard streams, the listener, the reservoir's spare regions,
-        // and room to spare.
-        let tiers = ladder.tiers().len() as u64;
-        let per_connection = 1 + 2 * tiers;
-        Some(OpenFiles::new(
-            per_connection,
-            format!("a socket and {} memory files per connection", 2 * tiers),
-            64 + ladder.policy().reservoir_regions() as u64 * tiers,
-        ))
+    fn open_files(&self) -> Option<OpenFiles> {
+        // A socket per connection: a region's memory file is open only while it is
+        // passed to the peer. Besides, the standard streams, the listener, the files
+        // being passed, and room to spare.
+        Some(OpenFiles::new(1, "a socket per connection", 64))
     }
 }
 

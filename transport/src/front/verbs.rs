@@ -41,10 +41,10 @@ impl Kind for Verbs {
         VerbsProvider::open(&self.config, budget.clone()).map_err(verbs("opening the device"))
     }
 
-    fn open_files(&self, _ladder: &TierLadder) -> Option<OpenFiles> {
+    fn open_files(&self) -> Option<OpenFiles> {
         // A socket per connection; besides, the standard streams, the device, listeners,
         // and room to spare.
-        Some(OpenFiles::new(1, "a socket per connection".to_owned(), 64))
+        Some(OpenFiles::new(1, "a socket per connection", 64))
     }
 
     fn check_connections(&self, ladder: &TierLadder, connections: usize) -> Result<(), SetupError> {

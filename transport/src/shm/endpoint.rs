@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 // Looked up on every post and every copy: foldhash, not the default SipHash.
 use foldhash::HashMap;
-use tierbuf_pool::{Region, SharedHostRegion};
+use tierbuf_pool::{PoolError, Region, SharedHostRegion};
 
 use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SOCKET_TIMEOUT, SocketError, receive_record,
@@ -791,7 +791,12 @@ impl ShmEndpoint {
     }
 
     /// Announces the region `buffer` lies in to the peer, unless it already knows it.
-    fn announce(&mut self, buffer: &Resolved<SharedHostRegion>) -> Result<(), SocketError> {
+    ///
+    /// # Safety
+    ///
+    /// Nothing writes any byte of that region while this call runs (its first
+    /// announcement moves its memory into the file the peer maps).
+    unsafe fn announce(&mut self, buffer: &Resolved<SharedHostRegion>) -> Result<(), NotAnnounced> {
         let keys = buffer.region.region().keys();
         if self
             .announced
@@ -800,9 +805,27 @@ impl ShmEndpoint {
         {
             return Ok(());
         }
+        let region = buffer.region.region();
+        let shared_elsewhere =
+            NotAnnounced::SharedWithAnotherPeer(PostError::SharedWithAnotherPeer {
+                remote_key: keys.remote_key,
+            });
+        if region.exposed_to_peer() {
+            return Err(shared_elsewhere);
+        }
         // A region under a reused key must be forgotten before its successor is announced.
         self.forget_dead_regions()?;
-        let region = buffer.region.region();
+        // SAFETY: this function's contract.
+        let file = match unsafe { region.expose_memory_file() } {
+            Ok(file) => file,
+            Err(PoolError::AlreadyExposed { .. }) => return Err(shared_elsewhere),
+            Err(error) => {
+                return Err(NotAnnounced::Socket(SocketError::LocalResource {
+                    operation: "sharing a receive region with the peer",
+                    source: std::io::Error::other(error),
+                }));
+            }
+        };
         send_record(
             self.socket.as_fd(),
             Record::Announce {
@@ -810,7 +833,7 @@ impl ShmEndpoint {
                 remote_addr: keys.remote_addr,
                 file_len: region.file_len() as u64,
             },
-            Some(region.expose_memory_file()),
+            Some(file.as_fd()),
         )?;
         self.segment().direction(self.peer()).announce();
         self.announced.insert(
@@ -821,6 +844,20 @@ impl ShmEndpoint {
             },
         );
         Ok(())
+    }
+}
+
+/// Why a receive region was not announced.
+enum NotAnnounced {
+    /// It receives for another peer already; the post is refused, the connection stands.
+    SharedWithAnotherPeer(PostError),
+    /// The socket or a resource of this process failed; the connection is broken.
+    Socket(SocketError),
+}
+
+impl From<SocketError> for NotAnnounced {
+    fn from(error: SocketError) -> Self {
+        NotAnnounced::Socket(error)
     }
 }
 
@@ -852,9 +889,15 @@ impl Endpoint for ShmEndpoint {
         self.state().admits_posts()?;
         self.outstanding.check_room(QueueKind::Recv, self.limits)?;
         let buffer = self.local.resolve(buffer)?;
-        if let Err(error) = self.announce(&buffer) {
-            self.socket_failed(error);
-            return Err(PostError::ConnectionBroken);
+        // SAFETY: `post_recv`'s contract keeps every writer off the buffer's region while
+        // it runs.
+        match unsafe { self.announce(&buffer) } {
+            Ok(()) => {}
+            Err(NotAnnounced::SharedWithAnotherPeer(error)) => return Err(error),
+            Err(NotAnnounced::Socket(error)) => {
+                self.socket_failed(error);
+                return Err(PostError::ConnectionBroken);
+            }
         }
         let keys = buffer.region.region().keys();
         let posted = PostedBuffer {

@@ -585,11 +585,17 @@ pub(crate) fn posting_past_a_queue_depth_is_refused_until_completions_are_polled
 }
 
 pub(crate) fn closing_flushes_the_outstanding_requests_of_both_sides<P: TestProvider>() {
-    let (pool, mut a, mut b) = fixture::<P>(64, 8, 4, 4);
-    let slots: Vec<OwnedSlot> = (0..4).map(|_| pool.try_acquire_owned().unwrap()).collect();
+    let provider = provider::<P>();
+    // A region receives for one side only (the shm provider shares it with that peer).
+    let (pool_a, pool_b) = (pool(&provider, 64, 8), pool(&provider, 64, 8));
+    let (mut a, mut b) = provider.connect_pair(4, 4);
+    let slots: Vec<OwnedSlot> = (0..2)
+        .map(|_| pool_a.try_acquire_owned().unwrap())
+        .collect();
+    let slot_b = pool_b.try_acquire_owned().unwrap();
     recv(&mut a, BufferRef::from(&slots[0]), 1).unwrap();
     recv(&mut a, BufferRef::from(&slots[1]), 2).unwrap();
-    recv(&mut b, BufferRef::from(&slots[2]), 3).unwrap();
+    recv(&mut b, BufferRef::from(&slot_b), 3).unwrap();
     a.close();
     a.close();
     let flushed = |wr_id| completion(wr_id, 0, CompletionStatus::Flushed, Opcode::Recv);
@@ -604,7 +610,7 @@ pub(crate) fn closing_flushes_the_outstanding_requests_of_both_sides<P: TestProv
         Err(PostError::Closed)
     );
     assert_eq!(
-        send(&mut b, &[BufferRef::from(&slots[3])], 5),
+        send(&mut b, &[BufferRef::from(&slot_b)], 5),
         Err(PostError::PeerClosed)
     );
     assert_eq!(a.outstanding(), Outstanding::default());
