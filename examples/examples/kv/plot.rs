@@ -7,7 +7,8 @@ use tierbuf_examples::kv::LadderChoice;
 use tierbuf_examples::kv::client::Outcome;
 
 /// Writes the plot of `runs` to `path`: MiB registered against seconds since each run's
-/// first request, the phases of the first run named along the top.
+/// first request, each promotion a client saw marked on its run's line, the phases of
+/// the first run named along the top.
 pub(crate) fn write(
     path: &Path,
     runs: &[(LadderChoice, Outcome)],
@@ -73,6 +74,25 @@ pub(crate) fn write(
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(ladder.name())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    // Each promotion where a client saw it, on the line of its run.
+    for (index, (ladder, outcome)) in runs.iter().enumerate() {
+        if outcome.promoted_at.is_empty() {
+            continue;
+        }
+        let color = Palette99::pick(index).to_rgba();
+        let first = outcome.phases[0].from_micros;
+        let marks = outcome.promoted_at.iter().map(|&at| {
+            let point = (
+                at.saturating_sub(first) as f64 / 1e6,
+                outcome.memory.at(at) as f64 / f64::from(1 << 20),
+            );
+            TriangleMarker::new(point, 6, color.filled())
+        });
+        chart
+            .draw_series(marks)?
+            .label(format!("{}: a promotion", ladder.name()))
+            .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, color.filled()));
     }
     chart
         .configure_series_labels()

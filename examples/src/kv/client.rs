@@ -36,6 +36,11 @@ pub struct KvClient<E: Endpoint> {
     connection: Connection<E>,
     request: Vec<u8>,
     timeout: Duration,
+    /// When each promotion of this connection, either way, was first seen (after the
+    /// call that saw it), in microseconds since the Unix epoch.
+    promoted_at: Vec<u64>,
+    /// This side's promotions and receive tier as last seen.
+    seen: (u64, u8),
 }
 
 impl<E: Endpoint> KvClient<E> {
@@ -47,6 +52,8 @@ impl<E: Endpoint> KvClient<E> {
             connection,
             request: Vec::new(),
             timeout,
+            promoted_at: Vec::new(),
+            seen: (0, 0),
         }
     }
 
@@ -138,7 +145,9 @@ impl<E: Endpoint> KvClient<E> {
         self.connection
             .send(&self.request)
             .map_err(|source| KvError::Send { connection, source })?;
-        match self.connection.recv_deadline(Instant::now() + self.timeout) {
+        let replied = self.connection.recv_deadline(Instant::now() + self.timeout);
+        self.note_promotions();
+        match replied {
             Ok(Some(reply)) => Ok(reply),
             Ok(None) => Err(KvError::NoReply {
                 connection,
@@ -146,6 +155,19 @@ impl<E: Endpoint> KvClient<E> {
             }),
             Err(source) => Err(KvError::Receive { connection, source }),
         }
+    }
+
+    /// Notes the time of the promotions since the last look: this side's sends promoted,
+    /// or its receive tier raised for the peer's.
+    fn note_promotions(&mut self) {
+        let stats = self.connection.stats();
+        let (promotions, recv_tier) = self.seen;
+        let new = stats.promotions.saturating_sub(promotions)
+            + u64::from(stats.recv_tier.saturating_sub(recv_tier));
+        let now = now_micros();
+        self.promoted_at
+            .extend(std::iter::repeat_n(now, new as usize));
+        self.seen = (stats.promotions, stats.recv_tier);
     }
 
     /// The status of `reply` to `request` of `key`, if it is one of `allowed`.
@@ -294,6 +316,9 @@ pub struct Outcome {
     pub memory: Series,
     /// Promotions over every client connection.
     pub promotions: u64,
+    /// When the client connections' promotions, either way, were seen, in microseconds
+    /// since the Unix epoch, earliest first.
+    pub promoted_at: Vec<u64>,
     /// Demotions over every client connection.
     pub demotions: u64,
 }
@@ -363,10 +388,16 @@ pub fn run_workload<E: Endpoint>(
         let stats = client.connection().stats();
         (up + stats.promotions, down + stats.demotions)
     });
+    let mut promoted_at: Vec<u64> = clients
+        .iter()
+        .flat_map(|client| client.promoted_at.iter().copied())
+        .collect();
+    promoted_at.sort_unstable();
     Ok(Outcome {
         phases,
         memory,
         promotions,
+        promoted_at,
         demotions,
     })
 }
