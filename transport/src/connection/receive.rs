@@ -145,7 +145,11 @@ impl ConnectionCore {
         byte_len: u32,
     ) -> Result<(), Arc<ConnectionError>> {
         if let Some(error) = &self.failed {
-            return Err(Arc::clone(error));
+            let error = Arc::clone(error);
+            if kind == WorkKind::Recv && matches!(*error, ConnectionError::PeerClosed) {
+                self.receive_before_close(now, wr_id, byte_len as usize);
+            }
+            return Err(error);
         }
         let outcome = match kind {
             WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
@@ -169,6 +173,29 @@ impl ConnectionCore {
         match &self.failed {
             Some(error) => Err(Arc::clone(error)),
             None => Ok(()),
+        }
+    }
+
+    /// A receive that completed with a frame after the connection failed for the peer's
+    /// orderly close. The completions of a poll come in no set order (a send of this
+    /// side's flushed by the close may come first), so the close can be found before
+    /// frames that landed ahead of it: they carry the peer's last messages, delivered
+    /// before the close as a socket's reader gets every byte before its end. Only data
+    /// frames are taken; the connection is over for anything else.
+    fn receive_before_close(&mut self, now: Instant, wr_id: u64, len: usize) {
+        let Some(slot) = self.posted.try_remove(wr_id as usize) else {
+            return;
+        };
+        let data = FrameHeader::decode(&slot[..len.min(slot.len())]).is_ok_and(|header| {
+            matches!(
+                header.kind,
+                FrameKind::Whole | FrameKind::First | FrameKind::Middle | FrameKind::Last
+            )
+        });
+        if data {
+            // A frame that breaks the protocol delivers nothing; the close stays the
+            // connection's failure.
+            let _ = self.receive(now, slot, len);
         }
     }
 
