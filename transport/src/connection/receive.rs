@@ -132,7 +132,9 @@ impl ConnectionCore {
         }
     }
 
-    /// Takes one successful completion from the provider endpoint.
+    /// Takes one successful completion from the provider endpoint. After the peer's
+    /// orderly close has failed the connection, a receive's data frame is still delivered
+    /// and a send still stops being outstanding: both reached their end before the close.
     ///
     /// # Errors
     ///
@@ -146,8 +148,13 @@ impl ConnectionCore {
     ) -> Result<(), Arc<ConnectionError>> {
         if let Some(error) = &self.failed {
             let error = Arc::clone(error);
-            if kind == WorkKind::Recv && matches!(*error, ConnectionError::PeerClosed) {
-                self.receive_before_close(now, wr_id, byte_len as usize);
+            if matches!(*error, ConnectionError::PeerClosed) {
+                match kind {
+                    WorkKind::Recv => self.receive_before_close(now, wr_id, byte_len as usize),
+                    // The frame reached the peer before its close: it is not outstanding,
+                    // so `is_idle` tells whether everything sent arrived.
+                    WorkKind::Send => drop(self.sending.try_remove(wr_id as usize)),
+                }
             }
             return Err(error);
         }
