@@ -235,3 +235,30 @@ fn a_send_after_the_peer_closed_reports_it_instead_of_losing_the_message() {
         "and every send after it"
     );
 }
+
+/// A peer that sends, flushes and closes before this side reads: every message it sent
+/// is delivered, then the close. A message segmented while its promotion was asked for
+/// was lost: the close was found (a send of this side's flushed by it) before the
+/// completions of the receives its segments landed in, and those were dropped.
+#[test]
+fn every_message_flushed_before_the_peer_closed_is_delivered_before_the_close() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    // As many as the receives posted on tier 0 hold: this side reads only after the close.
+    for lens in [&[100][..], &[1000], &[100, 1000], &[1000, 100]] {
+        let (mut sender, mut receiver) = pair(&budget);
+        let messages: Vec<Vec<u8>> = lens.iter().map(|&len| pattern(len, len as u64)).collect();
+        for message in &messages {
+            sender.send(message).unwrap();
+        }
+        sender.flush().unwrap();
+        drop(sender);
+        for (index, message) in messages.iter().enumerate() {
+            let received = receiver
+                .recv()
+                .unwrap_or_else(|error| panic!("{lens:?}: message {index}: {error}"));
+            assert!(received[..] == message[..], "{lens:?}: message {index}");
+        }
+        let error = receiver.recv().unwrap_err();
+        assert!(matches!(*error, ConnectionError::PeerClosed), "{error:?}");
+    }
+}

@@ -814,6 +814,12 @@ impl<E: Endpoint> Connection<E> {
     pub fn endpoint(&self) -> &E {
         &self.endpoint
     }
+
+    /// The configuration the connection was made with (for the byte stream's bounds).
+    #[cfg(all(feature = "tokio", not(loom)))]
+    pub(super) fn config(&self) -> &super::ConnectionConfig {
+        &self.core.config
+    }
 }
 
 /// The oldest message a connection's senders queued, being posted.

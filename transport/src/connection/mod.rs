@@ -21,6 +21,8 @@ mod send;
 // Public for the loom models' `SendQueue`; `Sender` is re-exported below.
 #[doc(hidden)]
 pub mod senders;
+#[cfg(all(feature = "tokio", not(loom)))]
+mod stream;
 mod table;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod tokio;
@@ -36,6 +38,8 @@ pub use header::{FrameKind, HEADER_LEN, HeaderError};
 pub use reassembly::ReassemblyError;
 pub use receive::Message;
 pub use senders::Sender;
+#[cfg(all(feature = "tokio", not(loom)))]
+pub use stream::ByteStream;
 pub use table::{
     ConnectionGuard, ConnectionId, ConnectionTable, ProgressConfig, ProgressStats,
     SharedConnection, TableError,

@@ -132,7 +132,9 @@ impl ConnectionCore {
         }
     }
 
-    /// Takes one successful completion from the provider endpoint.
+    /// Takes one successful completion from the provider endpoint. After the peer's
+    /// orderly close has failed the connection, a receive's data frame is still delivered
+    /// and a send still stops being outstanding: both reached their end before the close.
     ///
     /// # Errors
     ///
@@ -145,7 +147,16 @@ impl ConnectionCore {
         byte_len: u32,
     ) -> Result<(), Arc<ConnectionError>> {
         if let Some(error) = &self.failed {
-            return Err(Arc::clone(error));
+            let error = Arc::clone(error);
+            if matches!(*error, ConnectionError::PeerClosed) {
+                match kind {
+                    WorkKind::Recv => self.receive_before_close(now, wr_id, byte_len as usize),
+                    // The frame reached the peer before its close: it is not outstanding,
+                    // so `is_idle` tells whether everything sent arrived.
+                    WorkKind::Send => drop(self.sending.try_remove(wr_id as usize)),
+                }
+            }
+            return Err(error);
         }
         let outcome = match kind {
             WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
@@ -169,6 +180,29 @@ impl ConnectionCore {
         match &self.failed {
             Some(error) => Err(Arc::clone(error)),
             None => Ok(()),
+        }
+    }
+
+    /// A receive that completed with a frame after the connection failed for the peer's
+    /// orderly close. The completions of a poll come in no set order (a send of this
+    /// side's flushed by the close may come first), so the close can be found before
+    /// frames that landed ahead of it: they carry the peer's last messages, delivered
+    /// before the close as a socket's reader gets every byte before its end. Only data
+    /// frames are taken; the connection is over for anything else.
+    fn receive_before_close(&mut self, now: Instant, wr_id: u64, len: usize) {
+        let Some(slot) = self.posted.try_remove(wr_id as usize) else {
+            return;
+        };
+        let data = FrameHeader::decode(&slot[..len.min(slot.len())]).is_ok_and(|header| {
+            matches!(
+                header.kind,
+                FrameKind::Whole | FrameKind::First | FrameKind::Middle | FrameKind::Last
+            )
+        });
+        if data {
+            // A frame that breaks the protocol delivers nothing; the close stays the
+            // connection's failure.
+            let _ = self.receive(now, slot, len);
         }
     }
 

@@ -18,7 +18,7 @@
 //!   ([`ConnectionError::AbandonedMidMessage`]), and one dropped before withdraws it.
 
 use std::future::poll_fn;
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -177,6 +177,28 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// As [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
         poll_fn(|cx| self.keeping_armed(cx, Self::poll_flushed)).await
+    }
+
+    /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
+    /// the rest of anything the sink took: `Ready` with the bytes of the leading elements
+    /// taken as one message (at least one byte of a vector that has any), `Pending` while
+    /// nothing can be taken (no credit or send slot, or a segmented message holds the
+    /// send order).
+    pub(super) fn poll_try_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<Result<usize, SendError>> {
+        self.keeping_armed(cx, |this, cx| {
+            ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
+            loop {
+                this.disarm();
+                match this.connection.try_send(parts) {
+                    Err(SendError::WouldBlock(_)) => ready!(this.poll_event(cx)),
+                    taken => return Poll::Ready(taken),
+                }
+            }
+        })
     }
 
     /// Runs `poll`, and arms the endpoint again if it was armed before and `poll` is

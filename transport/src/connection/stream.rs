@@ -1,0 +1,357 @@
+//! [`ByteStream`]: tokio's `AsyncRead`, `AsyncBufRead` and `AsyncWrite` over an
+//! [`AsyncConnection`] (feature `tokio`), for protocols that speak bytes (HTTP, TLS, a
+//! framed codec of their own).
+//!
+//! # Invariants
+//!
+//! - A write with any bytes returns at least one of them, or `Pending`, or an error:
+//!   never `Ok(0)`, which `write_all` would take for a closed stream. Empty elements
+//!   before the first byte are skipped; a write of no bytes returns `Ok(0)` and sends
+//!   nothing (an empty message would be a message the peer reads nothing from).
+//! - The bytes a write returns went as one message, by the byte-stream rule of
+//!   [`Connection::try_send`] (the patent's Figure 5): the leading whole elements that fit
+//!   the tier in force together, or, when the first does not fit, that element, sent at
+//!   once in segments while a larger tier is asked for. An element longer than the top
+//!   tier's whole message (or the connection's longest message) is offered only a part
+//!   that long, so every message a write makes is at most one top-tier frame.
+//! - Bytes are read in the order they were written. The message being read is held with
+//!   the count of its bytes read, and dropped (its receive slot given back to the
+//!   connection) as soon as the last of them is consumed; an empty message is dropped
+//!   unread and never reads as the end of the stream.
+//! - The end of the stream (a read of nothing) comes only after the peer's orderly close
+//!   ([`ConnectionError::PeerClosed`]) and every byte sent before it; any other failure
+//!   of the connection is an [`io::Error`] whose inner error is the connection's.
+//! - Every poll records its task's waker (as the reader or as the writer) and polls the
+//!   connection with the stream's own waker, which wakes both: the halves of
+//!   `tokio::io::split` may be polled from two tasks, and whichever one leaves the
+//!   endpoint armed ([`AsyncConnection`]'s invariants), the wake reaches both. Each poll
+//!   goes through one [`AsyncConnection`] call, so its invariants hold as they are.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker, ready};
+
+use futures_core::Stream;
+use futures_sink::Sink;
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
+
+use super::driver::Connection;
+use super::errors::{ConnectionError, SendError};
+use super::receive::Message;
+use super::tokio::AsyncConnection;
+use crate::provider::Endpoint;
+
+/// A byte stream over a connection: tokio's [`AsyncRead`], [`AsyncBufRead`] and
+/// [`AsyncWrite`], for a protocol that reads and writes bytes rather than messages.
+///
+/// - **Writes** follow the patent's Figure 5 ([`Connection::try_send`]): a vectored write
+///   sends the leading whole elements that fit the tier in force as one message and
+///   returns their length; when the first element does not fit, it goes at once, in
+///   segments on the tier in force, while a larger tier is asked for, and the writes after
+///   it go whole once the peer grants it. An element longer than the top tier's whole
+///   message is written a top-tier message at a time. A write waits (`Pending`) only for
+///   credits and send slots, or while a segmented message holds the send order.
+/// - **Reads** come from the connection's receive slots: [`AsyncBufRead::poll_fill_buf`]
+///   lends the unread rest of the current message without copying it, and
+///   [`AsyncRead::poll_read`] copies from it. A message's slot goes back to the connection
+///   once all of it has been read.
+/// - **The end**: a read returns nothing once the peer closed (after every byte it sent).
+///   [`AsyncWrite::poll_shutdown`] waits until everything written has been posted and has
+///   completed, and refuses writes after it; a connection has no half close, so the peer
+///   reads the end when this stream is dropped. Dropping it without a shutdown may lose
+///   bytes written and not yet posted, as an unflushed buffer would. Any other failure of
+///   the connection (the peer died, broke the protocol) is an [`io::Error`] whose
+///   [`get_ref`](io::Error::get_ref) is the connection's `Arc<ConnectionError>`.
+///
+/// ```
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// # use std::io::IoSlice;
+/// # use std::sync::Arc;
+/// # use std::time::Instant;
+/// # use tierbuf_pool::MemoryBudget;
+/// # use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+/// # use tierbuf_transport::connection::{ByteStream, Connection, ConnectionConfig, ConnectionCore};
+/// # use tierbuf_transport::{ShmProvider, Provider};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+/// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
+/// # let connect = |endpoint| {
+/// #     let core = ConnectionCore::new(
+/// #         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+/// #     )?;
+/// #     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+/// # };
+/// let mut client = ByteStream::new(connect(a)?)?;
+/// let mut server = ByteStream::new(connect(b)?)?;
+/// let reading = tokio::spawn(async move {
+///     let mut received = Vec::new();
+///     server.read_to_end(&mut received).await?;
+///     Ok::<_, std::io::Error>(received)
+/// });
+/// // The patent ladder's smallest tier takes 480 bytes a message: the two small elements
+/// // go as one message, and the large one is left for the next write.
+/// let large = vec![7u8; 4000];
+/// let parts = [IoSlice::new(b"GET / "), IoSlice::new(b"HTTP/1.1\r\n"), IoSlice::new(&large)];
+/// assert_eq!(client.write_vectored(&parts).await?, 16);
+/// client.write_all(&large).await?;
+/// client.shutdown().await?;
+/// drop(client); // the peer reads the end
+/// let received = reading.await??;
+/// assert_eq!(&received[..16], b"GET / HTTP/1.1\r\n");
+/// assert!(received[16..] == large[..]);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct ByteStream<E: Endpoint> {
+    connection: AsyncConnection<E>,
+    /// The message being read, and how many of its bytes have been read.
+    reading: Option<(Message, usize)>,
+    /// Whether the peer closed and every byte before its close has been read.
+    ended: bool,
+    /// Whether this side shut down: writes are refused.
+    shut_down: bool,
+    /// The longest message a write makes: the top tier's whole message, or the
+    /// connection's longest message if that is shorter.
+    longest_write: usize,
+    /// The reader's and the writer's wakers, and the waker that wakes both, which every
+    /// poll of the connection is given (module invariants).
+    tasks: Arc<Tasks>,
+    waker: Waker,
+}
+
+/// The tasks waiting on a stream: the reader's and the writer's.
+#[derive(Debug, Default)]
+struct Tasks {
+    wakers: Mutex<[Option<Waker>; 2]>,
+}
+
+/// Which of a stream's tasks a poll is for.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Read = 0,
+    Write = 1,
+}
+
+impl Tasks {
+    /// Records `waker` as `side`'s.
+    fn register(&self, side: Side, waker: &Waker) {
+        let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut wakers[side as usize] {
+            Some(kept) if kept.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+    }
+}
+
+impl Wake for Tasks {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let taken =
+            std::mem::take(&mut *self.wakers.lock().unwrap_or_else(PoisonError::into_inner));
+        for waker in taken.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+}
+
+impl<E: Endpoint + Unpin> ByteStream<E> {
+    /// A byte stream over `connection`, driven by the tokio runtime it is made in.
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncConnection::new`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime with IO enabled, as [`AsyncConnection::new`].
+    pub fn new(connection: Connection<E>) -> io::Result<ByteStream<E>> {
+        let config = connection.config();
+        let top = config.capacity().whole(config.ladder().top());
+        let max = usize::try_from(config.max_message_len()).unwrap_or(usize::MAX);
+        let longest_write = top.map_or(max, |top| top.min(max)).max(1);
+        let tasks = Arc::new(Tasks::default());
+        Ok(ByteStream {
+            connection: AsyncConnection::new(connection)?,
+            reading: None,
+            ended: false,
+            shut_down: false,
+            longest_write,
+            waker: Waker::from(Arc::clone(&tasks)),
+            tasks,
+        })
+    }
+
+    /// The connection, for its stats and state.
+    pub fn get_mut(&mut self) -> &mut Connection<E> {
+        self.connection.get_mut()
+    }
+
+    /// The unread rest of the current message, waiting for the next message with any
+    /// bytes when it is all read; empty at the end of the stream.
+    fn poll_unread(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        loop {
+            if self.ended || matches!(&self.reading, Some((message, read)) if *read < message.len())
+            {
+                break;
+            }
+            // A message read to its end (or empty) gives its receive slot back.
+            self.reading = None;
+            self.tasks.register(Side::Read, cx.waker());
+            let mut context = Context::from_waker(&self.waker);
+            match ready!(Pin::new(&mut self.connection).poll_next(&mut context)) {
+                Some(Ok(message)) => self.reading = Some((message, 0)),
+                None => self.ended = true,
+                Some(Err(failure)) => return Poll::Ready(Err(io_error(failure))),
+            }
+        }
+        Poll::Ready(Ok(self
+            .reading
+            .as_ref()
+            .map_or(&[][..], |(message, read)| &message[*read..])))
+    }
+
+    /// Marks `amount` more bytes of the current message read; drops it once all are.
+    fn advance(&mut self, amount: usize) {
+        if let Some((message, read)) = &mut self.reading {
+            *read = (*read + amount).min(message.len());
+            if *read == message.len() {
+                self.reading = None;
+            }
+        }
+    }
+
+    /// Polls everything written until it has been posted and has completed. A peer that
+    /// closed after every byte written reached it leaves nothing unflushed.
+    fn poll_flushed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tasks.register(Side::Write, cx.waker());
+        let mut context = Context::from_waker(&self.waker);
+        let connection = Pin::new(&mut self.connection);
+        match ready!(Sink::<&[u8]>::poll_flush(connection, &mut context)) {
+            Err(failure)
+                if matches!(*failure, ConnectionError::PeerClosed)
+                    && self.connection.get_mut().is_flushed() =>
+            {
+                Poll::Ready(Ok(()))
+            }
+            flushed => Poll::Ready(flushed.map_err(io_error)),
+        }
+    }
+}
+
+impl<E: Endpoint + Unpin> AsyncRead for ByteStream<E> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let this = self.get_mut();
+        let unread = ready!(this.poll_unread(cx))?;
+        let amount = unread.len().min(buf.remaining());
+        buf.put_slice(&unread[..amount]);
+        this.advance(amount);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The buffer lent is the unread rest of the current message, in its receive slot when
+/// the connection delivered it there.
+impl<E: Endpoint + Unpin> AsyncBufRead for ByteStream<E> {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        self.get_mut().poll_unread(cx)
+    }
+
+    fn consume(self: Pin<&mut Self>, amount: usize) {
+        self.get_mut().advance(amount);
+    }
+}
+
+impl<E: Endpoint + Unpin> AsyncWrite for ByteStream<E> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let Some(first) = bufs.iter().position(|part| !part.is_empty()) else {
+            return Poll::Ready(Ok(0));
+        };
+        if this.shut_down {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the byte stream was shut down",
+            )));
+        }
+        let bufs = &bufs[first..];
+        // Elements past the longest message can never join the one this write makes;
+        // a first element longer than it is offered a part that long (module invariants).
+        let part;
+        let offered = if bufs[0].len() > this.longest_write {
+            part = [IoSlice::new(&bufs[0][..this.longest_write])];
+            &part[..]
+        } else {
+            let mut total = 0;
+            let fitting = bufs
+                .iter()
+                .take_while(|element| {
+                    total += element.len();
+                    total <= this.longest_write
+                })
+                .count();
+            &bufs[..fitting]
+        };
+        this.tasks.register(Side::Write, cx.waker());
+        let mut context = Context::from_waker(&this.waker);
+        this.connection
+            .poll_try_send(&mut context, offered)
+            .map_err(|error| match error {
+                SendError::Failed(failure) => io_error(failure),
+                other => io::Error::new(io::ErrorKind::InvalidInput, other),
+            })
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_flushed(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_flushed(cx))?;
+        this.shut_down = true;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The I/O error for the connection's failure, keeping it as the inner error.
+fn io_error(failure: Arc<ConnectionError>) -> io::Error {
+    let kind = match &*failure {
+        ConnectionError::PeerClosed => io::ErrorKind::BrokenPipe,
+        ConnectionError::PeerDied(_) => io::ErrorKind::ConnectionReset,
+        ConnectionError::AbandonedMidMessage { .. } => io::ErrorKind::ConnectionAborted,
+        ConnectionError::Closed => io::ErrorKind::NotConnected,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, failure)
+}

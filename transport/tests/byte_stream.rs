@@ -1,0 +1,627 @@
+//! `ByteStream` (feature `tokio`) over loopback and shared memory: the patent's Figure 5
+//! rule seen at `write_vectored`, a writer ahead of its reader, random writes of up to
+//! 5 MiB read back byte for byte, zero-copy reads, the end of the stream, a peer process
+//! that dies, the halves of `tokio::io::split` in two tasks, and HTTP/1 and HTTP/2 (hyper)
+//! carried through it with bodies of growing size.
+//!
+//! One shm test runs its peer in a child process: this test binary started again with
+//! `BYTE_STREAM_SOCKET` set, running only `a_writer_in_a_child_process` (which does
+//! nothing without it).
+#![cfg(feature = "tokio")]
+
+mod pairs;
+
+use std::future::poll_fn;
+use std::io::IoSlice;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use tierbuf_transport::connection::{AsyncConnection, ByteStream, ConnectionError};
+use tierbuf_transport::{Endpoint, LoopbackProvider, ShmProvider, Transport};
+
+use pairs::{PairProvider, connections, preset};
+
+/// Long enough that only a lost wake runs into it.
+const BOUND: Duration = Duration::from_secs(120);
+
+/// A connected pair of byte streams on the preset ladder `ladder`.
+fn streams<P: PairProvider>(
+    provider: &P,
+    ladder: &str,
+) -> (ByteStream<P::Endpoint>, ByteStream<P::Endpoint>) {
+    let (a, b) = connections(provider, preset(ladder));
+    (ByteStream::new(a).unwrap(), ByteStream::new(b).unwrap())
+}
+
+/// `len` bytes that say where they are, different for each `seed`.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|at| ((at as u64).wrapping_mul(31) ^ seed.wrapping_mul(0x9e37_79b9)) as u8)
+        .collect()
+}
+
+/// A small deterministic generator (xorshift64*), for the random writes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, bound: usize) -> usize {
+        (self.next() % bound as u64) as usize
+    }
+}
+
+/// Writes every byte of `parts` with vectored writes, checking each write takes some.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, parts: &[&[u8]]) {
+    let mut rest = parts.to_vec();
+    while rest.iter().any(|part| !part.is_empty()) {
+        let slices: Vec<IoSlice<'_>> = rest.iter().map(|part| IoSlice::new(part)).collect();
+        let mut taken = writer.write_vectored(&slices).await.unwrap();
+        assert!(taken > 0, "a write with bytes takes some of them");
+        while taken > 0 {
+            let here = rest[0].len().min(taken);
+            rest[0] = &rest[0][here..];
+            taken -= here;
+            if rest[0].is_empty() {
+                rest.remove(0);
+            }
+        }
+    }
+}
+
+/// Flushes `stream` until its send tier is `tier`, the peer reading meanwhile.
+async fn until_send_tier<E: Endpoint + Unpin>(stream: &mut ByteStream<E>, tier: u8) {
+    while stream.get_mut().stats().send_tier != tier {
+        stream.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairProvider>() {
+    let provider = P::make();
+    // Thresholds 480 and 8 KiB.
+    let (mut writer, mut reader) = streams(&provider, "patent");
+    let reading = tokio::spawn(async move {
+        let mut received = Vec::new();
+        reader.read_to_end(&mut received).await.unwrap();
+        received
+    });
+    let (a, b, big, tail) = (
+        pattern(100, 1),
+        pattern(100, 2),
+        pattern(2000, 3),
+        pattern(10, 4),
+    );
+    let parts = [
+        IoSlice::new(&[]),
+        IoSlice::new(&a),
+        IoSlice::new(&b),
+        IoSlice::new(&big),
+    ];
+    assert_eq!(
+        writer.write_vectored(&parts).await.unwrap(),
+        200,
+        "the two small elements fit tier 0 together; the big one waits for the next write"
+    );
+    let stats = writer.get_mut().stats();
+    assert_eq!((stats.messages_sent, stats.messages_segmented), (1, 0));
+    assert_eq!(stats.send_tier, 0);
+
+    // The first element does not fit tier 0: it goes at once, segmented on tier 0, while
+    // tier 1 is asked for; the element after it is left for the next write.
+    let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
+    assert_eq!(writer.write_vectored(&parts).await.unwrap(), big.len());
+    let stats = writer.get_mut().stats();
+    assert_eq!((stats.messages_sent, stats.messages_segmented), (2, 1));
+
+    // Once the peer grants tier 1, the same element goes whole.
+    until_send_tier(&mut writer, 1).await;
+    assert_eq!(writer.get_mut().stats().promotions, 1);
+    let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
+    assert_eq!(
+        writer.write_vectored(&parts).await.unwrap(),
+        big.len() + tail.len(),
+        "both fit tier 1 together"
+    );
+    let stats = writer.get_mut().stats();
+    assert_eq!((stats.messages_sent, stats.messages_segmented), (3, 1));
+
+    writer.write_all(&tail).await.unwrap();
+    writer.shutdown().await.unwrap();
+    drop(writer);
+    let expected = [&a[..], &b, &big, &big, &tail, &tail].concat();
+    assert!(reading.await.unwrap() == expected, "every byte, in order");
+}
+
+/// A write past the top tier is written a top-tier message at a time; its bytes arrive.
+async fn an_element_past_the_top_tier_is_written_in_parts<P: PairProvider>() {
+    let provider = P::make();
+    let (mut writer, mut reader) = streams(&provider, "patent");
+    let reading = tokio::spawn(async move {
+        let mut received = Vec::new();
+        reader.read_to_end(&mut received).await.unwrap();
+        received
+    });
+    let huge = pattern(100_000, 5);
+    let first = writer.write(&huge).await.unwrap();
+    assert!(
+        first > 0 && first <= 8192,
+        "at most one top-tier message: {first}"
+    );
+    writer.write_all(&huge[first..]).await.unwrap();
+    writer.shutdown().await.unwrap();
+    drop(writer);
+    assert!(reading.await.unwrap() == huge);
+}
+
+/// The peer reads nothing: the writer runs out of credits and its write waits; once the
+/// peer reads, the write is woken and goes on, and every byte arrives.
+async fn a_writer_ahead_of_its_reader_waits_then_goes_on<P: PairProvider>() {
+    let provider = P::make();
+    let (mut writer, mut reader) = streams(&provider, "patent");
+    let data = pattern(16 << 20, 6);
+    let mut written = 0;
+    let pending = poll_fn(|cx| {
+        while written < data.len() {
+            match Pin::new(&mut writer).poll_write(cx, &data[written..]) {
+                Poll::Ready(taken) => {
+                    let taken = taken.unwrap();
+                    assert!(taken > 0);
+                    written += taken;
+                }
+                Poll::Pending => return Poll::Ready(true),
+            }
+        }
+        Poll::Ready(false)
+    })
+    .await;
+    assert!(
+        pending,
+        "a peer that reads nothing holds the writer back before 16 MiB"
+    );
+    assert!(written < data.len());
+    let expected_len = data.len();
+    let reading = tokio::spawn(async move {
+        let mut received = Vec::with_capacity(expected_len);
+        reader.read_to_end(&mut received).await.unwrap();
+        received
+    });
+    writer.write_all(&data[written..]).await.unwrap();
+    writer.shutdown().await.unwrap();
+    drop(writer);
+    assert!(reading.await.unwrap() == data, "every byte, in order");
+}
+
+/// Writes of random sizes from empty to 5 MiB, some vectored with empty elements among
+/// them, read back by `tokio::io::copy`: every byte, in order.
+async fn random_writes_arrive_byte_for_byte<P: PairProvider>(ladder: &str, seed: u64) {
+    let provider = P::make();
+    let (mut writer, mut reader) = streams(&provider, ladder);
+    let reading = tokio::spawn(async move {
+        let mut received = Vec::new();
+        tokio::io::copy(&mut reader, &mut received).await.unwrap();
+        received
+    });
+    let mut rng = Rng(seed);
+    let mut expected = Vec::new();
+    for write in 0..32 {
+        let len = match rng.below(4) {
+            0 => rng.below(65),
+            1 => rng.below(10_000),
+            2 => rng.below(300_000),
+            _ => rng.below((5 << 20) + 1),
+        };
+        let bytes = pattern(len, seed + write);
+        expected.extend_from_slice(&bytes);
+        if rng.below(2) == 0 {
+            writer.write_all(&bytes).await.unwrap();
+        } else {
+            // Up to four elements, split at random points, with empty ones among them.
+            let mut cuts: Vec<usize> = (0..3).map(|_| rng.below(len + 1)).collect();
+            cuts.sort_unstable();
+            let mut parts: Vec<&[u8]> = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([len]) {
+                parts.push(&bytes[from..cut]);
+                from = cut;
+            }
+            write_all_vectored(&mut writer, &parts).await;
+        }
+        if rng.below(4) == 0 {
+            writer.flush().await.unwrap();
+        }
+    }
+    writer.shutdown().await.unwrap();
+    drop(writer);
+    let received = reading.await.unwrap();
+    assert_eq!(received.len(), expected.len());
+    assert!(received == expected, "every byte, in order");
+}
+
+async fn random_writes_on_the_patent_ladder<P: PairProvider>() {
+    random_writes_arrive_byte_for_byte::<P>("patent", 0x5eed).await;
+}
+
+async fn random_writes_on_the_storage_ladder<P: PairProvider>() {
+    random_writes_arrive_byte_for_byte::<P>("storage", 0xbeef).await;
+}
+
+/// Reads lend each message in its receive slot (`fill_buf`) and give the slot back once
+/// it is consumed; an empty message is not the end of the stream.
+async fn buffered_reads_lend_each_message_and_skip_empty_ones<P: PairProvider>() {
+    let provider = P::make();
+    let (a, b) = connections(&provider, preset("patent"));
+    let mut sender = AsyncConnection::new(a).unwrap();
+    let mut reader = ByteStream::new(b).unwrap();
+    sender.send(b"hello").await.unwrap();
+    sender.send(b"").await.unwrap();
+    sender.send(b"world").await.unwrap();
+
+    let lent = reader.fill_buf().await.unwrap();
+    assert_eq!(lent, b"hello", "one message at a time");
+    reader.consume(2);
+    assert!(
+        reader.get_mut().stats().receives_lent >= 1,
+        "the slot is lent"
+    );
+    assert_eq!(reader.fill_buf().await.unwrap(), b"llo");
+    reader.consume(3);
+    // The empty message is passed over, not read as the end.
+    let mut word = [0u8; 5];
+    reader.read_exact(&mut word).await.unwrap();
+    assert_eq!(&word, b"world");
+    drop(sender);
+    let mut rest = Vec::new();
+    assert_eq!(reader.read_to_end(&mut rest).await.unwrap(), 0, "the end");
+    assert_eq!(
+        reader.get_mut().stats().receives_lent,
+        0,
+        "every slot given back"
+    );
+}
+
+/// A shut-down stream refuses writes and still reads; the peer reads the end once it is
+/// dropped, and its writes then fail with the connection's error.
+async fn the_end_after_shutdown_and_drop<P: PairProvider>() {
+    let provider = P::make();
+    let (mut writer, mut reader) = streams(&provider, "rpc");
+    let data = pattern(70_000, 7);
+    let expected = data.clone();
+    let reading = tokio::spawn(async move {
+        reader.write_all(b"reply").await.unwrap();
+        reader.flush().await.unwrap();
+        let mut received = Vec::new();
+        reader.read_to_end(&mut received).await.unwrap();
+        assert!(received == expected, "every byte before the end");
+        assert_eq!(
+            reader.read(&mut [0u8; 8]).await.unwrap(),
+            0,
+            "still the end"
+        );
+        // The close may be found by the write or by the flush after it.
+        loop {
+            let written = reader.write_all(b"anyone?").await;
+            if let Err(error) = written.and(reader.flush().await) {
+                break error;
+            }
+            tokio::task::yield_now().await;
+        }
+    });
+    writer.write_all(&data).await.unwrap();
+    writer.shutdown().await.unwrap();
+    let refused = writer.write(b"late").await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::BrokenPipe);
+    let mut reply = [0u8; 5];
+    writer.read_exact(&mut reply).await.unwrap();
+    assert_eq!(&reply, b"reply", "shutdown leaves the reading side open");
+    drop(writer);
+
+    let error = reading.await.unwrap();
+    assert_eq!(error.kind(), std::io::ErrorKind::BrokenPipe, "{error}");
+    let failure = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<Arc<ConnectionError>>())
+        .expect("the connection's error is kept");
+    assert!(
+        matches!(**failure, ConnectionError::PeerClosed),
+        "{failure:?}"
+    );
+}
+
+/// The halves of `tokio::io::split` in two tasks on each side: the client writes from
+/// one task and reads the echo in another, the server echoes with `tokio::io::copy`.
+async fn split_halves_in_two_tasks_echo_every_byte<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server) = streams(&provider, "rpc");
+    let echo = tokio::spawn(async move {
+        let (mut from, mut to) = tokio::io::split(server);
+        tokio::io::copy(&mut from, &mut to).await
+    });
+    let (mut from, mut to) = tokio::io::split(client);
+    let data = pattern(6 << 20, 8);
+    let expected_len = data.len();
+    let reading = tokio::spawn(async move {
+        let mut received = vec![0u8; expected_len];
+        from.read_exact(&mut received).await.unwrap();
+        (received, from)
+    });
+    let mut rng = Rng(0x0059_1177);
+    let mut at = 0;
+    while at < data.len() {
+        let len = (1 + rng.below(200_000)).min(data.len() - at);
+        to.write_all(&data[at..at + len]).await.unwrap();
+        at += len;
+    }
+    to.flush().await.unwrap();
+    let (received, from) = reading.await.unwrap();
+    assert!(received == data, "every byte echoed, in order");
+    drop(from.unsplit(to));
+    assert_eq!(
+        echo.await.unwrap().unwrap(),
+        data.len() as u64,
+        "the echo ends at the end"
+    );
+}
+
+/// Body sizes the HTTP tests send, growing.
+const BODY_SIZES: [usize; 5] = [1, 1 << 10, 64 << 10, 1 << 20, 4 << 20];
+
+/// The server's answer: the request's body, back.
+async fn echo_body(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let body = request.into_body().collect().await?.to_bytes();
+    Ok(Response::new(Full::new(body)))
+}
+
+/// A POST of `body`, echoed back: checks every byte.
+fn post(size: usize) -> (Request<Full<Bytes>>, Vec<u8>) {
+    let body = pattern(size, size as u64);
+    let request = Request::post("http://tierbuf/echo")
+        .header(hyper::header::HOST, "tierbuf")
+        .body(Full::new(Bytes::from(body.clone())))
+        .unwrap();
+    (request, body)
+}
+
+async fn http1_posts_of_growing_size_echo_every_byte<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server) = streams(&provider, "rpc");
+    let serving = tokio::spawn(async move {
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(server), service_fn(echo_body))
+            .await
+    });
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+        .await
+        .unwrap();
+    let driving = tokio::spawn(connection);
+    for size in BODY_SIZES {
+        let (request, body) = post(size);
+        // One request at a time: the connection takes the next once the last is done.
+        sender.ready().await.unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), hyper::StatusCode::OK);
+        let echoed = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(echoed.len(), size);
+        assert!(
+            echoed[..] == body[..],
+            "a {size}-byte body came back changed"
+        );
+    }
+    drop(sender);
+    driving.await.unwrap().unwrap();
+    serving.await.unwrap().unwrap();
+}
+
+async fn http2_posts_of_growing_size_echo_every_byte<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server) = streams(&provider, "rpc");
+    let serving = tokio::spawn(async move {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(server), service_fn(echo_body))
+            .await
+    });
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client))
+            .await
+            .unwrap();
+    let driving = tokio::spawn(connection);
+    // Two requests at a time on the one connection, as HTTP/2 allows.
+    for sizes in BODY_SIZES.chunks(2) {
+        let calls: Vec<_> = sizes
+            .iter()
+            .map(|&size| {
+                let mut sender = sender.clone();
+                tokio::spawn(async move {
+                    let (request, body) = post(size);
+                    let response = sender.send_request(request).await.unwrap();
+                    assert_eq!(response.status(), hyper::StatusCode::OK);
+                    let echoed = response.into_body().collect().await.unwrap().to_bytes();
+                    assert!(
+                        echoed[..] == body[..],
+                        "a {size}-byte body came back changed"
+                    );
+                })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap();
+        }
+    }
+    drop(sender);
+    // Both sides send a last frame (GOAWAY) as they end, and a connection has no half
+    // close: the side that ends second may find the other gone.
+    ended_or_found_the_peer_gone(driving.await.unwrap());
+    ended_or_found_the_peer_gone(serving.await.unwrap());
+}
+
+/// Passes an HTTP connection that ended cleanly, or whose last write found the peer
+/// closed (an I/O error of kind `BrokenPipe` keeping the connection's `PeerClosed`).
+fn ended_or_found_the_peer_gone(ended: Result<(), hyper::Error>) {
+    let Err(error) = ended else {
+        return;
+    };
+    let io = std::error::Error::source(&error)
+        .and_then(|source| source.downcast_ref::<std::io::Error>())
+        .unwrap_or_else(|| panic!("not an I/O error: {error:?}"));
+    assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe, "{error:?}");
+    let failure = io
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<Arc<ConnectionError>>())
+        .unwrap_or_else(|| panic!("the connection's error is kept: {error:?}"));
+    assert!(
+        matches!(**failure, ConnectionError::PeerClosed),
+        "{error:?}"
+    );
+}
+
+macro_rules! on_each_provider {
+    ($($test:ident),* $(,)?) => {
+        mod loopback {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                tokio::time::timeout(BOUND, super::$test::<LoopbackProvider>()).await.unwrap();
+            })*
+        }
+        mod shm {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                tokio::time::timeout(BOUND, super::$test::<ShmProvider>()).await.unwrap();
+            })*
+        }
+    };
+}
+
+on_each_provider!(
+    a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force,
+    an_element_past_the_top_tier_is_written_in_parts,
+    a_writer_ahead_of_its_reader_waits_then_goes_on,
+    random_writes_on_the_patent_ladder,
+    random_writes_on_the_storage_ladder,
+    buffered_reads_lend_each_message_and_skip_empty_ones,
+    the_end_after_shutdown_and_drop,
+    split_halves_in_two_tasks_echo_every_byte,
+    http1_posts_of_growing_size_echo_every_byte,
+    http2_posts_of_growing_size_echo_every_byte,
+);
+
+#[test]
+fn http1_on_a_current_thread_runtime() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        tokio::time::timeout(
+            BOUND,
+            http1_posts_of_growing_size_echo_every_byte::<ShmProvider>(),
+        )
+        .await
+        .unwrap();
+    });
+}
+
+/// Environment variable naming the socket the child process listens at.
+const CHILD_SOCKET: &str = "BYTE_STREAM_SOCKET";
+/// Bytes the child writes before it waits to be killed.
+const CHILD_WRITES: usize = 300_000;
+
+/// A transport of the `rpc` ladder over shared memory.
+fn shm_transport() -> Transport<tierbuf_transport::Shm> {
+    Transport::shm()
+        .ladder_preset("rpc")
+        .budget_bytes(1 << 30)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_writer_in_a_child_process() {
+    // Only as the child process of `a_peer_process_that_dies_is_an_error_not_the_end`.
+    let Some(path) = std::env::var_os(CHILD_SOCKET) else {
+        return;
+    };
+    let node = shm_transport();
+    let listener = node.listen(PathBuf::from(path)).unwrap();
+    let connection = listener.accept().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut stream = ByteStream::new(connection).unwrap();
+        stream.write_all(&pattern(CHILD_WRITES, 9)).await.unwrap();
+        stream.flush().await.unwrap();
+        // The parent writes nothing and kills this process; should it go first, the read
+        // ends and so does this process.
+        let _ = stream.read(&mut [0u8; 1]).await;
+    });
+}
+
+#[test]
+fn a_peer_process_that_dies_is_an_error_not_the_end() {
+    let path = std::env::temp_dir().join(format!(
+        "tierbuf-byte-stream-{}-child.sock",
+        std::process::id()
+    ));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_writer_in_a_child_process", "--nocapture"])
+        .env(CHILD_SOCKET, &path)
+        .spawn()
+        .unwrap();
+    let node = shm_transport();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "the child listens in time");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let connection = node
+        .connect_timeout(&path, Duration::from_secs(10))
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let error = runtime.block_on(async {
+        let mut stream = ByteStream::new(connection).unwrap();
+        let mut received = vec![0u8; CHILD_WRITES];
+        stream.read_exact(&mut received).await.unwrap();
+        assert!(received == pattern(CHILD_WRITES, 9), "the child's bytes");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mut more = Vec::new();
+        tokio::time::timeout(BOUND, stream.read_to_end(&mut more))
+            .await
+            .expect("the death is found, not waited on for ever")
+            .expect_err("a peer that died is not the end of the stream")
+    });
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset, "{error}");
+    let failure = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<Arc<ConnectionError>>())
+        .expect("the connection's error is kept");
+    assert!(
+        matches!(**failure, ConnectionError::PeerDied(_)),
+        "{failure:?}"
+    );
+}
