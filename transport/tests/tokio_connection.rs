@@ -194,8 +194,115 @@ async fn reading_then_flushing_in_one_poll_keeps_the_read_wake<P: PairProvider>(
     drop(replying.await.unwrap());
 }
 
+/// Call `index`'s message, 64 B: the index, then a pattern of it.
+fn call_message(index: u64) -> Vec<u8> {
+    let mut message = index.to_le_bytes().to_vec();
+    message.extend((8..64).map(|at| (at as u64 * 31 + index) as u8));
+    message
+}
+
+/// Both sides of an RPC as tarpc runs them, with four calls in flight: each side's one
+/// task reads everything there is, then writes what waits to go out and flushes, in every
+/// poll. The server hands each request to a task of its own and takes the replies back
+/// through a channel, so it is woken by other threads at any moment, and replies leave
+/// out of order. A message that arrives while a flush makes progress, after the read of
+/// the same poll returned `Pending`, must wake the task: the read is owed it. No reply
+/// may take `STALL`: a call takes microseconds; a lost wake waits for a timer of the
+/// connection, or for ever.
+async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
+    use std::collections::HashSet;
+    use std::future::poll_fn;
+
+    const CALLS: u64 = 10_000;
+    const STALL: Duration = Duration::from_secs(1);
+    let provider = P::make();
+    let (mut client, mut server) = pair(&provider, "rpc");
+    let serving = tokio::spawn(async move {
+        let (replies_tx, mut replies) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+        poll_fn(|cx| {
+            loop {
+                let mut moved = false;
+                while let Poll::Ready(request) = server.poll_next_unpin(cx) {
+                    let Some(request) = request else {
+                        return Poll::Ready(());
+                    };
+                    let request = request.unwrap().to_vec();
+                    let replies_tx = replies_tx.clone();
+                    tokio::spawn(async move { replies_tx.send(request).await.unwrap() });
+                    moved = true;
+                }
+                while SinkExt::<Vec<u8>>::poll_ready_unpin(&mut server, cx).is_ready() {
+                    let Poll::Ready(reply) = replies.poll_recv(cx) else {
+                        break;
+                    };
+                    let reply = reply.expect("the server holds a sender");
+                    server.start_send_unpin(reply).unwrap();
+                    moved = true;
+                }
+                match SinkExt::<Vec<u8>>::poll_flush_unpin(&mut server, cx) {
+                    // The client closes once every reply came, maybe before this read ends.
+                    Poll::Ready(Err(error)) if matches!(*error, ConnectionError::PeerClosed) => {
+                        return Poll::Ready(());
+                    }
+                    Poll::Ready(flushed) => flushed.unwrap(),
+                    Poll::Pending => {}
+                }
+                if !moved {
+                    return Poll::Pending;
+                }
+            }
+        })
+        .await;
+    });
+    let mut in_flight = HashSet::new();
+    let (mut sent, mut received) = (0u64, 0u64);
+    while received < CALLS {
+        // One step: until a reply comes.
+        let step = poll_fn(|cx| {
+            loop {
+                let mut moved = false;
+                let mut replied = false;
+                while let Poll::Ready(reply) = client.poll_next_unpin(cx) {
+                    let reply = reply.expect("the server answers").unwrap();
+                    let call = u64::from_le_bytes(reply[..8].try_into().unwrap());
+                    assert!(in_flight.remove(&call), "reply {call} is not awaited");
+                    assert!(reply[..] == call_message(call)[..], "reply {call}");
+                    received += 1;
+                    replied = true;
+                }
+                while in_flight.len() < 4 && sent < CALLS {
+                    match SinkExt::<Vec<u8>>::poll_ready_unpin(&mut client, cx) {
+                        Poll::Ready(ready) => ready.unwrap(),
+                        Poll::Pending => break,
+                    }
+                    client.start_send_unpin(call_message(sent)).unwrap();
+                    in_flight.insert(sent);
+                    sent += 1;
+                    moved = true;
+                }
+                if let Poll::Ready(flushed) = SinkExt::<Vec<u8>>::poll_flush_unpin(&mut client, cx)
+                {
+                    flushed.unwrap();
+                }
+                if replied {
+                    return Poll::Ready(());
+                }
+                if !moved {
+                    return Poll::Pending;
+                }
+            }
+        });
+        tokio::time::timeout(STALL, step)
+            .await
+            .unwrap_or_else(|_| panic!("no reply for {STALL:?}: {received} of {CALLS} came"));
+    }
+    drop(client);
+    serving.await.unwrap();
+}
+
 on_each_provider!(
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
+    reading_then_writing_replies_from_other_tasks,
     every_size_echoes_back,
     the_sink_keeps_several_in_flight_and_the_stream_ends_at_close,
     many_connections_at_once,

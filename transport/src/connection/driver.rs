@@ -59,6 +59,8 @@ pub struct Connection<E: Endpoint> {
     senders: Option<Arc<SendQueue<Queued>>>,
     /// The oldest message its senders queued, while it cannot be posted yet, or not all.
     sender_front: Option<Front>,
+    /// Calls of [`Connection::progress_counted`] that did something, ever.
+    progress_made: u64,
 }
 
 impl<E: Endpoint> Connection<E> {
@@ -92,6 +94,7 @@ impl<E: Endpoint> Connection<E> {
             last_now: Instant::now(),
             senders: None,
             sender_front: None,
+            progress_made: 0,
         };
         connection.progress()?;
         Ok(connection)
@@ -157,6 +160,9 @@ impl<E: Endpoint> Connection<E> {
         }
         if self.senders.is_some() {
             done += self.post_queued(now);
+        }
+        if done > 0 {
+            self.progress_made += 1;
         }
         match self.core.failure() {
             Some(error) => Err(Arc::clone(error)),
@@ -775,6 +781,12 @@ impl<E: Endpoint> Connection<E> {
     /// Whether a delivered message waits to be taken.
     pub(super) fn has_delivered(&self) -> bool {
         self.core.has_delivered()
+    }
+
+    /// How many times progress did something (took a completion, posted work), ever:
+    /// whoever saw it unchanged across a call knows the call took no event.
+    pub(super) fn progress_made(&self) -> u64 {
+        self.progress_made
     }
 
     /// Asks the endpoint to wake `waker` (or its descriptor) at its next event; pending

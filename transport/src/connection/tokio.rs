@@ -11,7 +11,13 @@
 //! - One task may poll the stream and the sink in the same poll (tarpc's dispatch reads,
 //!   then writes and flushes): a call that finds the endpoint armed and returns `Ready`
 //!   arms it again before it returns, so the `Pending` an earlier call of that poll
-//!   returned still has its wake.
+//!   returned still has its wake. Unless the call took what that earlier call waits for:
+//!   every call makes progress, so a flush may take the message a receive left pending
+//!   waits for (it arrived while the flush had the endpoint disarmed, so no wake came for
+//!   it), and a receive may take the credit or completion a send left pending waits for.
+//!   Arming then would sleep on an event already taken; the task is woken instead, to poll
+//!   the pending call again. A receive or a send left pending counts until a call of its
+//!   own kind is polled again.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
@@ -90,6 +96,20 @@ pub struct AsyncConnection<E: Endpoint> {
     timer: Option<(Instant, Pin<Box<Sleep>>)>,
     /// The rest of the message the sink took and has not posted all of.
     sinking: Option<Vec<u8>>,
+    /// Whether a receive returned `Pending` and none has been polled since.
+    recv_waits: bool,
+    /// Whether a send, the sink's readiness or a flush returned `Pending` and none of
+    /// these has been polled since.
+    send_waits: bool,
+}
+
+/// The kinds of call an [`AsyncConnection`] may leave pending (module invariants).
+#[derive(Clone, Copy)]
+enum Call {
+    /// A receive: waits for a message.
+    Recv,
+    /// A send, the sink's readiness or a flush: waits for room, credit or completions.
+    Send,
 }
 
 impl<E: Endpoint> AsyncConnection<E> {
@@ -122,6 +142,8 @@ impl<E: Endpoint> AsyncConnection<E> {
             armed: false,
             timer: None,
             sinking: None,
+            recv_waits: false,
+            send_waits: false,
         })
     }
 
@@ -150,12 +172,12 @@ impl<E: Endpoint> AsyncConnection<E> {
             offset: 0,
         };
         poll_fn(|cx| {
-            let was_armed = sending.connection.armed;
-            let polled = sending.poll_step(cx, message);
-            if was_armed && polled.is_ready() {
-                sending.connection.rearm(cx);
-            }
-            polled
+            let Sending {
+                connection, offset, ..
+            } = &mut sending;
+            connection.keeping_armed(cx, Call::Send, |connection, cx| {
+                connection.poll_send(cx, message, offset)
+            })
         })
         .await
     }
@@ -167,7 +189,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// As [`Connection::recv`]: the connection's failure, after every message delivered
     /// before it.
     pub async fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
-        poll_fn(|cx| self.keeping_armed(cx, Self::poll_recv)).await
+        poll_fn(|cx| self.keeping_armed(cx, Call::Recv, Self::poll_recv)).await
     }
 
     /// Waits until everything taken has been posted and every send has completed.
@@ -176,7 +198,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
-        poll_fn(|cx| self.keeping_armed(cx, Self::poll_flushed)).await
+        poll_fn(|cx| self.keeping_armed(cx, Call::Send, Self::poll_flushed)).await
     }
 
     /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
@@ -189,7 +211,7 @@ impl<E: Endpoint> AsyncConnection<E> {
         cx: &mut Context<'_>,
         parts: &[IoSlice<'_>],
     ) -> Poll<Result<usize, SendError>> {
-        self.keeping_armed(cx, |this, cx| {
+        self.keeping_armed(cx, Call::Send, |this, cx| {
             ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
             loop {
                 this.disarm();
@@ -201,17 +223,37 @@ impl<E: Endpoint> AsyncConnection<E> {
         })
     }
 
-    /// Runs `poll`, and arms the endpoint again if it was armed before and `poll` is
-    /// ready (module invariants): a wake due to an earlier `Pending` is not lost.
+    /// Runs `poll`, a call of kind `call`, and if it is ready after finding the endpoint
+    /// armed, keeps the wake an earlier `Pending` is owed (module invariants): wakes the
+    /// task if `poll` took what a call left pending waits for, else arms the endpoint
+    /// again.
     fn keeping_armed<T>(
         &mut self,
         cx: &mut Context<'_>,
+        call: Call,
         poll: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
         let was_armed = self.armed;
+        let progress_made = self.connection.progress_made();
+        let waits = match call {
+            Call::Recv => &mut self.recv_waits,
+            Call::Send => &mut self.send_waits,
+        };
+        *waits = false;
         let polled = poll(self, cx);
-        if was_armed && polled.is_ready() {
-            self.rearm(cx);
+        if polled.is_pending() {
+            match call {
+                Call::Recv => self.recv_waits = true,
+                Call::Send => self.send_waits = true,
+            }
+        } else if was_armed {
+            let taken = (self.recv_waits && self.connection.has_delivered())
+                || (self.send_waits && self.connection.progress_made() != progress_made);
+            if taken {
+                cx.waker().wake_by_ref();
+            } else {
+                self.rearm(cx);
+            }
         }
         polled
     }
@@ -222,6 +264,32 @@ impl<E: Endpoint> AsyncConnection<E> {
         if !self.armed && self.poll_event(cx).is_ready() {
             self.disarm();
             cx.waker().wake_by_ref();
+        }
+    }
+
+    /// Posts `message` from `offset` on, advancing `offset`; on a failure, moves `offset`
+    /// to the end (nothing is left to abandon).
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        message: &[u8],
+        offset: &mut usize,
+    ) -> Poll<Result<(), SendError>> {
+        loop {
+            self.disarm();
+            match self.connection.try_send_some(&message[*offset..]) {
+                Ok(taken) => {
+                    *offset += taken;
+                    if *offset == message.len() {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Err(SendError::WouldBlock(_)) => ready!(self.poll_event(cx)),
+                Err(error) => {
+                    *offset = message.len();
+                    return Poll::Ready(Err(error));
+                }
+            }
         }
     }
 
@@ -344,31 +412,6 @@ struct Sending<'a, E: Endpoint> {
     offset: usize,
 }
 
-impl<E: Endpoint> Sending<'_, E> {
-    fn poll_step(&mut self, cx: &mut Context<'_>, message: &[u8]) -> Poll<Result<(), SendError>> {
-        loop {
-            self.connection.disarm();
-            match self
-                .connection
-                .connection
-                .try_send_some(&message[self.offset..])
-            {
-                Ok(taken) => {
-                    self.offset += taken;
-                    if self.offset == self.len {
-                        return Poll::Ready(Ok(()));
-                    }
-                }
-                Err(SendError::WouldBlock(_)) => ready!(self.connection.poll_event(cx)),
-                Err(error) => {
-                    self.offset = self.len;
-                    return Poll::Ready(Err(error));
-                }
-            }
-        }
-    }
-}
-
 impl<E: Endpoint> Drop for Sending<'_, E> {
     fn drop(&mut self) {
         if self.offset < self.len {
@@ -394,7 +437,7 @@ impl<E: Endpoint + Unpin> Stream for AsyncConnection<E> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        match ready!(this.keeping_armed(cx, Self::poll_recv)) {
+        match ready!(this.keeping_armed(cx, Call::Recv, Self::poll_recv)) {
             Ok(message) => Poll::Ready(Some(Ok(message))),
             Err(error) if matches!(*error, ConnectionError::PeerClosed) => Poll::Ready(None),
             Err(error) => Poll::Ready(Some(Err(error))),
@@ -408,7 +451,8 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     type Error = Arc<ConnectionError>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().keeping_armed(cx, Self::poll_sinking)
+        self.get_mut()
+            .keeping_armed(cx, Call::Send, Self::poll_sinking)
     }
 
     fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
@@ -426,10 +470,12 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().keeping_armed(cx, Self::poll_flushed)
+        self.get_mut()
+            .keeping_armed(cx, Call::Send, Self::poll_flushed)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().keeping_armed(cx, Self::poll_flushed)
+        self.get_mut()
+            .keeping_armed(cx, Call::Send, Self::poll_flushed)
     }
 }

@@ -19,6 +19,9 @@
 //! The server is a child process (this bench binary again, started with
 //! `TIERBUF_SERVICE_BENCH_SERVER` set), one thread, serving every connection it accepts
 //! until its clients hang up. Every reply is checked against its request.
+//!
+//! The group `service/tarpc` (module `tarpc_echo`) times tarpc calls over tierbuf against
+//! tarpc's own transports, its servers started the same way.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -30,7 +33,10 @@ use tierbuf_transport::connection::{Connection, ConnectionTable};
 use tierbuf_transport::{ShmEndpoint, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Set in the server process: what it serves (`shm:COUNT:PATH`, `tcp`, `unix:PATH`).
+mod tarpc_echo;
+
+/// Set in the server process: what it serves (`shm:COUNT:PATH`, `tcp`, `unix:PATH`;
+/// for `service/tarpc`, `tarpc-shm:COUNT:PATH`, `tarpc-tcp:COUNT`, `tarpc-unix:COUNT:PATH`).
 const SERVER_ROLE: &str = "TIERBUF_SERVICE_BENCH_SERVER";
 
 /// The request and reply size.
@@ -200,6 +206,15 @@ fn serve(role: &str) {
         }
         (Some("tcp"), None, None) => serve_stream_tcp(),
         (Some("unix"), Some(path), None) => serve_stream_unix(Path::new(path)),
+        (Some("tarpc-shm"), Some(count), Some(path)) => {
+            tarpc_echo::serve_shm(count.parse().expect("a count"), Path::new(path))
+        }
+        (Some("tarpc-tcp"), Some(count), None) => {
+            tarpc_echo::serve_tcp(count.parse().expect("a count"))
+        }
+        (Some("tarpc-unix"), Some(count), Some(path)) => {
+            tarpc_echo::serve_unix(count.parse().expect("a count"), Path::new(path))
+        }
         _ => panic!("unknown server role {role:?}"),
     }
 }
@@ -292,7 +307,7 @@ async fn echo_stream<S: AsyncReadExt + AsyncWriteExt + Unpin>(stream: &mut S) {
     }
 }
 
-criterion_group!(benches, echo_64b);
+criterion_group!(benches, echo_64b, tarpc_echo::service_tarpc);
 
 /// Runs as the server process when started as one; otherwise runs the benches.
 fn main() {
