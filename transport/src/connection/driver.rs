@@ -59,7 +59,9 @@ pub struct Connection<E: Endpoint> {
     senders: Option<Arc<SendQueue<Queued>>>,
     /// The oldest message its senders queued, while it cannot be posted yet, or not all.
     sender_front: Option<Front>,
-    /// Calls of [`Connection::progress_counted`] that did something, ever.
+    /// Calls of [`Connection::progress_counted`] that did something, ever (read by the
+    /// async connection's wakes).
+    #[cfg(feature = "tokio")]
     progress_made: u64,
 }
 
@@ -94,6 +96,7 @@ impl<E: Endpoint> Connection<E> {
             last_now: Instant::now(),
             senders: None,
             sender_front: None,
+            #[cfg(feature = "tokio")]
             progress_made: 0,
         };
         connection.progress()?;
@@ -161,6 +164,7 @@ impl<E: Endpoint> Connection<E> {
         if self.senders.is_some() {
             done += self.post_queued(now);
         }
+        #[cfg(feature = "tokio")]
         if done > 0 {
             self.progress_made += 1;
         }
@@ -785,6 +789,7 @@ impl<E: Endpoint> Connection<E> {
 
     /// How many times progress did something (took a completion, posted work), ever:
     /// whoever saw it unchanged across a call knows the call took no event.
+    #[cfg(feature = "tokio")]
     pub(super) fn progress_made(&self) -> u64 {
         self.progress_made
     }
