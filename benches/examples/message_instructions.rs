@@ -1,0 +1,231 @@
+//! The work one message costs on each layer of the shm transport, with no waiting in it:
+//! both ends of an shm pair (`ShmProvider::pair`) in this one thread, so every receive
+//! finds its message already delivered and no loop spins. Run it under
+//! `valgrind --tool=callgrind` (or any instruction counter) twice, with `ROUNDS` and
+//! with 0, and divide the difference by `2 × ROUNDS` for the instructions one message
+//! costs its sender and its receiver together; callgrind's per-function counts say where
+//! they go. The same round trips as `transport/pingpong_endpoint` (mode `endpoint`),
+//! `transport/pingpong` (`spot`: four places of each message checked) and
+//! `transport/pingpong_consumed` (`whole`: every word summed), less the peer process;
+//! `sum` times the benches' word sum alone. It prints the time a round trip (or a sum)
+//! took, which is only worth comparing between runs made in the same minutes.
+//!
+//! `cargo build --profile bench -p tierbuf-benches --example message_instructions`, then
+//! `valgrind --tool=callgrind target/release/examples/message_instructions MODE ROUNDS
+//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `sum`; `SIZE` in bytes, 64 unless
+//! given. See `docs/transport.md`, "What the consumed figures are made of".
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
+use tierbuf_tiers::Reservoir;
+use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, Message, SendError,
+};
+use tierbuf_transport::{BufferRef, Completion, Endpoint, Opcode, Provider, ShmProvider};
+
+const DEPTH: u32 = 64;
+
+/// Round trips made before the timed ones (and before the counted ones, if the run with 0
+/// rounds is subtracted), so both connections are on the tier of the message.
+const WARM: u64 = 64;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().expect("a mode: endpoint, spot or whole");
+    let rounds: u64 = args.next().map_or(100_000, |n| n.parse().expect("a count"));
+    let size: usize = args.next().map_or(64, |n| n.parse().expect("a size"));
+    let elapsed = match mode.as_str() {
+        "endpoint" => endpoint(rounds, size),
+        "spot" => connection(rounds, size, false),
+        "whole" => connection(rounds, size, true),
+        "sum" => {
+            let bytes = message(size);
+            let mut total = 0u64;
+            let start = Instant::now();
+            for _ in 0..rounds {
+                total = total.wrapping_add(word_sum(std::hint::black_box(&bytes)));
+            }
+            let elapsed = start.elapsed();
+            println!(
+                "word_sum of {size} B: {:.3} ns, {:.2} bytes/ns ({total})",
+                elapsed.as_nanos() as f64 / rounds as f64,
+                (size as u64 * rounds) as f64 / elapsed.as_nanos() as f64
+            );
+            return;
+        }
+        other => panic!("unknown mode {other}"),
+    };
+    println!(
+        "{mode} {size} B: {:.1} ns a round trip, both sides in one thread",
+        elapsed.as_nanos() as f64 / rounds.max(1) as f64
+    );
+}
+
+fn message(size: usize) -> Vec<u8> {
+    (0..size).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// The bench's `word_sum`.
+fn word_sum(bytes: &[u8]) -> u64 {
+    let words = bytes.chunks_exact(8);
+    let mut last = [0u8; 8];
+    last[..words.remainder().len()].copy_from_slice(words.remainder());
+    words
+        .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+        .fold(u64::from_le_bytes(last), u64::wrapping_add)
+}
+
+/// Checks a received message as the benches do: every word (`whole`) or its length,
+/// sequence number, middle and last bytes.
+fn check(received: &[u8], seq: u64, expected: &[u8], rest: u64, whole: bool) {
+    assert_eq!(received.len(), expected.len());
+    if whole {
+        assert_eq!(word_sum(received), seq.wrapping_add(rest));
+    } else {
+        assert_eq!(u64::from_le_bytes(received[..8].try_into().expect("8")), seq);
+        let (middle, last) = (expected.len() / 2, expected.len() - 1);
+        assert_eq!(received[middle], expected[middle]);
+        assert_eq!(received[last], expected[last]);
+    }
+}
+
+/// `rounds` round trips between two connections over one shm pair, as
+/// `transport/pingpong` runs them.
+fn connection(rounds: u64, size: usize, whole: bool) -> Duration {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 30));
+    let ladder = Arc::new(
+        TierLadder::builder()
+            .tier(512, 16, 480)
+            .tier(8192 + 64, 16, 8192 + 48)
+            .tier(65536 + 64, 8, 65536 + 48)
+            .build()
+            .expect("a ladder"),
+    );
+    let config = Arc::new(ConnectionConfig::new(ladder).expect("a config"));
+    let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    reservoir.fill().expect("register the spares");
+    let (a, b) = provider.pair(DEPTH, DEPTH).expect("an shm pair");
+    let connect = |endpoint| {
+        let core = ConnectionCore::new(
+            Arc::clone(&config),
+            Arc::clone(&reservoir),
+            Arc::clone(&reservoir),
+            Instant::now(),
+        )
+        .expect("a connection");
+        Connection::new(core, endpoint).expect("post the first receives")
+    };
+    let (mut a, mut b) = (connect(a), connect(b));
+    let expected = message(size);
+    let rest = word_sum(&expected[8..]);
+    let mut outgoing = expected.clone();
+    let mut start = Instant::now();
+    for seq in 0..WARM + rounds {
+        if seq == WARM {
+            start = Instant::now();
+        }
+        outgoing[..8].copy_from_slice(&seq.to_le_bytes());
+        send(&mut a, &mut b, &outgoing);
+        let received = recv(&mut b, &mut a);
+        check(&received, seq, &expected, rest, whole);
+        send(&mut b, &mut a, &received);
+        drop(received);
+        check(&recv(&mut a, &mut b), seq, &expected, rest, whole);
+    }
+    start.elapsed()
+}
+
+type Shm = Connection<tierbuf_transport::ShmEndpoint>;
+
+/// Sends `message` on `from` as `Connection::send` does, driving `to` where `send` would
+/// wait (this thread is both sides).
+fn send(from: &mut Shm, to: &mut Shm, message: &[u8]) {
+    // `Connection::send`'s steps, with `to` driven where `send` would wait.
+    let mut offset = 0;
+    loop {
+        match from.try_send_some(&message[offset..]) {
+            Ok(accepted) => {
+                offset += accepted;
+                if offset == message.len() {
+                    return;
+                }
+            }
+            Err(SendError::WouldBlock(_)) => to.progress().expect("progress"),
+            Err(error) => panic!("send failed: {error}"),
+        }
+        from.progress().expect("progress");
+    }
+}
+
+/// The next message on `on`, driving `from` too until it has come.
+fn recv(on: &mut Shm, from: &mut Shm) -> Message {
+    loop {
+        if let Some(message) = on.try_recv().expect("receive") {
+            return message;
+        }
+        from.progress().expect("progress");
+    }
+}
+
+/// `rounds` round trips between two shm endpoints, as `transport/pingpong_endpoint`
+/// runs them: a ping from a registered slot, echoed from the buffer it arrived in.
+fn endpoint(rounds: u64, size: usize) -> Duration {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 30));
+    // A region receives for one peer only: each side's inbox from a pool of its own.
+    let pools: Vec<SlotPool> = (0..3)
+        .map(|_| SlotPool::new(&*provider.registrar(), size, 1).expect("a slot pool"))
+        .collect();
+    let mut slots = pools.iter().map(|pool| pool.try_acquire_owned().expect("a slot"));
+    let (mut a, mut b) = provider.pair(DEPTH, DEPTH).expect("an shm pair");
+    let expected = message(size);
+    let mut ping: OwnedSlot = slots.next().expect("a slot");
+    ping.copy_from_slice(&expected);
+    let (a_inbox, b_inbox) = (slots.next().expect("a slot"), slots.next().expect("a slot"));
+    // SAFETY: each inbox is read only once its completion has been polled.
+    unsafe {
+        a.post_recv(BufferRef::from(&a_inbox), 0).expect("post");
+        b.post_recv(BufferRef::from(&b_inbox), 0).expect("post");
+    }
+    let mut completions = [Completion::default(); 4];
+    // Polls `endpoint` until it has seen a send's completion (if `send`) and a receive's
+    // (if `recv`); returns the receive's length.
+    let mut wait = |endpoint: &mut tierbuf_transport::ShmEndpoint, send: bool, recv: bool| {
+        let (mut sent, mut received) = (!send, None);
+        while !sent || (recv && received.is_none()) {
+            let ready = endpoint.poll(&mut completions).expect("poll");
+            for done in &completions[..ready] {
+                assert!(done.status.is_success());
+                match done.opcode {
+                    Opcode::Send => sent = true,
+                    Opcode::Recv => received = Some(done.byte_len as usize),
+                }
+            }
+        }
+        received.unwrap_or(0)
+    };
+    let mut start = Instant::now();
+    for seq in 0..WARM + rounds {
+        if seq == WARM {
+            start = Instant::now();
+        }
+        ping[..8].copy_from_slice(&seq.to_le_bytes());
+        // SAFETY: the ping is written again only after this send's completion.
+        unsafe { a.post_send(&[BufferRef::from(&ping)], 1) }.expect("ping");
+        let len = wait(&mut b, false, true);
+        check(&b_inbox[..len], seq, &expected, 0, false);
+        let echo = BufferRef::from(&b_inbox).prefix(len as u32).expect("within");
+        // SAFETY: the inbox is posted again only after this send's completion.
+        unsafe { b.post_send(&[echo], 1) }.expect("echo");
+        wait(&mut b, true, false);
+        // SAFETY: as above.
+        unsafe { b.post_recv(BufferRef::from(&b_inbox), 0) }.expect("post");
+        let len = wait(&mut a, true, true);
+        check(&a_inbox[..len], seq, &expected, 0, false);
+        // SAFETY: as above.
+        unsafe { a.post_recv(BufferRef::from(&a_inbox), 0) }.expect("post");
+    }
+    start.elapsed()
+}
