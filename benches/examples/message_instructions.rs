@@ -85,7 +85,10 @@ fn check(received: &[u8], seq: u64, expected: &[u8], rest: u64, whole: bool) {
     if whole {
         assert_eq!(word_sum(received), seq.wrapping_add(rest));
     } else {
-        assert_eq!(u64::from_le_bytes(received[..8].try_into().expect("8")), seq);
+        assert_eq!(
+            u64::from_le_bytes(received[..8].try_into().expect("8")),
+            seq
+        );
         let (middle, last) = (expected.len() / 2, expected.len() - 1);
         assert_eq!(received[middle], expected[middle]);
         assert_eq!(received[last], expected[last]);
@@ -105,7 +108,10 @@ fn connection(rounds: u64, size: usize, whole: bool) -> Duration {
             .expect("a ladder"),
     );
     let config = Arc::new(ConnectionConfig::new(ladder).expect("a config"));
-    let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
     reservoir.fill().expect("register the spares");
     let (a, b) = provider.pair(DEPTH, DEPTH).expect("an shm pair");
     let connect = |endpoint| {
@@ -178,7 +184,9 @@ fn endpoint(rounds: u64, size: usize) -> Duration {
     let pools: Vec<SlotPool> = (0..3)
         .map(|_| SlotPool::new(&*provider.registrar(), size, 1).expect("a slot pool"))
         .collect();
-    let mut slots = pools.iter().map(|pool| pool.try_acquire_owned().expect("a slot"));
+    let mut slots = pools
+        .iter()
+        .map(|pool| pool.try_acquire_owned().expect("a slot"));
     let (mut a, mut b) = provider.pair(DEPTH, DEPTH).expect("an shm pair");
     let expected = message(size);
     let mut ping: OwnedSlot = slots.next().expect("a slot");
@@ -216,7 +224,9 @@ fn endpoint(rounds: u64, size: usize) -> Duration {
         unsafe { a.post_send(&[BufferRef::from(&ping)], 1) }.expect("ping");
         let len = wait(&mut b, false, true);
         check(&b_inbox[..len], seq, &expected, 0, false);
-        let echo = BufferRef::from(&b_inbox).prefix(len as u32).expect("within");
+        let echo = BufferRef::from(&b_inbox)
+            .prefix(len as u32)
+            .expect("within");
         // SAFETY: the inbox is posted again only after this send's completion.
         unsafe { b.post_send(&[echo], 1) }.expect("echo");
         wait(&mut b, true, false);

@@ -157,7 +157,10 @@ pub(super) fn serve_tcp(count: usize) {
         say_listening(listener.local_addr());
         let mut transports = Vec::new();
         for _ in 0..count {
-            transports.push(listener.next().await.expect("a peer").expect("accept"));
+            let transport = listener.next().await.expect("a peer").expect("accept");
+            // As the echo group's TCP peer: small messages go out at once.
+            transport.get_ref().set_nodelay(true).expect("TCP_NODELAY");
+            transports.push(transport);
         }
         serve_all(transports).await;
     });
@@ -291,6 +294,7 @@ fn tcp(connections: usize) -> Setup {
         let transport = serde_transport::tcp::connect(address, Postcard::new)
             .await
             .expect("connect");
+        transport.get_ref().set_nodelay(true).expect("TCP_NODELAY");
         EchoClient::new(tarpc::client::Config::default(), transport).spawn()
     })
 }

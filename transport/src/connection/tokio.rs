@@ -18,6 +18,11 @@
 //!   Arming then would sleep on an event already taken; the task is woken instead, to poll
 //!   the pending call again. A receive or a send left pending counts until a call of its
 //!   own kind is polled again.
+//! - Before it arms, a task that found nothing yields (`Pending`, woken at once) for up
+//!   to [`SPIN`] since the first such look of its wait: an answer that comes that soon is
+//!   taken without a wake through the reactor (a system call on each side), as the
+//!   blocking calls spin before they sleep. Any event ends the spin; an idle connection
+//!   spins once and then parks.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
@@ -29,7 +34,7 @@ use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_core::Stream;
 use futures_sink::Sink;
@@ -92,6 +97,8 @@ pub struct AsyncConnection<E: Endpoint> {
     descriptor: Option<AsyncFd<OwnedFd>>,
     /// Whether the endpoint was armed by the last poll.
     armed: bool,
+    /// When the current wait first found nothing, while it yields before arming.
+    spinning_since: Option<Instant>,
     /// The connection's next timer, as a tokio sleep.
     timer: Option<(Instant, Pin<Box<Sleep>>)>,
     /// The rest of the message the sink took and has not posted all of.
@@ -102,6 +109,10 @@ pub struct AsyncConnection<E: Endpoint> {
     /// these has been polled since.
     send_waits: bool,
 }
+
+/// How long a task yields, looking for an event, before it arms the endpoint and parks
+/// (module invariants): about a round trip of a small RPC between two processes.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// The kinds of call an [`AsyncConnection`] may leave pending (module invariants).
 #[derive(Clone, Copy)]
@@ -142,6 +153,7 @@ impl<E: Endpoint> AsyncConnection<E> {
             armed: false,
             timer: None,
             sinking: None,
+            spinning_since: None,
             recv_waits: false,
             send_waits: false,
         })
@@ -350,11 +362,19 @@ impl<E: Endpoint> AsyncConnection<E> {
         // Progress that did anything (a credit came back, say) may be what the caller
         // waits for; a failure is reported by its next call.
         if !matches!(self.connection.progress_counted(), Ok(0)) {
+            self.spinning_since = None;
             return Poll::Ready(());
         }
         if self.poll_timer(cx).is_ready() {
+            self.spinning_since = None;
             return Poll::Ready(());
         }
+        let now = Instant::now();
+        if now.duration_since(*self.spinning_since.get_or_insert(now)) < SPIN {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.spinning_since = None;
         let polling = matches!(self.connection.endpoint().readiness(), Readiness::Polling);
         if polling || self.connection.arm(cx.waker()) == Armed::Pending {
             self.connection.disarm();
