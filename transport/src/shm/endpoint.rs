@@ -17,6 +17,11 @@
 //!   request holds a strong reference to its region (see `registry`). The peer's mapping
 //!   of an announced region is undone only on a `Forget`, which this side sends once the
 //!   region's memory is gone here, so after every request naming it has completed.
+//! - **A receive region serves one peer.** Its memory file is made at its first
+//!   announcement (`SharedHostRegion::expose_memory_file`), passed, and closed here; a
+//!   receive posted in a region already exposed to another endpoint is refused
+//!   ([`PostError::SharedWithAnotherPeer`]) and nothing is posted, so no peer maps memory
+//!   that receives for another.
 //! - **The peer is untrusted input.** Ring entries and records are checked before use:
 //!   a key that was not announced, a buffer outside its region, a delivery longer than the
 //!   buffer or an unknown result code breaks the connection with a protocol error; the
