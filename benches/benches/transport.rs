@@ -86,6 +86,7 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
+use tierbuf_benches::messages::{Reading, check, message, rest_sum, stamp};
 use tierbuf_benches::pin_to_core;
 use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
@@ -190,79 +191,6 @@ fn pair() -> (Loopback, Loopback) {
         connect(&config, &reservoir, a),
         connect(&config, &reservoir, b),
     )
-}
-
-/// A message of `size` bytes (at least 8): a sequence number in the first 8 bytes, a
-/// pattern after it.
-fn message(size: usize) -> Vec<u8> {
-    assert!(size >= 8, "room for the sequence number");
-    (0..size).map(|i| (i * 7 + 3) as u8).collect()
-}
-
-/// Writes sequence number `seq` into `message`.
-fn stamp(message: &mut [u8], seq: u64) {
-    message[..8].copy_from_slice(&seq.to_le_bytes());
-}
-
-/// Checks that `received` is message number `seq` built like `expected`: its length, its
-/// sequence number, its middle and last bytes.
-fn check(received: &[u8], seq: u64, expected: &[u8]) {
-    assert_eq!(received.len(), expected.len(), "length of message {seq}");
-    let got = u64::from_le_bytes(received[..8].try_into().expect("8 bytes"));
-    assert_eq!(got, seq, "sequence number");
-    let (middle, last) = (expected.len() / 2, expected.len() - 1);
-    assert_eq!(
-        (received[middle], received[last]),
-        (expected[middle], expected[last]),
-        "middle and last bytes of message {seq}"
-    );
-}
-
-/// How the receiving side reads each message it gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reading {
-    /// Its length, sequence number, middle and last bytes ([`check`]): the bytes stay
-    /// where the provider delivered them, in a registered receive slot, and most of their
-    /// cache lines may never reach the receiving core.
-    Spot,
-    /// Every byte, summed as words and compared with the sender's sum: the receiving core
-    /// reads the whole message, as an MPI receive ends with the bytes in its buffer.
-    Whole,
-}
-
-impl Reading {
-    /// Checks `received` as message number `seq` built like `expected`, whose words after
-    /// the sequence number sum to `rest` ([`rest_sum`]).
-    fn check(self, received: &[u8], seq: u64, expected: &[u8], rest: u64) {
-        match self {
-            Reading::Spot => check(received, seq, expected),
-            Reading::Whole => {
-                assert_eq!(received.len(), expected.len(), "length of message {seq}");
-                assert_eq!(
-                    word_sum(received),
-                    seq.wrapping_add(rest),
-                    "sum of message {seq}"
-                );
-            }
-        }
-    }
-}
-
-/// The wrapping sum of `bytes` read as little-endian 64-bit words, the last one padded
-/// with zeros.
-fn word_sum(bytes: &[u8]) -> u64 {
-    let words = bytes.chunks_exact(8);
-    let mut last = [0u8; 8];
-    last[..words.remainder().len()].copy_from_slice(words.remainder());
-    words
-        .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
-        .fold(u64::from_le_bytes(last), u64::wrapping_add)
-}
-
-/// The sum [`Reading::Whole`] expects of a message built like `expected`, less its
-/// sequence number (its first word).
-fn rest_sum(expected: &[u8]) -> u64 {
-    word_sum(&expected[8..])
 }
 
 /// Runs `peer` with `b` on a second thread pinned to core 1 and `main` with `a` on this

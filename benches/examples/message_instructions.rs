@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tierbuf_benches::messages::{Reading, check, message, rest_sum, word_sum};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
@@ -64,37 +65,6 @@ fn main() {
     );
 }
 
-fn message(size: usize) -> Vec<u8> {
-    (0..size).map(|i| (i * 7 + 3) as u8).collect()
-}
-
-/// The bench's `word_sum`.
-fn word_sum(bytes: &[u8]) -> u64 {
-    let words = bytes.chunks_exact(8);
-    let mut last = [0u8; 8];
-    last[..words.remainder().len()].copy_from_slice(words.remainder());
-    words
-        .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
-        .fold(u64::from_le_bytes(last), u64::wrapping_add)
-}
-
-/// Checks a received message as the benches do: every word (`whole`) or its length,
-/// sequence number, middle and last bytes.
-fn check(received: &[u8], seq: u64, expected: &[u8], rest: u64, whole: bool) {
-    assert_eq!(received.len(), expected.len());
-    if whole {
-        assert_eq!(word_sum(received), seq.wrapping_add(rest));
-    } else {
-        assert_eq!(
-            u64::from_le_bytes(received[..8].try_into().expect("8")),
-            seq
-        );
-        let (middle, last) = (expected.len() / 2, expected.len() - 1);
-        assert_eq!(received[middle], expected[middle]);
-        assert_eq!(received[last], expected[last]);
-    }
-}
-
 /// `rounds` round trips between two connections over one shm pair, as
 /// `transport/pingpong` runs them.
 fn connection(rounds: u64, size: usize, whole: bool) -> Duration {
@@ -126,7 +96,8 @@ fn connection(rounds: u64, size: usize, whole: bool) -> Duration {
     };
     let (mut a, mut b) = (connect(a), connect(b));
     let expected = message(size);
-    let rest = word_sum(&expected[8..]);
+    let rest = rest_sum(&expected);
+    let reading = if whole { Reading::Whole } else { Reading::Spot };
     let mut outgoing = expected.clone();
     let mut start = Instant::now();
     for seq in 0..WARM + rounds {
@@ -136,10 +107,10 @@ fn connection(rounds: u64, size: usize, whole: bool) -> Duration {
         outgoing[..8].copy_from_slice(&seq.to_le_bytes());
         send(&mut a, &mut b, &outgoing);
         let received = recv(&mut b, &mut a);
-        check(&received, seq, &expected, rest, whole);
+        reading.check(&received, seq, &expected, rest);
         send(&mut b, &mut a, &received);
         drop(received);
-        check(&recv(&mut a, &mut b), seq, &expected, rest, whole);
+        reading.check(&recv(&mut a, &mut b), seq, &expected, rest);
     }
     start.elapsed()
 }
@@ -223,7 +194,7 @@ fn endpoint(rounds: u64, size: usize) -> Duration {
         // SAFETY: the ping is written again only after this send's completion.
         unsafe { a.post_send(&[BufferRef::from(&ping)], 1) }.expect("ping");
         let len = wait(&mut b, false, true);
-        check(&b_inbox[..len], seq, &expected, 0, false);
+        check(&b_inbox[..len], seq, &expected);
         let echo = BufferRef::from(&b_inbox)
             .prefix(len as u32)
             .expect("within");
@@ -233,7 +204,7 @@ fn endpoint(rounds: u64, size: usize) -> Duration {
         // SAFETY: as above.
         unsafe { b.post_recv(BufferRef::from(&b_inbox), 0) }.expect("post");
         let len = wait(&mut a, true, true);
-        check(&a_inbox[..len], seq, &expected, 0, false);
+        check(&a_inbox[..len], seq, &expected);
         // SAFETY: as above.
         unsafe { a.post_recv(BufferRef::from(&a_inbox), 0) }.expect("post");
     }

@@ -2,6 +2,8 @@
 
 #![warn(missing_docs)]
 
+pub mod messages;
+
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
