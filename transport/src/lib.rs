@@ -69,6 +69,7 @@ mod front;
 pub mod fuzzing;
 mod loopback;
 mod pair_state;
+mod parker;
 mod provider;
 mod registry;
 mod shm;

@@ -3,6 +3,9 @@
 //! closed once passed, so neither idle nor promoted connections hold one; a service's
 //! connection count is bounded by its limit of open files one for one.
 //!
+//! Nor does a connection keep anything of a thread that slept on it once that thread
+//! has exited.
+//!
 //! One test in its own binary: it counts the whole process's descriptors.
 
 use tierbuf_transport::Transport;
@@ -26,6 +29,19 @@ fn an_shm_connection_holds_one_descriptor_a_side_idle_or_promoted() {
         .build()
         .expect("a transport");
     let listener = node.listen(&path).expect("a listener");
+    // A thread's first sleep in a blocking call makes its doorbell, an `eventfd` it keeps
+    // for life; whether this thread sleeps below depends on timing, so it sleeps once
+    // here, on a pair that is then closed, before anything is counted.
+    let mut warm_up = node.connect(&path).expect("a warm-up connection");
+    let warm_up_server = listener.accept().expect("the warm-up connection accepted");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    assert!(
+        warm_up
+            .recv_deadline(deadline)
+            .expect("a quiet wait")
+            .is_none()
+    );
+    drop((warm_up, warm_up_server));
     let before = open_files();
     let mut clients = Vec::new();
     let mut servers = Vec::new();
@@ -65,4 +81,26 @@ fn an_shm_connection_holds_one_descriptor_a_side_idle_or_promoted() {
         before + 2 * CONNECTIONS,
         "promoted connections hold no more than idle ones"
     );
+
+    // A thread that slept waiting on a connection and has exited leaves nothing behind:
+    // its doorbell went with it, although the connection lives on.
+    let mut waited_on = clients.pop().expect("a connection");
+    let waited_on = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
+        assert!(
+            waited_on
+                .recv_deadline(deadline)
+                .expect("a quiet wait")
+                .is_none()
+        );
+        waited_on
+    })
+    .join()
+    .expect("the waiting thread");
+    assert_eq!(
+        open_files(),
+        before + 2 * CONNECTIONS,
+        "the connection keeps no descriptor of a thread that waited on it"
+    );
+    drop(waited_on);
 }

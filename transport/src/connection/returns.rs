@@ -33,10 +33,9 @@
 //!
 //! - A slot given back while the connection's thread is parked wakes it, so a message
 //!   dropped on another thread gets its receive reposted (and granted to the peer) without
-//!   waiting for another event: the connection's thread stores its waker, sets `parked`,
-//!   fences (`SeqCst`) and then looks at the queue; a give-back pushes, fences, and then
-//!   takes `parked`, waking the waker if it was set. One of the two looks sees the other's
-//!   write, as for the senders' queue (`senders`).
+//!   waiting for another event: the connection's thread arms its [`Parker`] and then
+//!   looks at the queue; a give-back pushes, fences (`SeqCst`), and then wakes the
+//!   parker, whose invariants make sure one of the two looks sees the other's write.
 //!
 //! The loom model `connection_models::returned_slots_across_threads` checks these on the
 //! shipped code, with the planted bug `Bug::LentCountLoadThenStore` as its broken variant.
@@ -47,8 +46,9 @@ use std::task::Waker;
 
 use tierbuf_tiers::{OwnedTierSlot, TierIndex};
 
+use crate::parker::Parker;
 use crate::provider::Armed;
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, UnboundedQueue, fence};
+use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, UnboundedQueue, fence};
 
 /// The queue of receive slots that messages gave back, the count of slots lent out, and
 /// a spare buffer for reassembly.
@@ -59,9 +59,8 @@ pub(super) struct ReturnedSlots {
     /// Empty (no capacity) when there is none.
     spare_buffer: Mutex<Vec<u8>>,
     spare_limit: usize,
-    /// Set while the connection's thread is parked (module invariants).
-    parked: AtomicBool,
-    waker: Mutex<Option<Waker>>,
+    /// The connection's thread's request to be woken by a give-back (module invariants).
+    parker: Parker,
 }
 
 impl ReturnedSlots {
@@ -73,26 +72,14 @@ impl ReturnedSlots {
             given_back: AtomicUsize::new(0),
             spare_buffer: Mutex::new(Vec::new()),
             spare_limit,
-            parked: AtomicBool::new(false),
-            waker: Mutex::new(None),
+            parker: Parker::default(),
         })
     }
 
     /// Asks for `waker` to be woken at the next give-back; [`Armed::Pending`] when a slot
     /// waits already (module invariants).
     pub(super) fn arm(&self, waker: &Waker) -> Armed {
-        {
-            let mut slot = self
-                .waker
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
-            match slot.as_mut() {
-                Some(kept) if kept.will_wake(waker) => {}
-                _ => *slot = Some(waker.clone()),
-            }
-        }
-        self.parked.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        self.parker.arm(waker);
         if self.queue.is_empty() {
             Armed::Parked
         } else {
@@ -102,7 +89,7 @@ impl ReturnedSlots {
 
     /// Withdraws the request to be woken.
     pub(super) fn disarm(&self) {
-        self.parked.store(false, Ordering::Relaxed);
+        self.parker.disarm();
     }
 
     /// An empty buffer with room for `len` bytes: the spare one if it is large enough.
@@ -184,16 +171,7 @@ impl ReturnedSlots {
         self.given_back.fetch_add(1, Ordering::Relaxed);
         self.queue.push(slot);
         fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
-            let waker = self
-                .waker
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner())
-                .take();
-            if let Some(waker) = waker {
-                waker.wake();
-            }
-        }
+        self.parker.wake();
     }
 }
 

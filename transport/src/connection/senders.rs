@@ -15,11 +15,11 @@
 //!   connection posts it as it is only when the message fits one frame of the send tier
 //!   in force then; otherwise it sends the message's bytes as any other message (through
 //!   a promotion or in segments) and the slot goes back to its pool.
-//! - **A queued item wakes a parked connection.** The connection's thread arms the queue
-//!   before it sleeps: it stores its waker, sets `parked`, fences (`SeqCst`) and then
-//!   looks at the queue; a sender pushes, fences and then takes `parked`, waking the
-//!   waker if it was set. Of the two looks one sees the other's write, so an item is
-//!   never left queued while the connection sleeps.
+//! - **A queued item wakes a parked connection.** The connection's thread arms the
+//!   queue's [`Parker`] before it sleeps and then looks at the queue; a sender pushes,
+//!   fences (`SeqCst`) and then wakes the parker. By the parker's invariants one of the
+//!   two looks sees the other's write, so an item is never left queued while the
+//!   connection sleeps.
 //! - **The queue is bounded.** At most `limit` items wait; past that a sender waits (or
 //!   [`Sender::try_send`] reports [`WouldBlock::SendersQueueFull`]) until the connection
 //!   takes some, so senders faster than the peer cannot grow memory without bound.
@@ -38,8 +38,9 @@ use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 
 use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
+use crate::parker::Parker;
 use crate::provider::Armed;
-use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering, UnboundedQueue, fence};
+use crate::sync::{AtomicUsize, Ordering, UnboundedQueue, fence};
 
 /// How long a sender that found the queue full waits for room before it looks again,
 /// at most: the connection's thread wakes it sooner when it takes items.
@@ -69,8 +70,8 @@ pub struct SendQueue<T> {
     limit: usize,
     /// Send slots held by queued items (module invariants).
     slots_held: AtomicUsize,
-    parked: AtomicBool,
-    waker: Mutex<Option<Waker>>,
+    /// The connection's thread's request to be woken by a push.
+    parker: Parker,
     /// The connection's failure, once it has one or is gone; senders report it.
     closed: std::sync::Mutex<Option<Arc<ConnectionError>>>,
     /// Where senders wait for room.
@@ -85,8 +86,7 @@ impl<T> SendQueue<T> {
             len: AtomicUsize::new(0),
             limit: limit.max(1),
             slots_held: AtomicUsize::new(0),
-            parked: AtomicBool::new(false),
-            waker: Mutex::new(None),
+            parker: Parker::default(),
             closed: std::sync::Mutex::new(None),
             room: Condvar::new(),
         }
@@ -119,16 +119,7 @@ impl<T> SendQueue<T> {
 
     /// Wakes the connection's thread if it parked, taking its request.
     fn wake_parked(&self) {
-        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
-            let waker = self
-                .waker
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(waker) = waker {
-                waker.wake();
-            }
-        }
+        self.parker.wake();
     }
 
     /// The oldest item.
@@ -141,15 +132,7 @@ impl<T> SendQueue<T> {
     /// Asks for `waker` to be woken at the next push; [`Armed::Pending`] when an item is
     /// queued already (module invariants).
     pub fn arm(&self, waker: &Waker) -> Armed {
-        {
-            let mut slot = self.waker.lock().unwrap_or_else(PoisonError::into_inner);
-            match slot.as_mut() {
-                Some(kept) if kept.will_wake(waker) => {}
-                _ => *slot = Some(waker.clone()),
-            }
-        }
-        self.parked.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        self.parker.arm(waker);
         if self.items.is_empty() {
             Armed::Parked
         } else {
@@ -159,7 +142,7 @@ impl<T> SendQueue<T> {
 
     /// Withdraws the request to be woken.
     pub fn disarm(&self) {
-        self.parked.store(false, Ordering::Relaxed);
+        self.parker.disarm();
     }
 
     /// Counts a send slot taken for a queued item, if fewer than `limit` are held.

@@ -27,20 +27,18 @@
 //!   holding two), so when it returns no copy involving its buffers is in progress.
 //! - A queued request holds strong references to the regions it names, so the memory a
 //!   copy touches is mapped for the whole copy (see `registry`).
-//! - A parked side is woken by the next completion for it. A side about to sleep stores
-//!   its waker, sets its `parked` flag, and then (after a `SeqCst` fence) looks for
-//!   completions and state; a claim holder that has pushed completions, or a closer that
-//!   changed the state, fences (`SeqCst`) and then looks at both sides' flags, taking a
-//!   set one and waking its waker. With a fence between each side's write and its look,
-//!   at least one of the two looks sees the other's write: the sleeper finds the
-//!   completion, or the pusher finds the flag. No wake is lost; a spurious one costs the
-//!   woken side one empty poll.
+//! - A parked side is woken by the next completion for it: a side about to sleep arms
+//!   its [`Parker`] and then looks for completions and state; a claim holder that has
+//!   pushed completions, or a closer that changed the state, fences (`SeqCst`) and then
+//!   wakes both sides' parkers. The parker's invariants make sure no wake is lost; a
+//!   spurious one costs the woken side one empty poll.
 
 use std::task::Waker;
 
 use crate::pair_state::{PairState, StateWord};
+use crate::parker::Parker;
 use crate::provider::{Armed, Completion, CompletionStatus, Opcode};
-use crate::sync::{AtomicBool, BoundedQueue, Mutex, Ordering, fence, yield_now};
+use crate::sync::{AtomicBool, BoundedQueue, Ordering, fence, yield_now};
 
 use super::HostRegion;
 use crate::registry::Resolved;
@@ -160,29 +158,6 @@ fn expect_room(pushed: bool) {
     );
 }
 
-/// A side's request to be woken (module invariants).
-#[derive(Debug, Default)]
-struct Parker {
-    parked: AtomicBool,
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Parker {
-    /// Wakes the side if it parked, taking its request. Called after a `SeqCst` fence.
-    fn wake(&self) {
-        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
-            let waker = self
-                .waker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            if let Some(waker) = waker {
-                waker.wake();
-            }
-        }
-    }
-}
-
 /// The state two loopback endpoints share.
 #[derive(Debug)]
 pub(crate) struct PairShared {
@@ -207,19 +182,7 @@ impl PairShared {
     /// Asks for `waker` to be woken at the next completion for `side` or change of state
     /// (module invariants); [`Armed::Pending`] if there is something for it already.
     pub(crate) fn arm(&self, side: usize, waker: &Waker) -> Armed {
-        let parker = &self.parkers[side];
-        {
-            let mut slot = parker
-                .waker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match slot.as_mut() {
-                Some(kept) if kept.will_wake(waker) => {}
-                _ => *slot = Some(waker.clone()),
-            }
-        }
-        parker.parked.store(true, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
+        self.parkers[side].arm(waker);
         let (outgoing, incoming) = (&self.channels[side], &self.channels[1 - side]);
         let pending = !outgoing.send_completions.is_empty()
             || !incoming.recv_completions.is_empty()
@@ -235,7 +198,7 @@ impl PairShared {
 
     /// Withdraws `side`'s request to be woken.
     pub(crate) fn disarm(&self, side: usize) {
-        self.parkers[side].parked.store(false, Ordering::Relaxed);
+        self.parkers[side].disarm();
     }
 
     /// Wakes whichever side parked, after completions were pushed or the state changed.
