@@ -54,6 +54,8 @@ impl Side {
 struct Pair {
     sides: [Side; 2],
     now: Instant,
+    /// How far the clock moves in a step.
+    tick: Duration,
     budgets: [MemoryBudget; 2],
 }
 
@@ -105,6 +107,7 @@ impl Pair {
         Pair {
             sides,
             now,
+            tick: Duration::from_millis(1),
             budgets,
         }
     }
@@ -112,7 +115,7 @@ impl Pair {
     /// One round: progress both sides, collect their work, move every send that has a
     /// posted receive, deliver completions, collect messages. Returns whether anything moved.
     fn step(&mut self) -> bool {
-        self.now += Duration::from_millis(1);
+        self.now += self.tick;
         let mut moved = false;
         for side in &mut self.sides {
             side.core.progress(self.now);
@@ -299,6 +302,56 @@ fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole()
     // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
     // and tier 0 send buffers only.
     assert_eq!(pair.budgets[1].in_use(), 8192 * 4 + charged(128 * 4));
+}
+
+#[test]
+fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    // The clock stands still: nothing is released by time.
+    pair.tick = Duration::ZERO;
+    let big = pattern(5000, 3);
+    pair.send(0, &big);
+    while pair.sides[1].received.is_empty() {
+        assert!(pair.step(), "the segments stopped");
+    }
+    assert_eq!(pair.sides[1].received, vec![big.clone()]);
+    assert_eq!(
+        pair.sides[1].core.stats().recv_tier,
+        0,
+        "the promotion asked for with the message was answered after it"
+    );
+    pair.settle();
+    assert_eq!(pair.sides[0].core.stats().send_tier, 2, "then promoted");
+    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
+}
+
+#[test]
+fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.tick = Duration::ZERO;
+    pair.sides[1].not_reading = true;
+    pair.send(0, &pattern(5000, 4));
+    for _ in 0..200 {
+        pair.step();
+    }
+    assert_eq!(
+        pair.sides[0].core.stats().promotions,
+        0,
+        "held while the message waits to be taken"
+    );
+    pair.tick = Duration::from_micros(100);
+    for _ in 0..200 {
+        pair.step();
+    }
+    assert_eq!(
+        pair.sides[0].core.stats().send_tier,
+        2,
+        "answered once the hold was up, the message still unread"
+    );
+    assert!(pair.sides[1].received.is_empty());
+    pair.sides[1].not_reading = false;
+    pair.settle();
+    assert_eq!(pair.sides[1].received, vec![pattern(5000, 4)]);
 }
 
 #[test]

@@ -137,8 +137,10 @@ fn dropping_a_table_of_many_connections_returns_every_byte_promoted_tiers_includ
         let len = if index % 8 == 0 { 30_000 } else { 3_000 };
         exchange(a, b, &pattern(len, index as u64));
         exchange(b, a, &pattern(len, index as u64 + 1));
-        assert!(a.lock().unwrap().stats().send_tier >= 1);
-        assert!(b.lock().unwrap().stats().send_tier >= 1);
+        // The promotions land after the messages that asked for them.
+        wait_until("both ends promoted", || {
+            a.lock().unwrap().stats().send_tier >= 1 && b.lock().unwrap().stats().send_tier >= 1
+        });
     }
     assert!(
         budget.in_use() > on_tier_zero,
@@ -160,8 +162,8 @@ fn removing_and_clearing_return_every_byte_and_a_held_message_keeps_only_its_slo
     // Without a progress thread, sweeps by hand drive both sides.
     let (a, b) = &pairs[0];
     let promoted = pattern(3_000, 7);
-    // The first goes in segments while its promotion lands; the second lands whole in a
-    // receive slot of the promoted tier.
+    // The first goes in segments and its promotion lands after it; the second lands whole
+    // in a receive slot of the promoted tier.
     let exchange = || {
         loop {
             table.sweep();
@@ -179,6 +181,10 @@ fn removing_and_clearing_return_every_byte_and_a_held_message_keeps_only_its_slo
         }
     };
     assert!(!exchange().is_zero_copy());
+    wait_until("promoted", || {
+        table.sweep();
+        a.lock().unwrap().stats().send_tier >= 1
+    });
     let held = exchange();
     assert!(held.is_zero_copy() && held[..] == promoted[..]);
 
@@ -235,7 +241,9 @@ fn a_sender_that_never_calls_progress_gets_everything_delivered_in_order() {
     }
     let receiver = reader.join().unwrap();
     let sent = sender.lock().unwrap().stats();
-    assert!(sent.promotions >= 2, "{sent:?}");
+    // Promoted past tier 1: to tier 2 at once, or through tier 1 when its promotion
+    // landed before the first message past it.
+    assert!(sent.promotions >= 1 && sent.send_tier >= 2, "{sent:?}");
     assert_eq!(sent.messages_sent, 300);
     assert_eq!(receiver.lock().unwrap().stats().messages_received, 300);
     assert!(table.progress_stats().progressed > 0);

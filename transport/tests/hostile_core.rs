@@ -255,3 +255,47 @@ fn control_frames_waiting_past_the_limit_fail_the_connection() {
     );
     assert!(most_waiting <= 258, "{most_waiting} control frames waited");
 }
+
+/// The peer's control frames that arrive while one of its segmented messages is half
+/// received wait behind the message (so a first oversize message is not held up by the
+/// promotion it asked for), but a peer that leaves a message open cannot use that to
+/// park its control, or pile it up: the hold ends when its time is up, or once 16 frames
+/// wait, whichever comes first.
+#[test]
+fn control_held_behind_a_message_left_open_is_answered_in_bounded_time_and_count() {
+    let request = control(ControlMessage::Request {
+        epoch: Epoch::new(1),
+        tier: TierIndex::new(1),
+        current: Epoch::INITIAL,
+    });
+    let open_a_message = frame(FrameKind::First, (0, 0), &[7; 100], 10_000);
+
+    // Bounded in time: one request, then silence.
+    let mut victim = Victim::new();
+    victim.deliver(&open_a_message).expect("a first segment");
+    victim.deliver(&request).expect("a request");
+    assert_eq!(victim.core.stats().recv_tier, 0, "held behind the message");
+    let due = victim
+        .core
+        .poll_timeout()
+        .expect("the hold's end is a timer");
+    assert!(due <= victim.now + Duration::from_micros(250), "{due:?}");
+    victim.now = due;
+    victim.core.progress(victim.now);
+    assert_eq!(
+        victim.core.stats().recv_tier,
+        1,
+        "answered when the hold was up"
+    );
+
+    // Bounded in count: requests repeated within the hold's time.
+    let mut victim = Victim::new();
+    victim.deliver(&open_a_message).expect("a first segment");
+    for held in 1..16 {
+        victim.deliver(&request).expect("a request");
+        assert_eq!(victim.core.stats().recv_tier, 0, "{held} held");
+    }
+    victim.deliver(&request).expect("a request");
+    assert_eq!(victim.core.stats().recv_tier, 1, "answered once 16 waited");
+    assert!(victim.core.failure().is_none());
+}

@@ -9,7 +9,8 @@
 //! - [`InBand`] holds whole encoded frames only: what the controller sends waits in
 //!   `outgoing` until the connection posts it as a control frame (in order, against any
 //!   credit); a received control frame waits in `incoming` only until the next pump, which
-//!   the connection runs as soon as the frame arrives.
+//!   the connection runs as soon as the frame arrives, unless it holds the peer's control
+//!   behind a message ([`HOLD_BEHIND_MESSAGE`]).
 //! - `outgoing` holds no repeat and at most one answer
 //!   ([`enqueue_control`](tierbuf_tiers::negotiation::enqueue_control)): a frame whose copy
 //!   still waits is not queued again, and an answer takes the place of the older ones. So a
@@ -19,7 +20,7 @@
 //!   fails, blaming the peer (`PeerViolation::ControlBacklog`).
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tierbuf_tiers::controller::{ControllerError, TierController};
 use tierbuf_tiers::negotiation::enqueue_control;
@@ -33,6 +34,22 @@ use tierbuf_tiers::wire::{self, ControlMessage, MAX_FRAME_LEN};
 /// asking (each request given up and asked again adds two frames), and the connection
 /// fails rather than queue without end.
 pub(super) const MAX_WAITING_CONTROL_FRAMES: usize = 256;
+
+/// The longest the peer's in-band control frames wait behind a segmented message that
+/// was half received when they arrived (`docs/connection.md`, rule 9). A peer asks for a
+/// promotion after the first segments of the message that needs it; answering at once
+/// would put the new tier's provisioning (registration, and on shm a memory file passed
+/// and mapped) between those segments and the rest, so the message would pay for the
+/// promotion it was sent segmented to avoid. The connection answers once the message
+/// has been taken, or when this much time has passed: about what a promotion costs on
+/// shm, so a large message whose frames would grow with the new tier loses at most that
+/// much, and a peer that leaves a message open delays its control by no more.
+pub(super) const HOLD_BEHIND_MESSAGE: Duration = Duration::from_micros(250);
+
+/// The most peer control frames held behind a message: an honest peer sends one or two
+/// per message (a request, a release), so more means it is sending them to be held, and
+/// the hold ends, keeping what waits small whatever the peer sends.
+pub(super) const MAX_HELD_CONTROL_FRAMES: usize = 16;
 
 /// One encoded control frame.
 #[derive(Debug, Clone, Copy)]
@@ -147,6 +164,15 @@ impl ControlPath {
                     || controller.poll_timeout().is_some_and(|due| due <= now)
             }
             ControlPath::External(_) => true,
+        }
+    }
+
+    /// The peer's control frames waiting for the next pump (in band; none over a user's
+    /// channel).
+    pub(super) fn received(&self) -> usize {
+        match self {
+            ControlPath::InBand(in_band) => in_band.incoming.len(),
+            ControlPath::External(_) => 0,
         }
     }
 

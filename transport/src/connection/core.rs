@@ -49,7 +49,9 @@ use tierbuf_tiers::negotiator::Negotiator;
 use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
 
 use super::config::ConnectionConfig;
-use super::control::{ControlPath, InBand, MAX_WAITING_CONTROL_FRAMES};
+use super::control::{
+    ControlPath, HOLD_BEHIND_MESSAGE, InBand, MAX_HELD_CONTROL_FRAMES, MAX_WAITING_CONTROL_FRAMES,
+};
 use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
 use super::errors::{ConnectionError, PeerViolation};
 use super::header::{FrameHeader, Grant, HEADER_LEN};
@@ -207,6 +209,9 @@ pub struct ConnectionCore {
     pub(super) segmented_at: Option<Instant>,
     /// The peer's receives of a replaced tier still to consume after a send-tier change.
     pub(super) drains_owed: u32,
+    /// Until when the peer's in-band control frames wait behind a segmented message
+    /// ([`HOLD_BEHIND_MESSAGE`]); `None` when they are answered as they come.
+    pub(super) control_held_until: Option<Instant>,
     pub(super) failed: Option<Arc<ConnectionError>>,
     pub(super) stats: ConnectionStats,
 }
@@ -335,6 +340,7 @@ impl ConnectionCore {
             spare_outbox: Vec::new(),
             segmented_at: None,
             drains_owed: 0,
+            control_held_until: None,
             failed: None,
             stats: ConnectionStats::default(),
         };
@@ -350,9 +356,13 @@ impl ConnectionCore {
     }
 
     /// The next time [`ConnectionCore::progress`] must run even if nothing arrives: a
-    /// negotiation timer, or the moment the send tier may step down.
+    /// negotiation timer, the moment the send tier may step down, or the end of a hold of
+    /// the peer's control behind a message.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.tiers.poll_timeout()
+        match (self.tiers.poll_timeout(), self.control_held_until) {
+            (Some(timer), Some(held)) => Some(timer.min(held)),
+            (timer, held) => timer.or(held),
+        }
     }
 
     /// Counters and state now.
@@ -492,14 +502,44 @@ impl ConnectionCore {
     }
 
     /// Pumps the negotiation through the control path, applies the tier changes it made,
-    /// and posts the control frames it sent (in band).
+    /// and posts the control frames it sent (in band). While the peer's control is held
+    /// behind a message it only posts the frames already waiting.
     pub(super) fn pump_control(&mut self, now: Instant) {
+        if self.control_held(now) {
+            self.send_control();
+            return;
+        }
         if let Err(error) = self.control.pump(&mut self.tiers, now) {
             self.fail(ConnectionError::of_controller(error));
             return;
         }
         self.apply_changes();
         self.send_control();
+    }
+
+    /// Holds the peer's in-band control frames behind the segmented message being
+    /// received, if one is half received and none is held yet ([`HOLD_BEHIND_MESSAGE`]).
+    pub(super) fn hold_control_behind_message(&mut self, now: Instant) {
+        if self.reassembly.is_open() && self.control_held_until.is_none() {
+            self.control_held_until = Some(now + HOLD_BEHIND_MESSAGE);
+        }
+    }
+
+    /// Whether the peer's control frames are held behind a message now: until no message
+    /// is half received or waits to be taken, the hold's time is up, or
+    /// [`MAX_HELD_CONTROL_FRAMES`] wait.
+    fn control_held(&mut self, now: Instant) -> bool {
+        let Some(until) = self.control_held_until else {
+            return false;
+        };
+        if now < until
+            && (self.reassembly.is_open() || !self.delivered.is_empty())
+            && self.control.received() < MAX_HELD_CONTROL_FRAMES
+        {
+            return true;
+        }
+        self.control_held_until = None;
+        false
     }
 
     fn apply_changes(&mut self) {

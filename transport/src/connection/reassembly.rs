@@ -61,6 +61,11 @@ impl Reassembly {
         }
     }
 
+    /// Whether a segmented message is half received.
+    pub(super) fn is_open(&self) -> bool {
+        self.open.is_some()
+    }
+
     /// Checks that a `Whole` frame of `len` bytes may be delivered now.
     pub(super) fn check_whole(&self, len: u64) -> Result<(), ReassemblyError> {
         if let Some((expected, _)) = &self.open {

@@ -274,6 +274,7 @@ impl ConnectionCore {
                 ControlPath::InBand(in_band) => {
                     in_band.incoming.push_back(ControlFrame::new(payload));
                     self.recycle(slot, Urgency::Soon);
+                    self.hold_control_behind_message(now);
                     self.pump_control(now);
                     return Ok(());
                 }

@@ -288,14 +288,24 @@ impl ConnectionCore {
             Source::Borrow { .. } => self.tiers.plan_message(now, total),
         }
         .map_err(|error| self.fail_send(ConnectionError::of_controller(error)))?;
-        if self.tiers.has_transmit() {
-            // A promotion was asked for: it goes out ahead of this message's frames.
-            self.pump_control(now);
-            self.check_failed()?;
-        }
         match plan.framing {
-            Framing::Whole => self.send_whole(source, plan),
-            Framing::Segmented => Ok(self.start_segmented(now, source, plan)),
+            Framing::Whole => {
+                if self.tiers.has_transmit() {
+                    self.pump_control(now);
+                    self.check_failed()?;
+                }
+                self.send_whole(source, plan)
+            }
+            Framing::Segmented => {
+                // The promotion it asked for goes out behind the segments the credits in
+                // hand allow: the peer takes those before it provisions the tier.
+                let accepted = self.start_segmented(now, source, plan);
+                if self.tiers.has_transmit() {
+                    self.pump_control(now);
+                    self.check_failed()?;
+                }
+                Ok(accepted)
+            }
         }
     }
 
