@@ -49,7 +49,10 @@
 //!   `first_oversize` message, outside the timed part, from one provider and reservoir
 //!   for the whole group, as a service's connections are: the send regions a dropped pair
 //!   gives back are the next pair's, and the reservoir is refilled (untimed) where an shm
-//!   pair's receive regions, which its peer mapped, were deregistered.
+//!   pair's receive regions, which its peer mapped, were deregistered. `first_fitting`
+//!   is the like-for-like reference: the same message as the first of a fresh pair whose
+//!   only tier holds it whole, so no promotion is needed; a fresh pair's first message
+//!   pays for what its first use touches, whatever its size.
 //!
 //! The ladder's top tier holds 64 KiB whole, so 1 MiB travels as 16+ frames and is
 //! reassembled (segmentation). Every connection is warmed first, so the measured messages
@@ -529,14 +532,14 @@ fn promotion(c: &mut Criterion) {
     pin_to_core(0);
     let mut group = c.benchmark_group("transport/promotion");
     let loopback = LoopbackProvider::new(MemoryBudget::with_cap(BUDGET));
-    let configs = [ladder(), smallest_tier_only()]
+    let configs = [ladder(), tier_alone(0), tier_alone(1)]
         .map(|ladder| config_and_reservoir_for(ladder, loopback.registrar()));
     promotion_over(&mut group, "loopback", &configs, |config, reservoir| {
         let (a, b) = loopback.pair(DEPTH, DEPTH).expect("a loopback pair");
         (connect(config, reservoir, a), connect(config, reservoir, b))
     });
     let shm = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
-    let configs = [ladder(), smallest_tier_only()]
+    let configs = [ladder(), tier_alone(0), tier_alone(1)]
         .map(|ladder| config_and_reservoir_for(ladder, shm.registrar()));
     promotion_over(&mut group, "shm", &configs, |config, reservoir| {
         let (a, b) = shm.pair(DEPTH, DEPTH).expect("a shm pair");
@@ -545,17 +548,18 @@ fn promotion(c: &mut Criterion) {
     group.finish();
 }
 
-/// The bench ladder's smallest tier alone: a connection on it sends in segments what a
-/// promoted one sends whole.
-fn smallest_tier_only() -> Arc<TierLadder> {
+/// The bench ladder's tier `index` alone: on tier 0, a connection sends in segments what
+/// a promoted one sends whole; on tier 1, a fresh connection sends the promotion bench's
+/// message whole from its first message on.
+fn tier_alone(index: usize) -> Arc<TierLadder> {
     let ladder = ladder();
-    let smallest = &ladder.tiers()[0];
+    let tier = &ladder.tiers()[index];
     Arc::new(
         TierLadder::builder()
             .tier(
-                smallest.slot_size(),
-                smallest.slot_count(),
-                smallest.promote_threshold(),
+                tier.slot_size(),
+                tier.slot_count(),
+                tier.promote_threshold(),
             )
             .reservoir_regions(4)
             .build()
@@ -563,17 +567,24 @@ fn smallest_tier_only() -> Arc<TierLadder> {
     )
 }
 
-/// `first_oversize/PROVIDER`, `already_promoted/PROVIDER` and `segmented/PROVIDER` over
-/// pairs from `connect_pair`, all drawn from one provider and reservoir, as a service's
-/// connections are: the first two on the bench ladder (`configs[0]`), the last on its
-/// smallest tier alone (`configs[1]`), which sends the message in segments every time.
+/// `first_oversize/PROVIDER`, `already_promoted/PROVIDER`, `segmented/PROVIDER` and
+/// `first_fitting/PROVIDER` over pairs from `connect_pair`, all drawn from one provider
+/// and reservoir per ladder, as a service's connections are: the first two on the bench
+/// ladder (`configs[0]`), `segmented` on its smallest tier alone (`configs[1]`), which
+/// sends the message in segments every time, and `first_fitting` on its 8 KiB tier alone
+/// (`configs[2]`): the first message of a fresh connection that needs no promotion, the
+/// like-for-like reference of `first_oversize`.
 fn promotion_over<E: Endpoint>(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     provider: &str,
-    configs: &[(Arc<ConnectionConfig>, Arc<Reservoir>); 2],
+    configs: &[(Arc<ConnectionConfig>, Arc<Reservoir>); 3],
     connect_pair: impl Fn(&Arc<ConnectionConfig>, &Arc<Reservoir>) -> (Connection<E>, Connection<E>),
 ) {
-    let [(tiered, tiered_reservoir), (one_tier, one_tier_reservoir)] = configs;
+    let [
+        (tiered, tiered_reservoir),
+        (one_tier, one_tier_reservoir),
+        (fitting, fitting_reservoir),
+    ] = configs;
     let make_pair = || connect_pair(tiered, tiered_reservoir);
     let mut bytes = message(PROMOTION_SIZE);
     stamp(&mut bytes, 0);
@@ -594,6 +605,20 @@ fn promotion_over<E: Endpoint>(
                     a.progress().expect("progress");
                     b.progress().expect("progress");
                 }
+            }
+            total
+        })
+    });
+    group.bench_function(BenchmarkId::new("first_fitting", provider), |bench| {
+        bench.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                fitting_reservoir.fill().expect("refill the reservoir");
+                let (mut a, mut b) = connect_pair(fitting, fitting_reservoir);
+                let start = Instant::now();
+                deliver(&mut a, &mut b, &bytes, 0);
+                total += start.elapsed();
+                assert_eq!(a.stats().messages_segmented, 0, "sent whole");
             }
             total
         })
