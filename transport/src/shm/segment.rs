@@ -459,7 +459,9 @@ impl<'s, const N: usize> Ring<'s, N> {
     /// The words go in from the last: the tail on the entry's second cache line, then
     /// the first line's words and the result back to back, so the receiver's polls of the
     /// first line do not take it away between the sender's stores to it. Each word is
-    /// read straight from the part it lies in (`word_at`) and stored: no copy of the
+    /// read straight from the part it lies in and stored (a part that starts on a word
+    /// boundary is stored word by word; a word that spans parts is gathered by `word_at`):
+    /// no copy of the
     /// message stands between the sender's bytes and the entry, so the stores wait for
     /// nothing but those bytes (`docs/transport.md`, "What the 64 B round trip is made
     /// of").
@@ -478,8 +480,18 @@ impl<'s, const N: usize> Ring<'s, N> {
             carried <= INLINE_WORDS,
             "an inline message past its capacity"
         );
-        for (index, word) in entry.inline[..carried].iter().enumerate().rev() {
-            word.store(word_at(parts, index * 8), Ordering::Relaxed);
+        if parts.iter().rev().skip(1).all(|part| part.len() % 8 == 0) {
+            // Every part starts on a word of the message (a connection's frame: a header
+            // of whole words, then the payload): each word is a load from one part.
+            let mut end = len;
+            for part in parts.iter().rev() {
+                end -= part.len();
+                store_words_from_last(&entry.inline[end / 8..], part);
+            }
+        } else {
+            for (index, word) in entry.inline[..carried].iter().enumerate().rev() {
+                word.store(word_at(parts, index * 8), Ordering::Relaxed);
+            }
         }
         self.publish(entry, FILLED_INLINE, len as u32)
     }
@@ -558,6 +570,20 @@ impl<'s, const N: usize> Ring<'s, N> {
             FILLED_UNREACHABLE => Ok(Filled::Unreachable),
             unknown => Err(unknown),
         })
+    }
+}
+
+/// Stores `bytes` into the first of `words`, eight bytes a word and the last padded with
+/// zeroes, from the last word to the first (the order [`Ring::deliver_inline`] keeps).
+fn store_words_from_last(words: &[AtomicU64], bytes: &[u8]) {
+    let (whole, tail) = bytes.as_chunks::<8>();
+    if !tail.is_empty() {
+        let mut last = [0u8; 8];
+        last[..tail.len()].copy_from_slice(tail);
+        words[whole.len()].store(u64::from_ne_bytes(last), Ordering::Relaxed);
+    }
+    for (word, chunk) in words.iter().zip(whole).rev() {
+        word.store(u64::from_ne_bytes(*chunk), Ordering::Relaxed);
     }
 }
 
