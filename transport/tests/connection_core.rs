@@ -304,25 +304,47 @@ fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole()
     assert_eq!(pair.budgets[1].in_use(), 8192 * 4 + charged(128 * 4));
 }
 
+/// A first oversize message whose rest the receives posted can take is delivered
+/// before its promotion is provisioned (`docs/connection.md`, rule 9).
 #[test]
 fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion() {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
     // The clock stands still: nothing is released by time.
     pair.tick = Duration::ZERO;
-    let big = pattern(5000, 3);
-    pair.send(0, &big);
+    // Six frames of tier 0: three go before the request, three after it.
+    let first = pattern(600, 3);
+    pair.send(0, &first);
     while pair.sides[1].received.is_empty() {
         assert!(pair.step(), "the segments stopped");
     }
-    assert_eq!(pair.sides[1].received, vec![big.clone()]);
+    assert_eq!(pair.sides[1].received, vec![first]);
     assert_eq!(
         pair.sides[1].core.stats().recv_tier,
         0,
         "the promotion asked for with the message was answered after it"
     );
     pair.settle();
-    assert_eq!(pair.sides[0].core.stats().send_tier, 2, "then promoted");
-    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
+    assert_eq!(pair.sides[0].core.stats().send_tier, 1, "then promoted");
+    assert_eq!(pair.sides[1].core.stats().recv_tier, 1);
+}
+
+/// A message whose rest needs more than the receives posted is not held up for: the
+/// promotion goes ahead while it arrives, and its later frames are of the new tier.
+#[test]
+fn a_message_longer_than_the_receives_posted_does_not_hold_up_its_promotion() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.tick = Duration::ZERO;
+    let long = pattern(5000, 5);
+    pair.send(0, &long);
+    while pair.sides[1].received.is_empty() {
+        assert!(pair.step(), "the segments stopped");
+    }
+    assert_eq!(pair.sides[1].received, vec![long]);
+    assert_eq!(
+        pair.sides[1].core.stats().recv_tier,
+        2,
+        "provisioned while the message arrived"
+    );
 }
 
 #[test]
@@ -330,7 +352,7 @@ fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
     pair.tick = Duration::ZERO;
     pair.sides[1].not_reading = true;
-    pair.send(0, &pattern(5000, 4));
+    pair.send(0, &pattern(600, 4));
     for _ in 0..200 {
         pair.step();
     }
@@ -345,13 +367,13 @@ fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
     }
     assert_eq!(
         pair.sides[0].core.stats().send_tier,
-        2,
+        1,
         "answered once the hold was up, the message still unread"
     );
     assert!(pair.sides[1].received.is_empty());
     pair.sides[1].not_reading = false;
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![pattern(5000, 4)]);
+    assert_eq!(pair.sides[1].received, vec![pattern(600, 4)]);
 }
 
 #[test]

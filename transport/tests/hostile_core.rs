@@ -268,7 +268,7 @@ fn control_held_behind_a_message_left_open_is_answered_in_bounded_time_and_count
         tier: TierIndex::new(1),
         current: Epoch::INITIAL,
     });
-    let open_a_message = frame(FrameKind::First, (0, 0), &[7; 100], 10_000);
+    let open_a_message = frame(FrameKind::First, (0, 0), &[7; 100], 2_000);
 
     // Bounded in time: one request, then silence.
     let mut victim = Victim::new();

@@ -36,14 +36,14 @@ use tierbuf_tiers::wire::{self, ControlMessage, MAX_FRAME_LEN};
 pub(super) const MAX_WAITING_CONTROL_FRAMES: usize = 256;
 
 /// The longest the peer's in-band control frames wait behind a segmented message that
-/// was half received when they arrived (`docs/connection.md`, rule 9). A peer asks for a
-/// promotion after the first segments of the message that needs it; answering at once
-/// would put the new tier's provisioning (registration, and on shm a memory file passed
-/// and mapped) between those segments and the rest, so the message would pay for the
-/// promotion it was sent segmented to avoid. The connection answers once the message
-/// has been taken, or when this much time has passed: about what a promotion costs on
-/// shm, so a large message whose frames would grow with the new tier loses at most that
-/// much, and a peer that leaves a message open delays its control by no more.
+/// was half received when they arrived, with no more to come than the receives posted
+/// can take (`docs/connection.md`, rule 9). A peer asks for a promotion after the first
+/// segments of the message that needs it; answering at once would put the new tier's
+/// provisioning (registration, and on shm a memory file passed and mapped) between those
+/// segments and the rest, so the message would pay for the promotion it was sent
+/// segmented to avoid. The connection answers once the message has been taken, or when
+/// this much time has passed, so a receiver that is not reading, or a peer that leaves a
+/// message open, delays the answers by no more.
 pub(super) const HOLD_BEHIND_MESSAGE: Duration = Duration::from_micros(250);
 
 /// The most peer control frames held behind a message: an honest peer sends one or two

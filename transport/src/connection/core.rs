@@ -518,9 +518,21 @@ impl ConnectionCore {
     }
 
     /// Holds the peer's in-band control frames behind the segmented message being
-    /// received, if one is half received and none is held yet ([`HOLD_BEHIND_MESSAGE`]).
+    /// received ([`HOLD_BEHIND_MESSAGE`]), if one is half received, none is held yet, and
+    /// the receives posted now can take the rest of it: a message that needs more credit
+    /// turns than that would outlast the hold, and is better served by the promotion
+    /// going ahead (its later frames grow with the new tier).
     pub(super) fn hold_control_behind_message(&mut self, now: Instant) {
-        if self.reassembly.is_open() && self.control_held_until.is_none() {
+        let Some(remaining) = self.reassembly.remaining() else {
+            return;
+        };
+        let frame = self
+            .config
+            .capacity()
+            .frame(self.tiers.recv_tier())
+            .unwrap_or(0);
+        let window = (self.posted.len() * frame) as u64;
+        if remaining <= window && self.control_held_until.is_none() {
             self.control_held_until = Some(now + HOLD_BEHIND_MESSAGE);
         }
     }
@@ -533,7 +545,7 @@ impl ConnectionCore {
             return false;
         };
         if now < until
-            && (self.reassembly.is_open() || !self.delivered.is_empty())
+            && (self.reassembly.remaining().is_some() || !self.delivered.is_empty())
             && self.control.received() < MAX_HELD_CONTROL_FRAMES
         {
             return true;

@@ -61,9 +61,11 @@ impl Reassembly {
         }
     }
 
-    /// Whether a segmented message is half received.
-    pub(super) fn is_open(&self) -> bool {
-        self.open.is_some()
+    /// The bytes still to come of the segmented message half received, if one is.
+    pub(super) fn remaining(&self) -> Option<u64> {
+        self.open
+            .as_ref()
+            .map(|(expected, received)| expected.saturating_sub(received.len() as u64))
     }
 
     /// Checks that a `Whole` frame of `len` bytes may be delivered now.
