@@ -693,6 +693,7 @@ impl TierController {
     }
 
     /// Retires replaced tiers whose slots are all back; returns how many.
+    #[inline]
     pub fn reclaim(&self) -> usize {
         self.send_region.reclaim() + self.recv_region.reclaim()
     }

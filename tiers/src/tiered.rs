@@ -300,10 +300,17 @@ impl TieredRegion {
     /// Retires every replaced tier that the peer no longer uses and whose slots are all
     /// back; returns how many it retired. Their regions go back to the reservoir (or are
     /// deregistered) once no cache points at them either.
+    #[inline]
     pub fn reclaim(&self) -> usize {
+        // Asked at every progress of a connection, nearly always with nothing replaced.
         if self.replaced_len.load(Ordering::Acquire) == 0 {
             return 0;
         }
+        self.retire_replaced()
+    }
+
+    /// [`TieredRegion::reclaim`]'s work once some tier is replaced.
+    fn retire_replaced(&self) -> usize {
         let mut retired = Vec::new();
         let mut replaced = lock(&self.replaced);
         replaced.retain(|replaced| {
