@@ -212,6 +212,8 @@ pub struct ConnectionCore {
     /// Until when the peer's in-band control frames wait behind a segmented message
     /// ([`HOLD_BEHIND_MESSAGE`]); `None` when they are answered as they come.
     pub(super) control_held_until: Option<Instant>,
+    /// Whether a send that carried message bytes completed with an error.
+    pub(super) lost_data: bool,
     pub(super) failed: Option<Arc<ConnectionError>>,
     pub(super) stats: ConnectionStats,
 }
@@ -341,6 +343,7 @@ impl ConnectionCore {
             segmented_at: None,
             drains_owed: 0,
             control_held_until: None,
+            lost_data: false,
             failed: None,
             stats: ConnectionStats::default(),
         };

@@ -8,10 +8,17 @@
 //!   after its completion. That is the contract `Endpoint::post_recv` and
 //!   `Endpoint::post_send` ask of their callers.
 //! - Work the endpoint refuses for a full queue is kept, in order, and posted first at the
-//!   next progress; work refused for any other reason fails the connection. A refusal
+//!   next progress; work refused for any other reason fails the connection, and that
+//!   request and every one kept are given back to the core as flushed (a send that
+//!   carried message bytes counts as not delivered). A refusal
 //!   because the connection is already broken says nothing of why, so the endpoint's own
 //!   report (what its next poll returns: the peer died, broke the protocol, stalled) is
 //!   the failure kept, when it has one.
+//! - A failure is reported only after the completions the endpoint held when it was
+//!   found have been taken: a pass that finds one (a post the closed peer refused, a
+//!   flushed receive) polls the endpoint again, so the frames that landed ahead of the
+//!   peer's close are delivered before the close is reported, however the endpoint split
+//!   its completions between polls.
 //! - A send the core hands out to be copied from the caller's message
 //!   ([`WorkRequest::PostSendCopied`]) is settled within the call that gave the message:
 //!   posted from the message if the endpoint takes it at once, otherwise written into its
@@ -114,8 +121,38 @@ impl<E: Endpoint> Connection<E> {
         let now = Instant::now();
         self.last_now = now;
         self.core.progress(now);
+        let was_failed = self.core.failure().is_some();
         let mut done = self.post_work();
-        let mut taken = 0;
+        let (taken, posted) = self.take_completions(now);
+        done += posted;
+        // With no completion taken the core's state is what its first pass left: a second
+        // pass would find nothing to do, and an idle wait runs this loop back to back.
+        if taken > 0 {
+            self.core.progress(now);
+            done += taken + self.post_work();
+        }
+        if self.senders.is_some() {
+            done += self.post_queued(now);
+        }
+        // A failure found in this pass may have come before completions the endpoint
+        // still holds (module invariants).
+        if !was_failed && self.core.failure().is_some() {
+            done += self.take_completions(now).0;
+        }
+        #[cfg(feature = "tokio")]
+        if done > 0 {
+            self.progress_made += 1;
+        }
+        match self.core.failure() {
+            Some(error) => Err(Arc::clone(error)),
+            None => Ok(done),
+        }
+    }
+
+    /// Takes every completion the endpoint has ready and hands each to the core; returns
+    /// how many it took and how many work requests it posted meanwhile.
+    fn take_completions(&mut self, now: Instant) -> (usize, usize) {
+        let (mut taken, mut posted) = (0, 0);
         loop {
             let ready = match self.endpoint.poll(&mut self.completions) {
                 Ok(ready) => ready,
@@ -132,7 +169,7 @@ impl<E: Endpoint> Connection<E> {
                     Opcode::Recv => WorkKind::Recv,
                 };
                 if completion.status.is_success() {
-                    // A failure is recorded in the core and reported below.
+                    // A failure is recorded in the core and reported by the caller.
                     let _ = self.core.handle_completion(
                         now,
                         kind,
@@ -144,34 +181,19 @@ impl<E: Endpoint> Connection<E> {
                     // while this side copies.
                     if self.core.owes_credit() {
                         self.core.progress(now);
-                        done += self.post_work();
+                        posted += self.post_work();
                     }
                 } else {
                     let error = self.completion_error(kind, completion);
                     self.core.fail(error);
+                    self.core.handle_failed_completion(kind, completion.wr_id);
                 }
             }
             if ready < POLL_BATCH {
                 break;
             }
         }
-        // With no completion taken the core's state is what its first pass left: a second
-        // pass would find nothing to do, and an idle wait runs this loop back to back.
-        if taken > 0 {
-            self.core.progress(now);
-            done += taken + self.post_work();
-        }
-        if self.senders.is_some() {
-            done += self.post_queued(now);
-        }
-        #[cfg(feature = "tokio")]
-        if done > 0 {
-            self.progress_made += 1;
-        }
-        match self.core.failure() {
-            Some(error) => Err(Arc::clone(error)),
-            None => Ok(done),
-        }
+        (taken, posted)
     }
 
     /// The error for a work request that completed with an error status: a flush after
@@ -199,6 +221,7 @@ impl<E: Endpoint> Connection<E> {
     /// is settled before this returns (module invariants).
     fn post_work_from(&mut self, message: &[u8]) -> usize {
         let mut posted_count = 0;
+        let mut refused_for_good = false;
         while let Some(work) = self.unposted.pop_front().or_else(|| self.core.poll_work()) {
             match self.post_one(work, message) {
                 Ok(()) => posted_count += 1,
@@ -206,8 +229,10 @@ impl<E: Endpoint> Connection<E> {
                     self.unposted.push_front(kept);
                     break;
                 }
-                Err((error, _)) => {
+                Err((error, refused)) => {
                     self.fail_posting(error);
+                    self.take_back(refused);
+                    refused_for_good = true;
                     break;
                 }
             }
@@ -217,7 +242,29 @@ impl<E: Endpoint> Connection<E> {
             let work = self.settle_uncopied(work, message);
             self.unposted.push_back(work);
         }
+        // Nothing is posted once the endpoint refused for good: what waits is taken back
+        // as if flushed.
+        if refused_for_good {
+            while let Some(work) = self.unposted.pop_front() {
+                self.take_back(work);
+            }
+        }
         posted_count
+    }
+
+    /// Gives the core back a request that will never be posted, as a flushed one.
+    fn take_back(&mut self, work: WorkRequest) {
+        match work {
+            WorkRequest::PostRecv { wr_id, .. } => {
+                self.core.handle_failed_completion(WorkKind::Recv, wr_id);
+            }
+            WorkRequest::PostSend { wr_id, .. } => {
+                self.core.handle_failed_completion(WorkKind::Send, wr_id);
+            }
+            WorkRequest::PostSendCopied(frame) => {
+                self.core.handle_failed_completion(WorkKind::Send, frame.wr_id);
+            }
+        }
     }
 
     /// Fails the connection for a post the endpoint refused with `error` (module
@@ -777,9 +824,10 @@ impl<E: Endpoint> Connection<E> {
         taken
     }
 
-    /// Whether everything accepted has been posted and every send has completed.
+    /// Whether everything accepted has been posted and every send has completed, none
+    /// that carried message bytes with an error: everything accepted reached the peer.
     pub(super) fn is_flushed(&self) -> bool {
-        self.core.is_idle() && self.unposted.is_empty()
+        self.core.is_idle() && self.unposted.is_empty() && !self.core.lost_data()
     }
 
     /// Whether a delivered message waits to be taken.

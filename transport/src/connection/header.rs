@@ -31,6 +31,14 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
+    /// Whether a frame of this kind carries (part of) a message.
+    pub(super) fn carries_data(self) -> bool {
+        matches!(
+            self,
+            FrameKind::Whole | FrameKind::First | FrameKind::Middle | FrameKind::Last
+        )
+    }
+
     fn from_byte(byte: u8) -> Option<FrameKind> {
         Some(match byte {
             1 => FrameKind::Whole,

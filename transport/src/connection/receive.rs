@@ -183,6 +183,32 @@ impl ConnectionCore {
         }
     }
 
+    /// Takes back the request of a completion with an error status (a flush, once the
+    /// connection is down), freeing its slot; a send that carried message bytes is
+    /// remembered as not delivered ([`ConnectionCore::lost_data`]).
+    pub(crate) fn handle_failed_completion(&mut self, kind: WorkKind, wr_id: u64) {
+        match kind {
+            WorkKind::Recv => drop(self.posted.try_remove(wr_id as usize)),
+            WorkKind::Send => {
+                let Some(slot) = self.sending.try_remove(wr_id as usize) else {
+                    return;
+                };
+                // A send copied from the caller's message holds no slot: it was data.
+                let data = slot.as_ref().is_none_or(|slot| {
+                    FrameHeader::decode(&slot[..HEADER_LEN.min(slot.len())])
+                        .is_ok_and(|header| header.kind.carries_data())
+                });
+                self.lost_data |= data;
+            }
+        }
+    }
+
+    /// Whether a send that carried message bytes completed with an error: something
+    /// accepted did not reach the peer.
+    pub(crate) fn lost_data(&self) -> bool {
+        self.lost_data
+    }
+
     /// A receive that completed with a frame after the connection failed for the peer's
     /// orderly close. The completions of a poll come in no set order (a send of this
     /// side's flushed by the close may come first), so the close can be found before
@@ -193,12 +219,8 @@ impl ConnectionCore {
         let Some(slot) = self.posted.try_remove(wr_id as usize) else {
             return;
         };
-        let data = FrameHeader::decode(&slot[..len.min(slot.len())]).is_ok_and(|header| {
-            matches!(
-                header.kind,
-                FrameKind::Whole | FrameKind::First | FrameKind::Middle | FrameKind::Last
-            )
-        });
+        let data = FrameHeader::decode(&slot[..len.min(slot.len())])
+            .is_ok_and(|header| header.kind.carries_data());
         if data {
             // A frame that breaks the protocol delivers nothing; the close stays the
             // connection's failure.

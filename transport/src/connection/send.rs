@@ -301,8 +301,9 @@ impl ConnectionCore {
                 // hand allow: the peer takes those before it provisions the tier.
                 let accepted = self.start_segmented(now, source, plan);
                 if self.tiers.has_transmit() {
+                    // The message is taken: a failure found now is the next call's to
+                    // report.
                     self.pump_control(now);
-                    self.check_failed()?;
                 }
                 Ok(accepted)
             }

@@ -10,7 +10,10 @@
 //!   queue seen non-empty stays non-empty until the holder pops it, and sends and
 //!   receives are paired strictly in posting order.
 //! - Completions are pushed only by the claim holder, in the order requests are paired
-//!   or flushed, so each completion queue is in posting order. A completion queue is as
+//!   or flushed, so each completion queue is in posting order. A pair's receive
+//!   completion is pushed before its send completion, so a sender that has seen its send
+//!   complete, and closes, leaves the message's completion already queued for the
+//!   receiver, ahead of the flushes its close adds. A completion queue is as
 //!   deep as its work queue, and an endpoint counts a request outstanding from its post
 //!   until its completion is polled, refusing posts past the depth: so queued requests
 //!   plus queued completions never pass the depth, and no push can fail.
@@ -299,8 +302,10 @@ impl PairShared {
             if !delivery.send_status.is_success() {
                 self.state.break_connection();
             }
-            channel.complete_send(send.wr_id, delivery.send_status);
+            // The receive's completion first: whoever sees the send complete (and closes,
+            // say) finds the message's completion queued on the receiving side.
             channel.complete_recv(recv.wr_id, delivery.byte_len, delivery.recv_status);
+            channel.complete_send(send.wr_id, delivery.send_status);
         }
     }
 }
