@@ -3,19 +3,16 @@
 //! delivered, then the close is reported; and a side whose only sends the close refused
 //! were frames of its own (credits), not message bytes, has nothing unflushed.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
-use std::time::Instant;
+mod pairs;
 
-use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
+use std::collections::VecDeque;
+
+use pairs::PairProvider;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionError,
-};
+use tierbuf_transport::connection::{Connection, ConnectionError};
 use tierbuf_transport::{
-    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackProvider, Opcode,
-    Outstanding, PostError, Provider, TransportError,
+    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackEndpoint,
+    LoopbackProvider, Opcode, Outstanding, PostError, TransportError,
 };
 
 /// An endpoint that hands out the completions of the one it wraps sorted by outcome:
@@ -102,43 +99,16 @@ impl<E: Endpoint> Endpoint for Reordering<E> {
     }
 }
 
-fn ladder() -> Arc<TierLadder> {
-    Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .reservoir_regions(1)
-            .build()
-            .unwrap(),
-    )
-}
-
-/// A pair of connections on `ladder()`, the first over `wrap` of its endpoint.
-fn pair<E: Endpoint>(
-    wrap: impl FnOnce(tierbuf_transport::LoopbackEndpoint) -> E,
-) -> (
-    Connection<E>,
-    Connection<tierbuf_transport::LoopbackEndpoint>,
-) {
-    let provider = LoopbackProvider::new(MemoryBudget::with_cap(16 << 20));
-    let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
-    let (a, b) = provider.pair(32, 32).unwrap();
-    (
-        Connection::new(core(), wrap(a)).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+/// A pair on one small tier, the receiving end over `wrap` of its endpoint.
+fn pair<W: Endpoint>(
+    wrap: impl FnOnce(LoopbackEndpoint) -> W,
+) -> (Connection<W>, Connection<LoopbackEndpoint>) {
+    let ladder = TierLadder::builder()
+        .tier(256, 8, 240)
+        .reservoir_regions(1)
+        .build()
+        .unwrap();
+    pairs::connections_wrapping(&LoopbackProvider::make(), ladder, wrap)
 }
 
 /// Sends `count` messages on `sending`, waits until they are through, and closes it.

@@ -262,7 +262,8 @@ impl<E: Endpoint> Connection<E> {
                 self.core.handle_failed_completion(WorkKind::Send, wr_id);
             }
             WorkRequest::PostSendCopied(frame) => {
-                self.core.handle_failed_completion(WorkKind::Send, frame.wr_id);
+                self.core
+                    .handle_failed_completion(WorkKind::Send, frame.wr_id);
             }
         }
     }

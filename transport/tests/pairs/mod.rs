@@ -1,4 +1,5 @@
-//! Connected pairs for the tests of waiting (`readiness`, `senders`, `tokio_connection`):
+//! Connected pairs for the tests of waiting (`readiness`, `senders`, `tokio_connection`)
+//! and of a peer's close (`peer_close`):
 //! providers whose endpoints come in pairs, and connections over them on a ladder.
 
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
-use tierbuf_transport::{LoopbackProvider, Provider, ShmProvider};
+use tierbuf_transport::{Endpoint, LoopbackProvider, Provider, ShmProvider};
 
 /// A provider whose endpoints come in connected pairs.
 pub(crate) trait PairProvider: Provider<Endpoint: 'static + Unpin> {
@@ -55,25 +56,37 @@ pub(crate) fn demoting_ladder(demote_after: Duration) -> TierLadder {
 }
 
 /// A connected pair of connections on `ladder`, sharing one reservoir.
+#[allow(dead_code)] // Not every test binary takes both ends as they come.
 pub(crate) fn connections<P: PairProvider>(
     provider: &P,
     ladder: TierLadder,
 ) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
+    connections_wrapping(provider, ladder, |endpoint| endpoint)
+}
+
+/// [`connections`], the first over `wrap` of its endpoint.
+pub(crate) fn connections_wrapping<P: PairProvider, W: Endpoint>(
+    provider: &P,
+    ladder: TierLadder,
+    wrap: impl FnOnce(P::Endpoint) -> W,
+) -> (Connection<W>, Connection<P::Endpoint>) {
     let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
     let reservoir = Arc::new(Reservoir::new(
         provider.registrar(),
         Arc::clone(config.ladder()),
     ));
     let (a, b) = provider.connect_pair(config.queue_depth());
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
+    let core = || {
+        ConnectionCore::new(
             Arc::clone(&config),
             Arc::clone(&reservoir),
             Arc::clone(&reservoir),
             Instant::now(),
         )
-        .unwrap();
-        Connection::new(core, endpoint).unwrap()
+        .unwrap()
     };
-    (connect(a), connect(b))
+    (
+        Connection::new(core(), wrap(a)).unwrap(),
+        Connection::new(core(), b).unwrap(),
+    )
 }
