@@ -33,9 +33,10 @@
 //!
 //! - A slot given back while the connection's thread is parked wakes it, so a message
 //!   dropped on another thread gets its receive reposted (and granted to the peer) without
-//!   waiting for another event: the connection's thread arms its [`Parker`] and then
-//!   looks at the queue; a give-back pushes, fences (`SeqCst`), and then wakes the
-//!   parker, whose invariants make sure one of the two looks sees the other's write.
+//!   waiting for another event: the connection's thread arms its `Parker`
+//!   (`crate::parker`) and then looks at the queue; a give-back pushes, fences
+//!   (`SeqCst`), and then wakes the parker, whose invariants make sure one of the two
+//!   looks sees the other's write.
 //!
 //! The loom model `connection_models::returned_slots_across_threads` checks these on the
 //! shipped code, with the planted bug `Bug::LentCountLoadThenStore` as its broken variant.

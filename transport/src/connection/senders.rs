@@ -16,10 +16,10 @@
 //!   in force then; otherwise it sends the message's bytes as any other message (through
 //!   a promotion or in segments) and the slot goes back to its pool.
 //! - **A queued item wakes a parked connection.** The connection's thread arms the
-//!   queue's [`Parker`] before it sleeps and then looks at the queue; a sender pushes,
-//!   fences (`SeqCst`) and then wakes the parker. By the parker's invariants one of the
-//!   two looks sees the other's write, so an item is never left queued while the
-//!   connection sleeps.
+//!   queue's `Parker` (`crate::parker`) before it sleeps and then looks at the queue; a
+//!   sender pushes, fences (`SeqCst`) and then wakes the parker. By the parker's
+//!   invariants one of the two looks sees the other's write, so an item is never left
+//!   queued while the connection sleeps.
 //! - **The queue is bounded.** At most `limit` items wait; past that a sender waits (or
 //!   [`Sender::try_send`] reports [`WouldBlock::SendersQueueFull`]) until the connection
 //!   takes some, so senders faster than the peer cannot grow memory without bound.

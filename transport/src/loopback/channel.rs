@@ -31,10 +31,10 @@
 //! - A queued request holds strong references to the regions it names, so the memory a
 //!   copy touches is mapped for the whole copy (see `registry`).
 //! - A parked side is woken by the next completion for it: a side about to sleep arms
-//!   its [`Parker`] and then looks for completions and state; a claim holder that has
-//!   pushed completions, or a closer that changed the state, fences (`SeqCst`) and then
-//!   wakes both sides' parkers. The parker's invariants make sure no wake is lost; a
-//!   spurious one costs the woken side one empty poll.
+//!   its `Parker` (`crate::parker`) and then looks for completions and state; a claim
+//!   holder that has pushed completions, or a closer that changed the state, fences
+//!   (`SeqCst`) and then wakes both sides' parkers. The parker's invariants make sure no
+//!   wake is lost; a spurious one costs the woken side one empty poll.
 
 use std::task::Waker;
 
