@@ -34,13 +34,8 @@ impl Parker {
     /// Asks for `waker` to be woken at the next [`Parker::wake`]. The caller looks for
     /// what it waits for after this returns and sleeps only if it finds nothing.
     pub(crate) fn arm(&self, waker: &Waker) {
-        {
-            let mut slot = self.waker.lock().unwrap_or_else(PoisonError::into_inner);
-            match slot.as_mut() {
-                Some(kept) if kept.will_wake(waker) => {}
-                _ => *slot = Some(waker.clone()),
-            }
-        }
+        // Every arm is followed by a disarm, which drops the waker: none is kept to reuse.
+        *self.waker.lock().unwrap_or_else(PoisonError::into_inner) = Some(waker.clone());
         self.parked.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
     }

@@ -312,14 +312,8 @@ fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion()
     // The clock stands still: nothing is released by time.
     pair.tick = Duration::ZERO;
     // Six frames of tier 0: three go before the request, three after it.
-    let first = pattern(600, 3);
-    pair.send(0, &first);
-    while pair.sides[1].received.is_empty() {
-        assert!(pair.step(), "the segments stopped");
-    }
-    assert_eq!(pair.sides[1].received, vec![first]);
     assert_eq!(
-        pair.sides[1].core.stats().recv_tier,
+        recv_tier_at_delivery(&mut pair, &pattern(600, 3)),
         0,
         "the promotion asked for with the message was answered after it"
     );
@@ -334,17 +328,22 @@ fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion()
 fn a_message_longer_than_the_receives_posted_does_not_hold_up_its_promotion() {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
     pair.tick = Duration::ZERO;
-    let long = pattern(5000, 5);
-    pair.send(0, &long);
-    while pair.sides[1].received.is_empty() {
-        assert!(pair.step(), "the segments stopped");
-    }
-    assert_eq!(pair.sides[1].received, vec![long]);
     assert_eq!(
-        pair.sides[1].core.stats().recv_tier,
+        recv_tier_at_delivery(&mut pair, &pattern(5000, 5)),
         2,
         "provisioned while the message arrived"
     );
+}
+
+/// Sends `message` from side 0, steps until side 1 has it (and checks it), and returns
+/// side 1's receive tier at that moment.
+fn recv_tier_at_delivery(pair: &mut Pair, message: &[u8]) -> u8 {
+    pair.send(0, message);
+    while pair.sides[1].received.is_empty() {
+        assert!(pair.step(), "the segments stopped");
+    }
+    assert_eq!(pair.sides[1].received, vec![message.to_vec()]);
+    pair.sides[1].core.stats().recv_tier
 }
 
 #[test]

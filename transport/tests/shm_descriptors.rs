@@ -8,13 +8,26 @@
 //!
 //! One test in its own binary: it counts the whole process's descriptors.
 
-use tierbuf_transport::Transport;
+use tierbuf_transport::connection::Connection;
+use tierbuf_transport::{ShmEndpoint, Transport};
 
 /// This process's open file descriptors.
 fn open_files() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
         .count()
+}
+
+/// Waits 20 ms for a message that never comes: long enough that the calling thread
+/// sleeps in the wait, not only spins.
+fn sleep_on(connection: &mut Connection<ShmEndpoint>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    assert!(
+        connection
+            .recv_deadline(deadline)
+            .expect("a quiet wait")
+            .is_none()
+    );
 }
 
 #[test]
@@ -34,13 +47,7 @@ fn an_shm_connection_holds_one_descriptor_a_side_idle_or_promoted() {
     // here, on a pair that is then closed, before anything is counted.
     let mut warm_up = node.connect(&path).expect("a warm-up connection");
     let warm_up_server = listener.accept().expect("the warm-up connection accepted");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
-    assert!(
-        warm_up
-            .recv_deadline(deadline)
-            .expect("a quiet wait")
-            .is_none()
-    );
+    sleep_on(&mut warm_up);
     drop((warm_up, warm_up_server));
     let before = open_files();
     let mut clients = Vec::new();
@@ -91,13 +98,7 @@ fn an_shm_connection_holds_one_descriptor_a_side_idle_or_promoted() {
     // its doorbell went with it, although the connection lives on.
     let mut waited_on = clients.pop().expect("a connection");
     let waited_on = std::thread::spawn(move || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(20);
-        assert!(
-            waited_on
-                .recv_deadline(deadline)
-                .expect("a quiet wait")
-                .is_none()
-        );
+        sleep_on(&mut waited_on);
         waited_on
     })
     .join()
