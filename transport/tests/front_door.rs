@@ -389,3 +389,49 @@ fn the_shm_listeners_thread_stops_when_it_is_dropped() {
     }
     assert_eq!(node.budget().in_use(), node.reservoir().spare_bytes());
 }
+
+#[test]
+fn an_shm_socket_path_appears_only_once_it_accepts_connections() {
+    // A client that waits for the path to exist and then connects, as a parent waits for
+    // the server process it started, is never refused for coming between the listener's
+    // `bind` and its `listen`.
+    let path = socket_path("appears");
+    let node = build(Transport::shm());
+    for _ in 0..1000 {
+        std::thread::scope(|scope| {
+            let client = scope.spawn(|| {
+                while !path.exists() {
+                    std::hint::spin_loop();
+                }
+                node.connect_timeout(&path, Duration::from_secs(10))
+            });
+            let listener = node.listen(&path).unwrap();
+            let _server = listener.accept_timeout(Duration::from_secs(10)).unwrap();
+            client
+                .join()
+                .unwrap()
+                .expect("connected once the path exists");
+        });
+        assert!(!path.exists());
+    }
+    // A path already taken stays the other socket's, and says so.
+    let listener = node.listen(&path).unwrap();
+    let error = node.listen(&path).unwrap_err();
+    assert!(
+        matches!(&error, SetupError::AddressInUse { address } if *address == path.display().to_string()),
+        "{error:?}"
+    );
+    drop(listener);
+    assert_eq!(
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|entry| entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!(".tierbuf-{}-", std::process::id())))
+            .count(),
+        0,
+        "no staging name left behind"
+    );
+}

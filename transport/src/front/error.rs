@@ -130,7 +130,8 @@ pub enum SetupError {
         #[source]
         source: std::io::Error,
     },
-    /// Another listener of this transport listens at this address already.
+    /// Another listener listens at this address already (over shm: a file exists at
+    /// the socket path).
     #[error("a listener is already listening at {address}")]
     AddressInUse {
         /// The address.

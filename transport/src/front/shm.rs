@@ -86,18 +86,28 @@ impl Transport<Shm> {
     ///
     /// # Errors
     ///
-    /// [`SetupError::Provider`] when the socket cannot be bound (the path exists, say).
+    /// [`SetupError::AddressInUse`] when something exists at `path` already;
+    /// [`SetupError::Provider`] when the socket cannot be bound or listen otherwise.
     pub fn listen(&self, path: impl AsRef<Path>) -> Result<Listener<Shm>, SetupError> {
         let path = path.as_ref().to_path_buf();
-        let listener =
-            self.shared
-                .provider
-                .listen(&path)
-                .map_err(|source| SetupError::Provider {
+        let listener = self
+            .shared
+            .provider
+            .listen(&path)
+            .map_err(|source| match &source {
+                TransportError::Provider { source: io, .. }
+                    if io.kind() == ErrorKind::AddrInUse =>
+                {
+                    SetupError::AddressInUse {
+                        address: path.display().to_string(),
+                    }
+                }
+                _ => SetupError::Provider {
                     provider: Shm::NAME,
                     operation: "listening",
                     source,
-                })?;
+                },
+            })?;
         let depth = self.shared.depth();
         let address = path.display().to_string();
         let (incoming, acceptor) = Acceptor::start::<Shm>(

@@ -18,6 +18,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -158,7 +159,8 @@ impl ShmProvider {
     }
 
     /// Listens for connections on a Unix-domain socket at `path`, which must not exist
-    /// yet; the listener removes it when dropped.
+    /// yet; the listener removes it when dropped. `path` appears only once the socket
+    /// listens, so a client that waits for the file to exist is not refused.
     ///
     /// ```
     /// use tierbuf_pool::MemoryBudget;
@@ -180,9 +182,7 @@ impl ShmProvider {
             None,
         )
         .map_err(os_error("creating a socket"))?;
-        let address = SocketAddrUnix::new(&path).map_err(os_error("naming the socket"))?;
-        rustix::net::bind(&socket, &address).map_err(os_error("binding the socket"))?;
-        rustix::net::listen(&socket, 128).map_err(os_error("listening"))?;
+        listen_at(&socket, &path)?;
         Ok(ShmListener {
             socket,
             path,
@@ -435,6 +435,45 @@ impl Drop for ShmListener {
         // The socket file is ours; a failure to remove it leaves only a stale name.
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Binds `socket` and listens on it under a staging name beside `path`, then links the
+/// socket file to `path`: `path` names a socket only once it listens, so a client that
+/// sees the file can connect (bound at `path` itself, the file would refuse clients
+/// between `bind` and `listen`). Where the staging name is too long for a socket
+/// address, the socket is bound at `path` directly.
+fn listen_at(socket: &OwnedFd, path: &Path) -> Result<(), TransportError> {
+    static STAGED: AtomicU64 = AtomicU64::new(0);
+    let staging = path.file_name().map(|_| {
+        path.with_file_name(format!(
+            ".tierbuf-{}-{}",
+            std::process::id(),
+            STAGED.fetch_add(1, Ordering::Relaxed)
+        ))
+    });
+    let staged = staging.and_then(|staging| Some((SocketAddrUnix::new(&staging).ok()?, staging)));
+    let Some((address, staging)) = staged else {
+        let address = SocketAddrUnix::new(path).map_err(os_error("naming the socket"))?;
+        rustix::net::bind(socket, &address).map_err(os_error("binding the socket"))?;
+        return rustix::net::listen(socket, 128).map_err(os_error("listening"));
+    };
+    rustix::net::bind(socket, &address).map_err(os_error("binding the socket"))?;
+    let published = rustix::net::listen(socket, 128)
+        .map_err(os_error("listening"))
+        .and_then(|()| {
+            std::fs::hard_link(&staging, path).map_err(|error| TransportError::Provider {
+                provider: "shm",
+                operation: "binding the socket",
+                source: if error.kind() == std::io::ErrorKind::AlreadyExists {
+                    rustix::io::Errno::ADDRINUSE.into()
+                } else {
+                    error
+                },
+            })
+        });
+    // The staging name served its turn (or the listen failed): only `path` stays.
+    let _ = std::fs::remove_file(&staging);
+    published
 }
 
 fn os_error(operation: &'static str) -> impl FnOnce(rustix::io::Errno) -> TransportError {
