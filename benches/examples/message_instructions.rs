@@ -7,13 +7,15 @@
 //! they go. The same round trips as `transport/pingpong_endpoint` (mode `endpoint`),
 //! `transport/pingpong` (`spot`: four places of each message checked) and
 //! `transport/pingpong_consumed` (`whole`: every word summed), less the peer process;
+//! `segmented` is `spot` on the bench ladder's tier 0 alone, where a message past 480
+//! bytes travels in segments every time, as in `transport/promotion/segmented`;
 //! `sum` times the benches' word sum alone. It prints the time a round trip (or a sum)
 //! took, which is only worth comparing between runs made in the same minutes.
 //!
 //! `cargo build --profile bench -p tierbuf-benches --example message_instructions`, then
 //! `valgrind --tool=callgrind target/release/examples/message_instructions MODE ROUNDS
-//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `sum`; `SIZE` in bytes, 64 unless
-//! given. See `docs/transport.md`, "What the consumed figures are made of".
+//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `sum`; `SIZE` in bytes,
+//! 64 unless given. See `docs/transport.md`, "What the consumed figures are made of".
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,13 +37,16 @@ const WARM: u64 = 64;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mode = args.next().expect("a mode: endpoint, spot or whole");
+    let mode = args
+        .next()
+        .expect("a mode: endpoint, spot, whole, segmented or sum");
     let rounds: u64 = args.next().map_or(100_000, |n| n.parse().expect("a count"));
     let size: usize = args.next().map_or(64, |n| n.parse().expect("a size"));
     let elapsed = match mode.as_str() {
         "endpoint" => endpoint(rounds, size),
-        "spot" => connection(rounds, size, false),
-        "whole" => connection(rounds, size, true),
+        "spot" => connection(rounds, size, false, false),
+        "whole" => connection(rounds, size, true, false),
+        "segmented" => connection(rounds, size, false, true),
         "sum" => {
             let bytes = message(size);
             let mut total = 0u64;
@@ -66,17 +71,17 @@ fn main() {
 }
 
 /// `rounds` round trips between two connections over one shm pair, as
-/// `transport/pingpong` runs them.
-fn connection(rounds: u64, size: usize, whole: bool) -> Duration {
+/// `transport/pingpong` runs them: on the bench ladder, or on its tier 0 alone; the
+/// receiver reads every word (`whole`) or four places.
+fn connection(rounds: u64, size: usize, whole: bool, tier_0_alone: bool) -> Duration {
     let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 30));
-    let ladder = Arc::new(
-        TierLadder::builder()
-            .tier(512, 16, 480)
+    let mut ladder = TierLadder::builder().tier(512, 16, 480);
+    if !tier_0_alone {
+        ladder = ladder
             .tier(8192 + 64, 16, 8192 + 48)
-            .tier(65536 + 64, 8, 65536 + 48)
-            .build()
-            .expect("a ladder"),
-    );
+            .tier(65536 + 64, 8, 65536 + 48);
+    }
+    let ladder = Arc::new(ladder.build().expect("a ladder"));
     let config = Arc::new(ConnectionConfig::new(ladder).expect("a config"));
     let reservoir = Arc::new(Reservoir::new(
         provider.registrar(),
