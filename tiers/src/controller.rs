@@ -119,12 +119,22 @@ pub enum Change {
         /// The tier granted now.
         to: TierIndex,
     },
-    /// The receive region is on `to` now, for the peer's request: post its receives.
+    /// The receive region is on `to` now, for the peer's request (or back on the tier
+    /// the peer sends on, after it gave up a request this side had provisioned): post its
+    /// receives.
     RecvTier {
         /// The receive tier before.
         from: TierIndex,
         /// The receive tier now.
         to: TierIndex,
+    },
+    /// This side gave up its request for `tier` (it timed out, or a request for another
+    /// tier superseded it). The peer may have posted receives of `tier` for it already,
+    /// or may still post them before it hears: those are to be drained, since no frame of
+    /// this side's will ask for them, and their tier retires only once they are consumed.
+    Abandoned {
+        /// The tier that was asked for.
+        tier: TierIndex,
     },
 }
 
@@ -451,6 +461,10 @@ impl TierController {
                 self.stats.held_back_by_demotion += 1;
                 return Ok(false);
             }
+            // The request for `target` supersedes (abandons) the pending one.
+            self.changes.push_back(Change::Abandoned {
+                tier: pending.target,
+            });
         }
         self.negotiation
             .request_tier(now, target)
@@ -569,6 +583,8 @@ impl TierController {
                         }
                         FailureCause::TimedOut { .. } => {
                             self.stats.timeouts += 1;
+                            // Given up unanswered: the peer may have provisioned it.
+                            self.changes.push_back(Change::Abandoned { tier });
                             true
                         }
                     };
@@ -595,11 +611,39 @@ impl TierController {
                     return Err(ControllerError::PeerProtocol(violation));
                 }
                 // Over two-sided send/receive a replaced receive tier retires when its
-                // posted receives come back, whatever the peer says of it.
+                // posted receives come back, whatever the peer says of it; but a tier put
+                // in force for an offer the peer gave up must make way again.
+                Event::Retire { tier, .. } => self.follow_inbound_grant(tier),
                 other => tracing::debug!(?other, "negotiation event"),
             }
         }
         Ok(())
+    }
+
+    /// After the peer gave up a request this side had provisioned, and so put in force
+    /// (`retired`), puts the receive region back on the tier the peer still sends on:
+    /// left in force, the abandoned tier would keep its registration, and have receives
+    /// of a size the peer does not send posted, until the peer's next request. Its
+    /// receives already posted drain as the peer consumes them ([`Change::Abandoned`]).
+    /// A retired tier that is not in force (the old one after a switch) needs nothing.
+    fn follow_inbound_grant(&mut self, retired: TierIndex) {
+        let granted = self.negotiation.inbound_grant().tier;
+        if retired != self.recv_cache.tier() || granted == retired {
+            return;
+        }
+        let back = match self.recv_region.begin_change(granted) {
+            Ok(mut change) => change.provision().and_then(|_| change.install(false)),
+            Err(error) => Err(error),
+        };
+        match back {
+            Ok(_) => self.changes.push_back(Change::RecvTier {
+                from: retired,
+                to: granted,
+            }),
+            Err(error) => {
+                tracing::warn!(%error, tier = %granted, "receives stay on an abandoned tier");
+            }
+        }
     }
 
     /// Puts the receive region on `tier` for the peer's request: `Busy` while a tier it

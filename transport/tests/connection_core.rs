@@ -56,6 +56,9 @@ struct Pair {
     now: Instant,
     /// How far the clock moves in a step.
     tick: Duration,
+    /// Whether the frames each side sends stay in flight (a stalled path) instead of
+    /// reaching the other side.
+    stalled: [bool; 2],
     budgets: [MemoryBudget; 2],
 }
 
@@ -108,6 +111,7 @@ impl Pair {
             sides,
             now,
             tick: Duration::from_millis(1),
+            stalled: [false; 2],
             budgets,
         }
     }
@@ -124,7 +128,7 @@ impl Pair {
                 side.take(work);
             }
         }
-        for from in 0..2 {
+        for from in (0..2).filter(|&from| !self.stalled[from]) {
             let to = 1 - from;
             while !self.sides[from].sends.is_empty() && !self.sides[to].recvs.is_empty() {
                 let (send_id, send) = self.sides[from].sends.pop_front().unwrap();
@@ -549,6 +553,96 @@ fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
         pair.budgets[0].in_use(),
         before,
         "the sender registered nothing for it"
+    );
+}
+
+#[test]
+fn a_promotion_given_up_before_the_peer_answered_leaves_the_peer_on_the_senders_tier() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.send(0, &pattern(40, 1));
+    pair.settle();
+    let registered = pair.budgets.each_ref().map(MemoryBudget::in_use);
+    let big = pattern(5000, 2);
+    assert_eq!(
+        pair.sides[0]
+            .core
+            .try_send(pair.now, &[IoSlice::new(&big)])
+            .unwrap(),
+        big.len()
+    );
+    // Side 1 stalls (busy elsewhere) until side 0 gives the promotion up; then it reads
+    // the request, provisions the tier and acks it, too late: side 0 abandons it.
+    for _ in 0..2_000 {
+        pair.now += Duration::from_millis(1);
+        pair.sides[0].core.progress(pair.now);
+        while let Some(work) = pair.sides[0].core.poll_work() {
+            pair.sides[0].take(work);
+        }
+    }
+    assert_eq!(pair.sides[0].core.stats().timeouts, 1);
+    pair.settle();
+    assert_eq!(pair.sides[1].received, [pattern(40, 1), big]);
+    // Long after: both idle, nothing asked since.
+    pair.tick = Duration::from_millis(50);
+    for _ in 0..200 {
+        pair.step();
+    }
+    let (sender, receiver) = (pair.sides[0].core.stats(), pair.sides[1].core.stats());
+    assert_eq!(
+        (receiver.recv_tier, sender.send_tier),
+        (0, 0),
+        "the receiver posts receives of the tier the sender sends on"
+    );
+    assert_eq!(
+        pair.budgets.each_ref().map(MemoryBudget::in_use),
+        registered,
+        "the tier provisioned for the abandoned request is registered no more"
+    );
+    pair.send(0, &pattern(100, 3));
+    pair.settle();
+    assert_eq!(pair.sides[1].received.last(), Some(&pattern(100, 3)));
+}
+
+#[test]
+fn receives_posted_for_a_promotion_given_up_are_drained_on_an_idle_connection() {
+    // Tier 0 deep enough that a two-segment message and its request go on the credits
+    // the sender holds.
+    let ladder = TierLadder::builder()
+        .tier(128, 16, 112)
+        .tier(1024, 4, 1008)
+        .build()
+        .unwrap();
+    let config = ConnectionConfig::new(Arc::new(ladder)).unwrap();
+    let mut pair = Pair::with_config([1 << 20, 1 << 20], config);
+    pair.send(0, &pattern(40, 1));
+    pair.settle();
+    let registered = pair.budgets.each_ref().map(MemoryBudget::in_use);
+    // Side 1's frames stall: it takes the two segments and the request, provisions tier
+    // 1 and posts its receives, but its grants and ack reach side 0 only after side 0
+    // gave the request up, with nothing more to send.
+    pair.stalled[1] = true;
+    let message = pattern(200, 2);
+    pair.send(0, &message);
+    for _ in 0..2_000 {
+        pair.step();
+    }
+    assert!(
+        pair.budgets[1].in_use() > registered[1],
+        "side 1 provisioned tier 1 and posted its receives"
+    );
+    assert_eq!(pair.sides[0].core.stats().timeouts, 1);
+    pair.stalled[1] = false;
+    pair.tick = Duration::from_millis(50);
+    for _ in 0..200 {
+        pair.step();
+    }
+    assert_eq!(pair.sides[1].received, [pattern(40, 1), message]);
+    let (sender, receiver) = (pair.sides[0].core.stats(), pair.sides[1].core.stats());
+    assert_eq!((receiver.recv_tier, sender.send_tier), (0, 0));
+    assert_eq!(
+        pair.budgets.each_ref().map(MemoryBudget::in_use),
+        registered,
+        "the receives of the abandoned tier were consumed, and the tier retired"
     );
 }
 

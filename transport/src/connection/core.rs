@@ -209,6 +209,12 @@ pub struct ConnectionCore {
     pub(super) segmented_at: Option<Instant>,
     /// The peer's receives of a replaced tier still to consume after a send-tier change.
     pub(super) drains_owed: u32,
+    /// Drain frames that may still go for the peer's receives of tiers this side does not
+    /// send on ([`ConnectionCore::drain_foreign`]): refilled to the most credits the peer
+    /// can grant ([`ConnectionConfig::max_send_credits`]) at each send-tier change and
+    /// each request given up, so a peer that went on posting such receives could not keep
+    /// this side draining.
+    pub(super) foreign_drains_left: u32,
     /// Until when the peer's in-band control frames wait behind a segmented message
     /// ([`HOLD_BEHIND_MESSAGE`]); `None` when they are answered as they come.
     pub(super) control_held_until: Option<Instant>,
@@ -342,6 +348,7 @@ impl ConnectionCore {
             spare_outbox: Vec::new(),
             segmented_at: None,
             drains_owed: 0,
+            foreign_drains_left: 0,
             control_held_until: None,
             lost_data: false,
             failed: None,
@@ -446,6 +453,9 @@ impl ConnectionCore {
         } else {
             self.send_control();
         }
+        if self.foreign_drains_left > 0 && !self.credits.only_of(self.tiers.send_tier().get()) {
+            self.drain_foreign();
+        }
         while self.drains_owed > 0 && self.credits.total() > 0 {
             if !self.post_frame(FrameHeader::drain(), Payload::Empty, false) {
                 break;
@@ -540,6 +550,27 @@ impl ConnectionCore {
         }
     }
 
+    /// Owes a drain for each credit up to the last one of a tier this side does not send
+    /// on, while no request of its own is pending (whose tier's receives it will want),
+    /// within [`ConnectionCore::foreign_drains_left`]. A switch drains the credits ahead of
+    /// the new tier's; this also drains what a switch could not see: receives the peer
+    /// posted for a request this side gave up (they may come after it gave up), or of an
+    /// old tier behind the new tier's first ones. Until they are consumed their tier
+    /// cannot retire on the peer's side, and an idle connection consumes nothing.
+    fn drain_foreign(&mut self) {
+        if self.tiers.negotiation().pending_request().is_some() {
+            return;
+        }
+        let through = self
+            .credits
+            .through_last_not_of(self.tiers.send_tier().get());
+        let more = through
+            .saturating_sub(self.drains_owed)
+            .min(self.foreign_drains_left);
+        self.drains_owed += more;
+        self.foreign_drains_left -= more;
+    }
+
     /// Whether the peer's control frames are held behind a message now: until no message
     /// is half received or waits to be taken, the hold's time is up, or
     /// [`MAX_HELD_CONTROL_FRAMES`] wait.
@@ -563,8 +594,12 @@ impl ConnectionCore {
                 Change::SendTier { to, .. } => {
                     self.drains_owed = self.credits.ahead_of(to.get());
                     self.spare_send_slots.clear();
+                    self.foreign_drains_left = self.config.max_send_credits();
                 }
                 Change::RecvTier { .. } => self.post_receives(),
+                Change::Abandoned { .. } => {
+                    self.foreign_drains_left = self.config.max_send_credits();
+                }
                 other => tracing::debug!(?other, "tier change"),
             }
         }

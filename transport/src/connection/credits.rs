@@ -124,6 +124,25 @@ impl Credits {
         self.total > RESERVED_CREDITS
     }
 
+    /// Whether every credit held is of `tier` (or none is held).
+    pub(super) fn only_of(&self, tier: u8) -> bool {
+        self.runs.iter().all(|&(run_tier, _)| run_tier == tier)
+    }
+
+    /// Credits up to and including the last one of a tier other than `tier` (0 without
+    /// one): what must be consumed for no receive of another tier to stay posted.
+    pub(super) fn through_last_not_of(&self, tier: u8) -> u32 {
+        let mut taken = 0;
+        let mut through = 0;
+        for &(run_tier, run) in &self.runs {
+            taken += run;
+            if run_tier != tier {
+                through = taken;
+            }
+        }
+        through
+    }
+
     /// Credits ahead of the first one of `tier`: the old receives a switch to `tier` must
     /// drain.
     pub(super) fn ahead_of(&self, tier: u8) -> u32 {
