@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use pairs::PairProvider;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{Connection, ConnectionError};
+use tierbuf_transport::connection::{Connection, ConnectionError, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackEndpoint,
     LoopbackProvider, Opcode, Outstanding, PostError, TransportError,
@@ -157,4 +157,32 @@ fn credits_the_close_refused_leave_nothing_unflushed() {
     receiving
         .flush()
         .expect("it accepted nothing, so nothing is unflushed");
+}
+
+#[test]
+fn a_flush_after_the_peer_took_every_message_and_closed_succeeds() {
+    // The close's flushes and the sends' completions come in one pass, either order
+    // first: everything accepted reached the peer, so the flush has nothing to report.
+    for failures_first in [true, false] {
+        let (mut sending, mut receiving) =
+            pair(|endpoint| Reordering::new(endpoint, failures_first));
+        let messages: Vec<Vec<u8>> = (0..7u8).map(|seq| vec![seq; 100]).collect();
+        for message in &messages {
+            sending.send(message).unwrap();
+        }
+        let received: Vec<Vec<u8>> = messages
+            .iter()
+            .map(|_| receiving.recv().unwrap().to_vec())
+            .collect();
+        assert_eq!(received, messages);
+        drop(receiving);
+        sending
+            .flush()
+            .expect("every message reached the peer before it closed");
+        let error = sending.send(b"after").unwrap_err();
+        assert!(
+            matches!(&error, SendError::Failed(failure) if matches!(**failure, ConnectionError::PeerClosed)),
+            "{error:?}"
+        );
+    }
 }

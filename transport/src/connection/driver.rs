@@ -719,6 +719,11 @@ impl<E: Endpoint> Connection<E> {
     }
 
     /// Waits until everything accepted has been posted and every send has completed.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure, unless everything accepted reached the peer before it:
+    /// a peer that took every message and then closed leaves nothing to report.
     pub fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
         let Ok(()) = self.flush_until(None)? else {
             unreachable!("a wait without a deadline does not expire")
@@ -742,7 +747,13 @@ impl<E: Endpoint> Connection<E> {
     ) -> Result<Result<(), Expired>, Arc<ConnectionError>> {
         let mut waiter = Waiter::new(deadline);
         while !self.is_flushed() {
-            self.progress()?;
+            if let Err(error) = self.progress() {
+                // The pass that found the failure may also have completed the last send.
+                if self.is_flushed() {
+                    break;
+                }
+                return Err(error);
+            }
             if let Err(expired) = self.wait(&mut waiter) {
                 return Ok(Err(expired));
             }

@@ -346,10 +346,12 @@ impl<E: Endpoint> AsyncConnection<E> {
                 }
             }
             if self.sinking.is_none() {
-                self.connection.progress()?;
+                let progressed = self.connection.progress();
+                // Everything accepted reached the peer, even if it closed since.
                 if self.connection.is_flushed() {
                     return Poll::Ready(Ok(()));
                 }
+                progressed?;
             }
             ready!(self.poll_event(cx));
         }
