@@ -562,23 +562,15 @@ fn a_promotion_given_up_before_the_peer_answered_leaves_the_peer_on_the_senders_
     pair.send(0, &pattern(40, 1));
     pair.settle();
     let registered = pair.budgets.each_ref().map(MemoryBudget::in_use);
+    // Side 0's frames stall until it gives the promotion up; then side 1 reads the
+    // request, provisions the tier and acks it, too late: side 0 abandons it.
+    pair.stalled[0] = true;
     let big = pattern(5000, 2);
-    assert_eq!(
-        pair.sides[0]
-            .core
-            .try_send(pair.now, &[IoSlice::new(&big)])
-            .unwrap(),
-        big.len()
-    );
-    // Side 1 stalls (busy elsewhere) until side 0 gives the promotion up; then it reads
-    // the request, provisions the tier and acks it, too late: side 0 abandons it.
+    pair.send(0, &big);
     for _ in 0..2_000 {
-        pair.now += Duration::from_millis(1);
-        pair.sides[0].core.progress(pair.now);
-        while let Some(work) = pair.sides[0].core.poll_work() {
-            pair.sides[0].take(work);
-        }
+        pair.step();
     }
+    pair.stalled[0] = false;
     assert_eq!(pair.sides[0].core.stats().timeouts, 1);
     pair.settle();
     assert_eq!(pair.sides[1].received, [pattern(40, 1), big]);
