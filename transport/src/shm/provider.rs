@@ -457,6 +457,10 @@ fn listen_at(socket: &OwnedFd, path: &Path) -> Result<(), TransportError> {
         rustix::net::bind(socket, &address).map_err(os_error("binding the socket"))?;
         return rustix::net::listen(socket, 128).map_err(os_error("listening"));
     };
+    // The name is this process's own (its PID, and a count no other listener of it
+    // takes): a file of that name is a stale one, left by a process of the same PID that
+    // died between its `bind` and its link.
+    let _ = std::fs::remove_file(&staging);
     rustix::net::bind(socket, &address).map_err(os_error("binding the socket"))?;
     let published = rustix::net::listen(socket, 128)
         .map_err(os_error("listening"))
