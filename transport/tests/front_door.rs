@@ -427,3 +427,27 @@ fn an_shm_socket_path_appears_only_once_it_accepts_connections() {
     drop(listener);
     std::fs::remove_dir(&directory).expect("no socket or staging name left behind");
 }
+
+#[test]
+fn an_shm_listener_is_not_stopped_by_staging_names_a_dead_process_left() {
+    // A process of this PID that died between its bind and its link left its staging
+    // names behind (every name this process's listeners could take next, here).
+    let directory = socket_path("stale");
+    std::fs::create_dir(&directory).unwrap();
+    for count in 0..5_000 {
+        std::fs::write(
+            directory.join(format!(".tierbuf-{}-{count}", std::process::id())),
+            b"",
+        )
+        .unwrap();
+    }
+    let node = build(Transport::shm());
+    let path = directory.join("listener.sock");
+    let listener = node.listen(&path).expect("the stale name is replaced");
+    let _client = node
+        .connect_timeout(&path, Duration::from_secs(10))
+        .unwrap();
+    let _server = listener.accept_timeout(Duration::from_secs(10)).unwrap();
+    drop(listener);
+    std::fs::remove_dir_all(&directory).unwrap();
+}
