@@ -247,6 +247,37 @@ impl Pair {
         panic!("message of {} bytes never accepted", message.len());
     }
 
+    /// Sends `message` from side 0 while the frames of side `stalled` stay in flight,
+    /// until side 0 has given its promotion up (still stalled on return).
+    fn send_until_promotion_given_up(&mut self, stalled: usize, message: &[u8]) {
+        self.stalled[stalled] = true;
+        self.send(0, message);
+        for _ in 0..2_000 {
+            self.step();
+        }
+        assert_eq!(self.sides[0].core.stats().timeouts, 1);
+    }
+
+    /// Steps for ten seconds of idle time, past every timer and `demote_after`, and
+    /// checks that both directions are back on tier 0 with `registered` registered.
+    fn idle_back_to(&mut self, registered: [u64; 2], why: &str) {
+        self.tick = Duration::from_millis(50);
+        for _ in 0..200 {
+            self.step();
+        }
+        let (sender, receiver) = (self.sides[0].core.stats(), self.sides[1].core.stats());
+        assert_eq!(
+            (receiver.recv_tier, sender.send_tier),
+            (0, 0),
+            "the receiver posts receives of the tier the sender sends on"
+        );
+        assert_eq!(
+            self.budgets.each_ref().map(MemoryBudget::in_use),
+            registered,
+            "{why}"
+        );
+    }
+
     fn settle(&mut self) {
         for _ in 0..10_000 {
             if !self.step() && self.sides.iter().all(|s| s.core.is_idle()) {
@@ -564,31 +595,15 @@ fn a_promotion_given_up_before_the_peer_answered_leaves_the_peer_on_the_senders_
     let registered = pair.budgets.each_ref().map(MemoryBudget::in_use);
     // Side 0's frames stall until it gives the promotion up; then side 1 reads the
     // request, provisions the tier and acks it, too late: side 0 abandons it.
-    pair.stalled[0] = true;
     let big = pattern(5000, 2);
-    pair.send(0, &big);
-    for _ in 0..2_000 {
-        pair.step();
-    }
+    pair.send_until_promotion_given_up(0, &big);
     pair.stalled[0] = false;
-    assert_eq!(pair.sides[0].core.stats().timeouts, 1);
     pair.settle();
     assert_eq!(pair.sides[1].received, [pattern(40, 1), big]);
     // Long after: both idle, nothing asked since.
-    pair.tick = Duration::from_millis(50);
-    for _ in 0..200 {
-        pair.step();
-    }
-    let (sender, receiver) = (pair.sides[0].core.stats(), pair.sides[1].core.stats());
-    assert_eq!(
-        (receiver.recv_tier, sender.send_tier),
-        (0, 0),
-        "the receiver posts receives of the tier the sender sends on"
-    );
-    assert_eq!(
-        pair.budgets.each_ref().map(MemoryBudget::in_use),
+    pair.idle_back_to(
         registered,
-        "the tier provisioned for the abandoned request is registered no more"
+        "the tier provisioned for the abandoned request is registered no more",
     );
     pair.send(0, &pattern(100, 3));
     pair.settle();
@@ -612,30 +627,18 @@ fn receives_posted_for_a_promotion_given_up_are_drained_on_an_idle_connection() 
     // Side 1's frames stall: it takes the two segments and the request, provisions tier
     // 1 and posts its receives, but its grants and ack reach side 0 only after side 0
     // gave the request up, with nothing more to send.
-    pair.stalled[1] = true;
     let message = pattern(200, 2);
-    pair.send(0, &message);
-    for _ in 0..2_000 {
-        pair.step();
-    }
+    pair.send_until_promotion_given_up(1, &message);
     assert!(
         pair.budgets[1].in_use() > registered[1],
         "side 1 provisioned tier 1 and posted its receives"
     );
-    assert_eq!(pair.sides[0].core.stats().timeouts, 1);
     pair.stalled[1] = false;
-    pair.tick = Duration::from_millis(50);
-    for _ in 0..200 {
-        pair.step();
-    }
-    assert_eq!(pair.sides[1].received, [pattern(40, 1), message]);
-    let (sender, receiver) = (pair.sides[0].core.stats(), pair.sides[1].core.stats());
-    assert_eq!((receiver.recv_tier, sender.send_tier), (0, 0));
-    assert_eq!(
-        pair.budgets.each_ref().map(MemoryBudget::in_use),
+    pair.idle_back_to(
         registered,
-        "the receives of the abandoned tier were consumed, and the tier retired"
+        "the receives of the abandoned tier were consumed, and the tier retired",
     );
+    assert_eq!(pair.sides[1].received, [pattern(40, 1), message]);
 }
 
 #[test]
