@@ -360,7 +360,8 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
         context
     };
     let server_at_start = clients[0].report(deadline()).await?;
-    let at_start = budget.in_use() + if remote { server_at_start.in_use } else { 0 };
+    let client_at_start = budget.in_use();
+    let at_start = client_at_start + if remote { server_at_start.in_use } else { 0 };
     let peak = sample_peak(budget.clone());
 
     let args = Arc::new(args.clone());
@@ -401,17 +402,23 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
     let server_peak = clients[0].report(deadline()).await?;
     let peak = peak.load(Ordering::Relaxed) + if remote { server_peak.peak } else { 0 };
 
-    // Idle: every connection steps back down to its first tier.
+    // Idle: every connection steps back down to its first tier. The phase ends once each
+    // process is back at its own starting figure (the server asked over connection 0,
+    // whose small calls let it demote too), or after 10 s.
     let quiet = Instant::now() + (args.demote_after * 4).max(Duration::from_millis(500));
     let idle_deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let server_idle = loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let now = Instant::now();
-        if (now >= quiet && budget.in_use() <= at_start) || now >= idle_deadline {
-            break;
+        if now < quiet {
+            continue;
         }
-    }
-    let server_idle = clients[0].report(deadline()).await?;
+        let server = clients[0].report(deadline()).await?;
+        let server_rested = !remote || server.in_use <= server_at_start.in_use;
+        if (budget.in_use() <= client_at_start && server_rested) || now >= idle_deadline {
+            break server;
+        }
+    };
     let after_idle = budget.in_use() + if remote { server_idle.in_use } else { 0 };
 
     drop(clients);
@@ -466,7 +473,7 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
         mib(after_idle)
     );
     report += &format!(
-        "  tier changes               requests: {promotions} promotions, {demotions} demotions; replies: {} promotions, {} demotions (as the server last saw them)\n",
+        "  tier changes               requests: {promotions} promotions, {demotions} demotions; replies: {} promotions, {} demotions (as the server counted them)\n",
         server_idle.promotions, server_idle.demotions
     );
     Ok(report)

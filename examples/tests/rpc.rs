@@ -1,7 +1,8 @@
 //! The `rpc` example (a tarpc service over tierbuf) as a user runs it, small: over shm
 //! with the server a real second process, and over loopback; a reply changed by the
 //! server, or the server exiting mid-run, fails the client with a message and a non-zero
-//! exit status.
+//! exit status. Each process is back at its starting registered memory after the idle
+//! phase.
 //!
 //! Runs the example's binary, which `cargo test` builds beside the tests
 //! (`target/<profile>/examples/rpc`).
@@ -54,6 +55,28 @@ fn a_small_run_checks_every_reply_and_reports(provider: &str, heading: &str) {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
     }
     assert!(!stdout.contains("requests: 0 promotions"), "{stdout}");
+    let (start, after_idle) = (
+        mib(&stdout, "registered at start"),
+        mib(&stdout, "registered after idle"),
+    );
+    assert!(
+        after_idle <= start,
+        "both processes hold more after the idle phase than at start:\n{stdout}"
+    );
+}
+
+/// The MiB figure of the report's line that begins with `label`.
+fn mib(report: &str, label: &str) -> f64 {
+    let line = report
+        .lines()
+        .find(|line| line.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in\n{report}"));
+    let figure = line[line.find(label).unwrap() + label.len()..]
+        .split_whitespace()
+        .next();
+    figure
+        .and_then(|figure| figure.parse().ok())
+        .unwrap_or_else(|| panic!("no figure in {line:?}"))
 }
 
 #[test]

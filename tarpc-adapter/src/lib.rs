@@ -149,8 +149,9 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
     }
 
     /// A handle on the connection's stats that outlives handing the transport to
-    /// tarpc (which keeps it): they are published as they are now, after every item
-    /// received, and when the stream ends or the transport is dropped.
+    /// tarpc (which keeps it): they are published as they are now, after every poll of
+    /// the stream (one that received an item, and one woken by a timer that changed the
+    /// tier with nothing received), and when the stream ends or the transport is dropped.
     ///
     /// ```
     /// use futures_util::{SinkExt, StreamExt};
@@ -234,8 +235,11 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let received = ready!(Pin::new(&mut this.connection).poll_next(cx));
+        // Published on every poll, `Pending` too: a timer's demotion is seen by the
+        // poll it wakes, which receives nothing.
+        let received = Pin::new(&mut this.connection).poll_next(cx);
         this.publish_stats();
+        let received = ready!(received);
         Poll::Ready(received.map(|message| {
             let message = message.map_err(Error::Connection)?;
             postcard::from_bytes(&message).map_err(|source| Error::Deserialise {
