@@ -112,6 +112,9 @@ pub struct TierbufTransport<E: Endpoint, Item, SinkItem> {
     scratch: Vec<u8>,
     /// Where the connection's stats are published, once someone watches them.
     stats: Option<Arc<Mutex<ConnectionStats>>>,
+    /// The connection's [`progress_made`](Connection::progress_made) when the stream last
+    /// published its stats.
+    published_at: u64,
     items: PhantomData<fn(SinkItem) -> Item>,
 }
 
@@ -122,6 +125,7 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
             connection,
             scratch: Vec::new(),
             stats: None,
+            published_at: 0,
             items: PhantomData,
         }
     }
@@ -150,8 +154,9 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
 
     /// A handle on the connection's stats that outlives handing the transport to
     /// tarpc (which keeps it): they are published as they are now, after every poll of
-    /// the stream (one that received an item, and one woken by a timer that changed the
-    /// tier with nothing received), and when the stream ends or the transport is dropped.
+    /// the stream that received an item or made progress (one woken by a timer that
+    /// changed the tier with nothing received, say), and when the stream ends or the
+    /// transport is dropped.
     ///
     /// ```
     /// use futures_util::{SinkExt, StreamExt};
@@ -235,10 +240,15 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        // Published on every poll, `Pending` too: a timer's demotion is seen by the
-        // poll it wakes, which receives nothing.
+        // Published after a poll that received, and after one that received nothing
+        // but made progress: a timer's demotion is seen by the poll it wakes. A poll that
+        // did nothing (a spin before parking, say) changed nothing to publish.
         let received = Pin::new(&mut this.connection).poll_next(cx);
-        this.publish_stats();
+        let progress_made = this.connection.get_mut().progress_made();
+        if received.is_ready() || progress_made != this.published_at {
+            this.published_at = progress_made;
+            this.publish_stats();
+        }
         let received = ready!(received);
         Poll::Ready(received.map(|message| {
             let message = message.map_err(Error::Connection)?;

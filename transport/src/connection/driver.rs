@@ -848,9 +848,25 @@ impl<E: Endpoint> Connection<E> {
     }
 
     /// How many times progress did something (took a completion, posted work), ever:
-    /// whoever saw it unchanged across a call knows the call took no event.
+    /// whoever saw it unchanged across a call knows the call took no event, so a watcher
+    /// of [`Connection::stats`] can skip reading them (feature `tokio`).
+    ///
+    /// ```
+    /// use tierbuf_transport::Transport;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("counted")?;
+    /// let mut a = node.connect("counted")?;
+    /// let mut b = listener.accept()?;
+    /// let before = b.progress_made();
+    /// a.send(b"ping")?;
+    /// assert_eq!(&b.recv()?[..], b"ping");
+    /// assert!(b.progress_made() > before, "taking the message was progress");
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "tokio")]
-    pub(super) fn progress_made(&self) -> u64 {
+    pub fn progress_made(&self) -> u64 {
         self.progress_made
     }
 
