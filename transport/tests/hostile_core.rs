@@ -36,11 +36,15 @@ fn frame(kind: FrameKind, grant: (u8, u16), payload: &[u8], message_len: u64) ->
 }
 
 /// The side under attack: its core and the receives it has posted, oldest first. Its
-/// sends are never carried out (the peer does not read), so it holds them.
+/// sends are never carried out (the peer does not read), so it holds them, unless
+/// `complete_sends` is set: then each is completed as soon as it is posted, and its
+/// frame's kind kept in `sent`.
 struct Victim {
     core: ConnectionCore,
     recvs: VecDeque<(u64, BufferRef)>,
     sends_posted: usize,
+    complete_sends: bool,
+    sent: Vec<u8>,
     now: Instant,
 }
 
@@ -55,6 +59,8 @@ impl Victim {
             core,
             recvs: VecDeque::new(),
             sends_posted: 0,
+            complete_sends: false,
+            sent: Vec::new(),
             now,
         };
         victim.collect();
@@ -66,10 +72,26 @@ impl Victim {
         while let Some(work) = self.core.poll_work() {
             match work {
                 WorkRequest::PostRecv { wr_id, buffer } => self.recvs.push_back((wr_id, buffer)),
-                WorkRequest::PostSend { .. } => self.sends_posted += 1,
+                WorkRequest::PostSend { wr_id, buffer } => {
+                    self.sends_posted += 1;
+                    if self.complete_sends {
+                        // SAFETY: the send buffer is a slot the core holds, with at least
+                        // a frame header in it, until the send completes below.
+                        self.sent.push(unsafe { *(buffer.addr as *const u8) });
+                        self.core
+                            .handle_completion(self.now, WorkKind::Send, wr_id, buffer.len)
+                            .expect("a send completes");
+                        self.core.progress(self.now);
+                    }
+                }
                 other => panic!("unexpected work {other:?}"),
             }
         }
+    }
+
+    /// How many frames of `kind` the victim sent (with `complete_sends`).
+    fn sent_of(&self, kind: FrameKind) -> usize {
+        self.sent.iter().filter(|&&sent| sent == kind as u8).count()
     }
 
     /// Writes the peer's `frame` into the oldest posted receive and completes it, as a
@@ -298,4 +320,66 @@ fn control_held_behind_a_message_left_open_is_answered_in_bounded_time_and_count
     victim.deliver(&request).expect("a request");
     assert_eq!(victim.core.stats().recv_tier, 1, "answered once 16 waited");
     assert!(victim.core.failure().is_none());
+}
+
+/// A peer cannot keep this side draining. Receives the peer posted for a tier this side
+/// does not send on are drained (consumed by empty frames) only within an allowance of
+/// `max_send_credits` frames, refilled by this side's own tier changes and given-up
+/// requests, never by anything the peer sends. Here the victim's promotion request is
+/// never answered, so it gives the request up and drains; the peer then grants receive
+/// after receive of that tier, for ever: the victim drains no more than its allowance,
+/// and the grants that pile up past what the peer could have posted fail the connection,
+/// the peer's fault.
+#[test]
+fn a_peer_granting_a_tier_this_side_does_not_send_on_gets_a_bounded_number_of_drains() {
+    let mut victim = Victim::new();
+    victim.complete_sends = true;
+    let allowance = ConnectionConfig::new(ladder()).unwrap().max_send_credits() as usize;
+    // An 8 KiB message needs tier 1: it asks for it and goes out in segments on tier 0,
+    // on the tier-0 receives the peer grants as they are used.
+    let message = vec![3u8; 8 << 10];
+    let mut accepted = 0;
+    while accepted < message.len() {
+        accepted += victim
+            .core
+            .try_send(victim.now, &[std::io::IoSlice::new(&message[accepted..])])
+            .expect("a send the credits allow");
+        victim.collect();
+        victim
+            .deliver(&frame(FrameKind::Credit, (0, 4), &[], 0))
+            .expect("a tier-0 grant");
+    }
+    // The peer never answers: the request is given up.
+    let deadline = victim.now + Duration::from_secs(600);
+    while victim.core.stats().timeouts == 0 {
+        assert!(victim.now < deadline, "the request was never given up");
+        victim.now += Duration::from_millis(100);
+        victim.core.progress(victim.now);
+        victim.collect();
+    }
+    assert_eq!(victim.core.stats().send_tier, 0);
+    let drains_before = victim.sent_of(FrameKind::Drain);
+
+    let mut outcome = Ok(());
+    for _ in 0..1000 {
+        outcome = victim.deliver(&frame(FrameKind::Credit, (1, 1), &[], 0));
+        if outcome.is_err() {
+            break;
+        }
+    }
+    let drains = victim.sent_of(FrameKind::Drain) - drains_before;
+    assert!(drains > 0, "receives of a tier given up are drained");
+    assert!(
+        drains <= allowance,
+        "{drains} drains for one request given up, past the allowance of {allowance}"
+    );
+    let error = outcome.expect_err("endless grants are refused in the end");
+    assert_eq!(error.fault(), Fault::Peer, "{error}");
+    assert!(
+        matches!(
+            &*error,
+            ConnectionError::PeerProtocol(PeerViolation::GrantBeyondReceives { tier: 1, .. })
+        ),
+        "{error:?}"
+    );
 }
