@@ -21,8 +21,14 @@
 //! - Before it arms, a task that found nothing yields (`Pending`, woken at once) for up
 //!   to [`SPIN`] since the first such look of its wait: an answer that comes that soon is
 //!   taken without a wake through the reactor (a system call on each side), as the
-//!   blocking calls spin before they sleep. Any event ends the spin; an idle connection
-//!   spins once and then parks.
+//!   blocking calls spin before they sleep. The spin pays only where answers come
+//!   that soon, and burns a core where they do not, so it is adaptive: a call's wait
+//!   runs from its first look that found nothing until the call returns `Ready`, and
+//!   the next wait spins only if that one ended within [`SPIN`] of its start. So an idle
+//!   connection spins once and then parks at once until a wait ends soon again, and a
+//!   task whose answers come soon keeps spinning. And only one task of the process
+//!   spins at a time ([`SPINNERS`]): the others park at once, so a service of many
+//!   connections does not burn the cores its peers need.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
@@ -33,6 +39,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -97,8 +104,14 @@ pub struct AsyncConnection<E: Endpoint> {
     descriptor: Option<AsyncFd<OwnedFd>>,
     /// Whether the endpoint was armed by the last poll.
     armed: bool,
-    /// When the current wait first found nothing, while it yields before arming.
-    spinning_since: Option<Instant>,
+    /// When the wait of the call being polled first found nothing; kept while it yields
+    /// and while it is parked, until the call returns.
+    waiting_since: Option<Instant>,
+    /// Whether a wait yields for up to [`SPIN`] before it parks: whether the last call's
+    /// wait ended within [`SPIN`] of its start (module invariants).
+    spin_pays: bool,
+    /// This connection's place among the tasks of the process that spin, while it spins.
+    spin_slot: Option<SpinSlot>,
     /// The connection's next timer, as a tokio sleep.
     timer: Option<(Instant, Pin<Box<Sleep>>)>,
     /// The rest of the message the sink took and has not posted all of.
@@ -113,6 +126,45 @@ pub struct AsyncConnection<E: Endpoint> {
 /// How long a task yields, looking for an event, before it arms the endpoint and parks
 /// (module invariants): about a round trip of a small RPC between two processes.
 const SPIN: Duration = Duration::from_micros(50);
+
+/// How many tasks of the process may spin at once (module invariants).
+const SPINNERS: usize = 1;
+
+/// Tasks of the process that hold a [`SpinSlot`] now.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// A place among the [`SPINNERS`] tasks of the process that may spin at once, given back
+/// when dropped. Only whether a task spins depends on it, never what a call returns, so
+/// the count needs no order with anything else.
+#[derive(Debug)]
+struct SpinSlot;
+
+impl SpinSlot {
+    /// A place, if one is free.
+    fn take() -> Option<SpinSlot> {
+        SPINNING
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |spinning| {
+                (spinning < SPINNERS).then_some(spinning + 1)
+            })
+            .ok()
+            .map(|_| SpinSlot)
+    }
+}
+
+impl Drop for SpinSlot {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whose wait [`AsyncConnection::poll_wake`] serves.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// The wait of the call being polled.
+    Call,
+    /// An earlier call's, left pending, whose wake is armed again.
+    Rearm,
+}
 
 /// The kinds of call an [`AsyncConnection`] may leave pending (module invariants).
 #[derive(Clone, Copy)]
@@ -153,7 +205,9 @@ impl<E: Endpoint> AsyncConnection<E> {
             armed: false,
             timer: None,
             sinking: None,
-            spinning_since: None,
+            waiting_since: None,
+            spin_pays: true,
+            spin_slot: None,
             recv_waits: false,
             send_waits: false,
         })
@@ -253,6 +307,9 @@ impl<E: Endpoint> AsyncConnection<E> {
         };
         *waits = false;
         let polled = poll(self, cx);
+        if polled.is_ready() {
+            self.end_wait();
+        }
         if polled.is_pending() {
             match call {
                 Call::Recv => self.recv_waits = true,
@@ -273,7 +330,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// Arms the endpoint again after a call that disarmed it returned `Ready`; if there
     /// is work already, wakes the task instead, to poll again.
     fn rearm(&mut self, cx: &mut Context<'_>) {
-        if !self.armed && self.poll_event(cx).is_ready() {
+        if !self.armed && self.poll_wake(cx, Wait::Rearm).is_ready() {
             self.disarm();
             cx.waker().wake_by_ref();
         }
@@ -361,22 +418,39 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// came, a timer fell due, or arming found work pending, in which case the task is
     /// woken again at once and yields first); `Pending` when armed (module invariants).
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_wake(cx, Wait::Call)
+    }
+
+    /// [`AsyncConnection::poll_event`] for a call's wait (`Wait::Call`: it may spin, and
+    /// its start is kept until the call returns), or to arm again for an earlier call's
+    /// wait (`Wait::Rearm`: no spin, no wait of its own).
+    fn poll_wake(&mut self, cx: &mut Context<'_>, wait: Wait) -> Poll<()> {
         // Progress that did anything (a credit came back, say) may be what the caller
         // waits for; a failure is reported by its next call.
         if !matches!(self.connection.progress_counted(), Ok(0)) {
-            self.spinning_since = None;
             return Poll::Ready(());
         }
         if self.poll_timer(cx).is_ready() {
-            self.spinning_since = None;
             return Poll::Ready(());
         }
-        let now = Instant::now();
-        if now.duration_since(*self.spinning_since.get_or_insert(now)) < SPIN {
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+        if let Wait::Call = wait {
+            let now = Instant::now();
+            let since = *self.waiting_since.get_or_insert(now);
+            if self.spin_pays && now.duration_since(since) < SPIN {
+                if self.spin_slot.is_none() {
+                    self.spin_slot = SpinSlot::take();
+                }
+                if self.spin_slot.is_some() {
+                    // Yielded as tokio's own `yield_now` does: the task is woken after the
+                    // worker has looked at its reactor, so the wakes of other tasks are
+                    // not held up behind the spin.
+                    let yielded = std::pin::pin!(tokio::task::yield_now()).poll(cx);
+                    debug_assert!(yielded.is_pending(), "a fresh yield is pending");
+                    return Poll::Pending;
+                }
+            }
+            self.spin_slot = None;
         }
-        self.spinning_since = None;
         let polling = matches!(self.connection.endpoint().readiness(), Readiness::Polling);
         if polling || self.connection.arm(cx.waker()) == Armed::Pending {
             self.connection.disarm();
@@ -423,6 +497,15 @@ impl<E: Endpoint> AsyncConnection<E> {
         if std::mem::take(&mut self.armed) {
             self.connection.disarm();
         }
+    }
+
+    /// Ends the wait of a call that returned `Ready`, if it had one: the next wait spins
+    /// only if this one ended within [`SPIN`] of its start (module invariants).
+    fn end_wait(&mut self) {
+        if let Some(since) = self.waiting_since.take() {
+            self.spin_pays = since.elapsed() <= SPIN;
+        }
+        self.spin_slot = None;
     }
 }
 
