@@ -93,6 +93,10 @@ struct Args {
     /// How long a connection stays on a tier it no longer uses.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     demote_after: Duration,
+    /// How long each connection's task may spin before it parks, in both processes
+    /// (`AsyncConnection::set_spin`; 0 never spins).
+    #[arg(long, default_value = "50us", value_parser = humantime::parse_duration)]
+    spin: Duration,
     /// Make the server misbehave once (for the tests).
     #[arg(long, value_enum)]
     fault: Option<Fault>,
@@ -190,6 +194,7 @@ async fn serve<E: Endpoint + Unpin + Send + 'static>(
     connections: Vec<Connection<E>>,
     budget: MemoryBudget,
     fault: Option<Fault>,
+    spin: Duration,
 ) -> Result<(), BoxError> {
     let server = Server {
         peak: sample_peak(budget.clone()),
@@ -201,6 +206,7 @@ async fn serve<E: Endpoint + Unpin + Send + 'static>(
     let mut channels = Vec::new();
     for connection in connections {
         let mut transport = TierbufTransport::from_connection(connection)?;
+        transport.get_mut().set_spin(spin);
         server
             .watches
             .lock()
@@ -226,7 +232,7 @@ fn serve_process(args: &Args, path: &Path) -> Result<(), BoxError> {
         .map(|_| listener.accept_timeout(Duration::from_secs(30)))
         .collect::<Result<Vec<_>, _>>()?;
     let budget = node.budget().clone();
-    runtime()?.block_on(serve(connections, budget, args.fault))
+    runtime()?.block_on(serve(connections, budget, args.fault, args.spin))
 }
 
 /// The server process, killed if the client gives up first.
@@ -260,7 +266,7 @@ fn run_client(args: &Args) -> Result<(), BoxError> {
                 .collect::<Result<Vec<_>, _>>()?;
             let budget = node.budget().clone();
             runtime.block_on(async {
-                let serving = tokio::spawn(serve(servers, budget.clone(), args.fault));
+                let serving = tokio::spawn(serve(servers, budget.clone(), args.fault, args.spin));
                 let report = traffic(args, clients, &budget, false).await?;
                 serving.await??;
                 print!("{report}");
@@ -278,7 +284,8 @@ fn run_client(args: &Args) -> Result<(), BoxError> {
                 .args([
                     "--demote-after",
                     &humantime::format_duration(args.demote_after).to_string(),
-                ]);
+                ])
+                .args(["--spin", &humantime::format_duration(args.spin).to_string()]);
             if let Some(fault) = args.fault {
                 command.args([
                     "--fault",
@@ -348,6 +355,7 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
     let mut dispatches = Vec::new();
     for connection in connections {
         let mut transport = TierbufTransport::from_connection(connection)?;
+        transport.get_mut().set_spin(args.spin);
         watches.push(transport.watch_stats());
         let NewClient { client, dispatch } =
             BenchClient::new(tarpc::client::Config::default(), transport);

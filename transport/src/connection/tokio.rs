@@ -107,8 +107,10 @@ pub struct AsyncConnection<E: Endpoint> {
     /// When the wait of the call being polled first found nothing; kept while it yields
     /// and while it is parked, until the call returns.
     waiting_since: Option<Instant>,
-    /// Whether a wait yields for up to [`SPIN`] before it parks: whether the last call's
-    /// wait ended within [`SPIN`] of its start (module invariants).
+    /// How long a wait may spin ([`SPIN`] unless set).
+    spin: Duration,
+    /// Whether a wait yields for up to `spin` before it parks: whether the last call's
+    /// wait ended within `spin` of its start (module invariants).
     spin_pays: bool,
     /// This connection's place among the tasks of the process that spin, while it spins.
     spin_slot: Option<SpinSlot>,
@@ -206,11 +208,42 @@ impl<E: Endpoint> AsyncConnection<E> {
             timer: None,
             sinking: None,
             waiting_since: None,
+            spin: SPIN,
             spin_pays: true,
             spin_slot: None,
             recv_waits: false,
             send_waits: false,
         })
+    }
+
+    /// Sets how long a wait may spin before the task parks (50 µs unless set; the
+    /// module's invariants say when it spins). Zero never spins: for a process whose cores are all
+    /// spoken for, where a spinning task takes time a peer on the same machine needs.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::AsyncConnection;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("calm")?;
+    /// let mut a = AsyncConnection::new(node.connect("calm")?)?;
+    /// let mut b = AsyncConnection::new(listener.accept()?)?;
+    /// b.set_spin(Duration::ZERO);
+    /// assert_eq!(b.spin(), Duration::ZERO);
+    /// a.send(b"parked, not spinning").await?;
+    /// assert_eq!(&b.recv().await?[..], b"parked, not spinning");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
+    /// How long a wait may spin before the task parks ([`AsyncConnection::set_spin`]).
+    pub fn spin(&self) -> Duration {
+        self.spin
     }
 
     /// The connection, for its stats and non-blocking calls.
@@ -436,7 +469,7 @@ impl<E: Endpoint> AsyncConnection<E> {
         if let Wait::Call = wait {
             let now = Instant::now();
             let since = *self.waiting_since.get_or_insert(now);
-            if self.spin_pays && now.duration_since(since) < SPIN {
+            if self.spin_pays && now.duration_since(since) < self.spin {
                 if self.spin_slot.is_none() {
                     self.spin_slot = SpinSlot::take();
                 }
@@ -500,10 +533,10 @@ impl<E: Endpoint> AsyncConnection<E> {
     }
 
     /// Ends the wait of a call that returned `Ready`, if it had one: the next wait spins
-    /// only if this one ended within [`SPIN`] of its start (module invariants).
+    /// only if this one ended within the spin's length of its start (module invariants).
     fn end_wait(&mut self) {
         if let Some(since) = self.waiting_since.take() {
-            self.spin_pays = since.elapsed() <= SPIN;
+            self.spin_pays = since.elapsed() <= self.spin;
         }
         self.spin_slot = None;
     }
