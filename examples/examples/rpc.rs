@@ -1,9 +1,12 @@
 //! A tarpc service over tierbuf (`tierbuf-tarpc`): a server process and a client process
-//! over shared memory (the client runs this binary again as the server), or both in this
-//! process over loopback (`--provider loopback`).
+//! over shared memory (the client runs this binary again as the server), over an RDMA
+//! device (`--provider verbs --device NAME`, in a build with the `verbs` feature; the
+//! server process opens the same device), or both in this process over loopback
+//! (`--provider loopback`).
 //!
 //! ```sh
 //! cargo run --release -p tierbuf-examples --example rpc
+//! cargo run --release -p tierbuf-examples --features verbs --example rpc -- --provider verbs --device rxe0
 //! ```
 //!
 //! Many connections carry several calls in flight each; most requests are small and one
@@ -18,7 +21,6 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -59,6 +61,9 @@ struct ServerReport {
 enum Provider {
     Loopback,
     Shm,
+    /// An RDMA device (`--device`), the server in a second process on this host.
+    #[cfg(feature = "verbs")]
+    Verbs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -100,15 +105,24 @@ struct Args {
     /// Make the server misbehave once (for the tests).
     #[arg(long, value_enum)]
     fault: Option<Fault>,
-    /// Run as the server process, listening at this socket path.
+    /// The RDMA device, with `--provider verbs`.
+    #[cfg(feature = "verbs")]
+    #[arg(long)]
+    device: Option<String>,
+    /// The device port's GID index, with `--provider verbs` (RoCE).
+    #[cfg(feature = "verbs")]
+    #[arg(long)]
+    gid_index: Option<u32>,
+    /// Run as the server process, listening at this address: a socket path over shm; over
+    /// verbs an IP address and port, printed once it listens as `listening ADDRESS`.
     #[arg(long, hide = true)]
-    serve: Option<PathBuf>,
+    serve: Option<String>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let outcome = match &args.serve {
-        Some(path) => serve_process(&args, path),
+        Some(address) => serve_process(&args, address),
         None => run_client(&args),
     };
     match outcome {
@@ -225,24 +239,67 @@ async fn serve<E: Endpoint + Unpin + Send + 'static>(
     Ok(())
 }
 
-fn serve_process(args: &Args, path: &Path) -> Result<(), BoxError> {
-    let node = builder(args, Transport::shm()).build()?;
-    let listener = node.listen(path)?;
+fn serve_process(args: &Args, address: &str) -> Result<(), BoxError> {
+    match args.provider {
+        Provider::Shm => {
+            let node = builder(args, Transport::shm()).build()?;
+            serve_listener(args, node.budget(), node.listen(address)?)
+        }
+        #[cfg(feature = "verbs")]
+        Provider::Verbs => {
+            let node = builder(args, Transport::verbs(verbs_config(args)?)).build()?;
+            let listener = node.listen(address)?;
+            // The client reads this line for the address to connect to.
+            println!("listening {}", listener.address());
+            std::io::Write::flush(&mut std::io::stdout())?;
+            serve_listener(args, node.budget(), listener)
+        }
+        Provider::Loopback => Err("--serve is for a server process: shm or verbs".into()),
+    }
+}
+
+/// Accepts the client's connections at `listener` and serves them.
+fn serve_listener<K: tierbuf_transport::Kind>(
+    args: &Args,
+    budget: &MemoryBudget,
+    listener: tierbuf_transport::Listener<K>,
+) -> Result<(), BoxError>
+where
+    K::Endpoint: Unpin + Send,
+{
     let connections = (0..args.connections)
         .map(|_| listener.accept_timeout(Duration::from_secs(30)))
         .collect::<Result<Vec<_>, _>>()?;
-    let budget = node.budget().clone();
-    runtime()?.block_on(serve(connections, budget, args.fault, args.spin))
+    runtime()?.block_on(serve(connections, budget.clone(), args.fault, args.spin))
 }
 
-/// The server process, killed if the client gives up first.
-struct ServerProcess(Child);
+/// The device `--device` and `--gid-index` name.
+#[cfg(feature = "verbs")]
+fn verbs_config(args: &Args) -> Result<tierbuf_transport::verbs::VerbsConfig, BoxError> {
+    let device = args
+        .device
+        .as_deref()
+        .ok_or("--provider verbs needs --device NAME")?;
+    let config = tierbuf_transport::verbs::VerbsConfig::new(device);
+    Ok(match args.gid_index {
+        Some(index) => config.with_gid_index(index),
+        None => config,
+    })
+}
+
+/// The server process, killed if the client gives up first; and the shm socket path it
+/// listens at, removed once it is gone (a server that exits without its destructors, or
+/// is killed, leaves the socket file behind).
+struct ServerProcess(Child, Option<std::path::PathBuf>);
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         if self.0.try_wait().ok().flatten().is_none() {
             let _ = self.0.kill();
             let _ = self.0.wait();
+        }
+        if let Some(path) = &self.1 {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -276,23 +333,12 @@ fn run_client(args: &Args) -> Result<(), BoxError> {
         Provider::Shm => {
             let path =
                 std::env::temp_dir().join(format!("tierbuf-rpc-{}.sock", std::process::id()));
-            let mut command = Command::new(std::env::current_exe()?);
-            command
-                .arg("--serve")
-                .arg(&path)
-                .args(["--connections", &args.connections.to_string()])
-                .args([
-                    "--demote-after",
-                    &humantime::format_duration(args.demote_after).to_string(),
-                ])
-                .args(["--spin", &humantime::format_duration(args.spin).to_string()]);
-            if let Some(fault) = args.fault {
-                command.args([
-                    "--fault",
-                    fault.to_possible_value().expect("named").get_name(),
-                ]);
-            }
-            let mut server = ServerProcess(command.spawn()?);
+            // The name is this process's: a file there is one an earlier process of the
+            // same number left.
+            let _ = std::fs::remove_file(&path);
+            let mut command = server_command(args)?;
+            command.arg("--serve").arg(&path);
+            let mut server = ServerProcess(command.spawn()?, Some(path.clone()));
             let node = builder(args, Transport::shm()).build()?;
             let deadline = Instant::now() + Duration::from_secs(30);
             while !path.exists() {
@@ -309,16 +355,82 @@ fn run_client(args: &Args) -> Result<(), BoxError> {
             let clients = (0..args.connections)
                 .map(|_| node.connect_timeout(&path, Duration::from_secs(10)))
                 .collect::<Result<Vec<_>, _>>()?;
-            let budget = node.budget().clone();
-            let report = runtime.block_on(traffic(args, clients, &budget, true))?;
-            let status = server.0.wait()?;
-            if !status.success() {
-                return Err(format!("the server process failed: {status}").into());
-            }
-            print!("{report}");
-            Ok(())
+            against_server_process(args, &runtime, node.budget(), clients, server)
+        }
+        #[cfg(feature = "verbs")]
+        Provider::Verbs => {
+            let config = verbs_config(args)?;
+            let mut command = server_command(args)?;
+            command
+                .args(["--serve", "127.0.0.1:0"])
+                .stdout(std::process::Stdio::piped());
+            let mut server = ServerProcess(command.spawn()?, None);
+            let stdout = server.0.stdout.take().ok_or("the server's output")?;
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+            let Some(address) = line.trim().strip_prefix("listening ") else {
+                let status = server.0.wait()?;
+                return Err(format!("the server process did not listen ({status})").into());
+            };
+            let address: std::net::SocketAddr = address.parse()?;
+            let node = builder(args, Transport::verbs(config)).build()?;
+            let clients = (0..args.connections)
+                .map(|_| node.connect_timeout(address, Duration::from_secs(10)))
+                .collect::<Result<Vec<_>, _>>()?;
+            against_server_process(args, &runtime, node.budget(), clients, server)
         }
     }
+}
+
+/// This binary again as the server process, with the flags both sides must agree on;
+/// the caller adds where it listens.
+fn server_command(args: &Args) -> Result<Command, BoxError> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
+        .args([
+            "--provider",
+            args.provider.to_possible_value().expect("named").get_name(),
+        ])
+        .args(["--connections", &args.connections.to_string()])
+        .args([
+            "--demote-after",
+            &humantime::format_duration(args.demote_after).to_string(),
+        ])
+        .args(["--spin", &humantime::format_duration(args.spin).to_string()]);
+    if let Some(fault) = args.fault {
+        command.args([
+            "--fault",
+            fault.to_possible_value().expect("named").get_name(),
+        ]);
+    }
+    #[cfg(feature = "verbs")]
+    {
+        if let Some(device) = &args.device {
+            command.args(["--device", device]);
+        }
+        if let Some(index) = args.gid_index {
+            command.args(["--gid-index", &index.to_string()]);
+        }
+    }
+    Ok(command)
+}
+
+/// Runs the calls on `clients` against the server process and prints the report once
+/// the server has exited cleanly.
+fn against_server_process<E: Endpoint + Unpin + Send + 'static>(
+    args: &Args,
+    runtime: &tokio::runtime::Runtime,
+    budget: &MemoryBudget,
+    clients: Vec<Connection<E>>,
+    mut server: ServerProcess,
+) -> Result<(), BoxError> {
+    let report = runtime.block_on(traffic(args, clients, budget, true))?;
+    let status = server.0.wait()?;
+    if !status.success() {
+        return Err(format!("the server process failed: {status}").into());
+    }
+    print!("{report}");
+    Ok(())
 }
 
 /// The size class of a payload of `len` bytes, for the latency table.
@@ -440,10 +552,12 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
     let calls = args.connections * args.calls;
     let mut report = format!(
         "\ntarpc over tierbuf ({}): {} connections, {} calls in flight each, {calls} calls, every reply checked\n",
-        if remote {
-            "shm, server in a second process"
-        } else {
-            "loopback, one process"
+        match args.provider {
+            Provider::Loopback => "loopback, one process".to_string(),
+            provider => format!(
+                "{}, server in a second process",
+                provider.to_possible_value().expect("named").get_name()
+            ),
         },
         args.connections,
         args.in_flight,

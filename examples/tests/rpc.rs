@@ -2,13 +2,14 @@
 //! with the server a real second process, and over loopback; a reply changed by the
 //! server, or the server exiting mid-run, fails the client with a message and a non-zero
 //! exit status. Each process is back at its starting registered memory after the idle
-//! phase.
+//! phase, and no run leaves its socket file behind, a server that exited mid-run
+//! included.
 //!
 //! Runs the example's binary, which `cargo test` builds beside the tests
 //! (`target/<profile>/examples/rpc`).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// The example's binary, from this test's own path (`target/<profile>/deps/rpc-…`).
 fn example() -> PathBuf {
@@ -31,12 +32,22 @@ fn rpc(args: &[&str]) -> (Output, String, String) {
     let small = ["--max-large-kib", "256", "--demote-after", "20ms"]
         .iter()
         .chain(&small);
-    let output = Command::new(example())
+    let client = Command::new(example())
         .args(small.chain(args))
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run the example");
+    // The shm server listens at a path named for the client's process.
+    let socket = std::env::temp_dir().join(format!("tierbuf-rpc-{}.sock", client.id()));
+    let output = client.wait_with_output().expect("the example's output");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !socket.exists(),
+        "{} was left behind\n{stdout}\n{stderr}",
+        socket.display()
+    );
     (output, stdout, stderr)
 }
 
