@@ -1,6 +1,8 @@
 //! How long an `AsyncConnection`'s task spins before it parks (feature `tokio`): a wait
-//! spins only while spinning pays, and only one task of the process spins at a time, so
-//! a service of many connections does not burn the cores its peers need.
+//! spins only while spinning pays, and only one task of the process spins at a time (a
+//! claim that lapses at the end of its spin, so a task that stops polling mid-spin does
+//! not keep the others from spinning), so a service of many connections does not burn
+//! the cores its peers need.
 //!
 //! A task spins by waking itself and returning `Pending`; it parks by returning `Pending`
 //! with its wake left to the endpoint. The tests poll by hand with a waker that counts
@@ -102,16 +104,26 @@ async fn a_wait_spins_only_while_spinning_pays_and_one_task_at_a_time() {
         .budget_bytes(32 << 20)
         .build()
         .expect("a loopback transport");
-    let mut first = Watched::new(&node, "first");
-    let mut second = Watched::new(&node, "second");
-
     // A fresh connection's wait spins; while it does, no other task of the process may.
-    assert_eq!(first.look().await, Look::Spun, "a first wait spins");
-    assert_eq!(
-        second.look().await,
-        Look::Parked,
-        "one task spins at a time"
+    // The claim on the spin lapses at the spin's end, so a machine that stalls this
+    // thread between the two looks may let the second spin too: tried until one pair of
+    // looks lands within the spin.
+    let mut one_at_a_time = false;
+    for round in 0..100 {
+        let mut spinning = Watched::new(&node, &format!("spinning-{round}"));
+        let mut other = Watched::new(&node, &format!("other-{round}"));
+        let (first_look, second_look) = (spinning.look().await, other.look().await);
+        if (first_look, second_look) == (Look::Spun, Look::Parked) {
+            one_at_a_time = true;
+            break;
+        }
+    }
+    assert!(
+        one_at_a_time,
+        "a second task spun beside the first in every round"
     );
+
+    let mut first = Watched::new(&node, "first");
     first.spin_until_parked().await;
 
     // A wait that parked for longer than a spin lasts: the next wait parks at once.
@@ -143,4 +155,22 @@ async fn a_wait_spins_only_while_spinning_pays_and_one_task_at_a_time() {
         spins_again,
         "a wait ending within the spin never brought it back"
     );
+
+    // A claim whose task stops polling mid-spin (its future dropped, say) lapses at the
+    // spin's end: it keeps no other task from spinning after that.
+    let mut kept = Vec::new();
+    let mut abandoned_a_spin = false;
+    for round in 0..100 {
+        let mut abandoned = Watched::new(&node, &format!("abandoned-{round}"));
+        abandoned_a_spin = abandoned.look().await == Look::Spun;
+        // Kept open and never polled again.
+        kept.push(abandoned);
+        if abandoned_a_spin {
+            break;
+        }
+    }
+    assert!(abandoned_a_spin, "no fresh connection's wait spun");
+    std::thread::sleep(Duration::from_millis(5));
+    let mut next = Watched::new(&node, "next");
+    assert_eq!(next.look().await, Look::Spun, "the abandoned claim lapsed");
 }

@@ -21,14 +21,16 @@
 //! - Before it arms, a task that found nothing yields (`Pending`, woken at once) for up
 //!   to [`SPIN`] since the first such look of its wait: an answer that comes that soon is
 //!   taken without a wake through the reactor (a system call on each side), as the
-//!   blocking calls spin before they sleep. The spin pays only where answers come
-//!   that soon, and burns a core where they do not, so it is adaptive: a call's wait
-//!   runs from its first look that found nothing until the call returns `Ready`, and
-//!   the next wait spins only if that one ended within [`SPIN`] of its start. So an idle
+//!   blocking calls spin before they sleep ([`AsyncConnection::set_spin`] changes the
+//!   time; zero never spins). The spin pays only where answers come that soon, and
+//!   burns a core where they do not, so it is adaptive: a call's wait runs from its
+//!   first look that found nothing until the call returns `Ready`, and the next wait
+//!   spins only if that one ended within the spin's time of its start. So an idle
 //!   connection spins once and then parks at once until a wait ends soon again, and a
 //!   task whose answers come soon keeps spinning. And only one task of the process
-//!   spins at a time ([`SPINNERS`]): the others park at once, so a service of many
-//!   connections does not burn the cores its peers need.
+//!   spins at a time ([`SpinClaim`], a claim that lapses at the end of its spin): the
+//!   others park at once, so a service of many connections does not burn the cores its
+//!   peers need.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
@@ -39,7 +41,8 @@ use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -112,8 +115,8 @@ pub struct AsyncConnection<E: Endpoint> {
     /// Whether a wait yields for up to `spin` before it parks: whether the last call's
     /// wait ended within `spin` of its start (module invariants).
     spin_pays: bool,
-    /// This connection's place among the tasks of the process that spin, while it spins.
-    spin_slot: Option<SpinSlot>,
+    /// This connection's claim on the process's one spin, while it spins.
+    spin_claim: Option<SpinClaim>,
     /// The connection's next timer, as a tokio sleep.
     timer: Option<(Instant, Pin<Box<Sleep>>)>,
     /// The rest of the message the sink took and has not posted all of.
@@ -129,33 +132,53 @@ pub struct AsyncConnection<E: Endpoint> {
 /// (module invariants): about a round trip of a small RPC between two processes.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// How many tasks of the process may spin at once (module invariants).
-const SPINNERS: usize = 1;
+/// The end of the one spin the process allows at a time (module invariants), in
+/// nanoseconds since [`spin_epoch`]; 0 when it was given up.
+static SPIN_CLAIMED_UNTIL: AtomicU64 = AtomicU64::new(0);
 
-/// Tasks of the process that hold a [`SpinSlot`] now.
-static SPINNING: AtomicUsize = AtomicUsize::new(0);
-
-/// A place among the [`SPINNERS`] tasks of the process that may spin at once, given back
-/// when dropped. Only whether a task spins depends on it, never what a call returns, so
-/// the count needs no order with anything else.
-#[derive(Debug)]
-struct SpinSlot;
-
-impl SpinSlot {
-    /// A place, if one is free.
-    fn take() -> Option<SpinSlot> {
-        SPINNING
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |spinning| {
-                (spinning < SPINNERS).then_some(spinning + 1)
-            })
-            .ok()
-            .map(|_| SpinSlot)
-    }
+/// The instant [`SPIN_CLAIMED_UNTIL`] counts from: its first use.
+fn spin_epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
-impl Drop for SpinSlot {
-    fn drop(&mut self) {
-        SPINNING.fetch_sub(1, Ordering::Relaxed);
+/// A task's claim on the process's one spin, until the end of its spin. It lapses by
+/// itself then, so a claim whose task stopped polling (its future dropped mid-spin, say)
+/// keeps no other task from spinning for longer than that. Only whether a task spins
+/// depends on it, never what a call returns, so the word needs no order with anything
+/// else.
+#[derive(Debug, Clone, Copy)]
+struct SpinClaim {
+    until: u64,
+}
+
+impl SpinClaim {
+    fn nanos(at: Instant) -> u64 {
+        let since = at.saturating_duration_since(spin_epoch());
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// The spin until `until`, unless another task's claim is in force at `now`.
+    fn take(now: Instant, until: Instant) -> Option<SpinClaim> {
+        let (now, until) = (SpinClaim::nanos(now), SpinClaim::nanos(until));
+        let claimed = SPIN_CLAIMED_UNTIL.load(Ordering::Relaxed);
+        if claimed > now {
+            return None;
+        }
+        SPIN_CLAIMED_UNTIL
+            .compare_exchange(claimed, until, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()
+            .map(|_| SpinClaim { until })
+    }
+
+    /// Gives the claim up before its end, unless it lapsed and another took its place.
+    fn give_up(self) {
+        let _ = SPIN_CLAIMED_UNTIL.compare_exchange(
+            self.until,
+            0,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -210,15 +233,16 @@ impl<E: Endpoint> AsyncConnection<E> {
             waiting_since: None,
             spin: SPIN,
             spin_pays: true,
-            spin_slot: None,
+            spin_claim: None,
             recv_waits: false,
             send_waits: false,
         })
     }
 
     /// Sets how long a wait may spin before the task parks (50 µs unless set; the
-    /// module's invariants say when it spins). Zero never spins: for a process whose cores are all
-    /// spoken for, where a spinning task takes time a peer on the same machine needs.
+    /// module's invariants say when it spins). Zero never spins: for a process whose
+    /// cores are all spoken for, where a spinning task takes time a peer on the same
+    /// machine needs.
     ///
     /// ```
     /// use std::time::Duration;
@@ -470,10 +494,10 @@ impl<E: Endpoint> AsyncConnection<E> {
             let now = Instant::now();
             let since = *self.waiting_since.get_or_insert(now);
             if self.spin_pays && now.duration_since(since) < self.spin {
-                if self.spin_slot.is_none() {
-                    self.spin_slot = SpinSlot::take();
+                if self.spin_claim.is_none() {
+                    self.spin_claim = SpinClaim::take(now, since + self.spin);
                 }
-                if self.spin_slot.is_some() {
+                if self.spin_claim.is_some() {
                     // Yielded as tokio's own `yield_now` does: the task is woken after the
                     // worker has looked at its reactor, so the wakes of other tasks are
                     // not held up behind the spin.
@@ -482,7 +506,7 @@ impl<E: Endpoint> AsyncConnection<E> {
                     return Poll::Pending;
                 }
             }
-            self.spin_slot = None;
+            self.give_up_spin();
         }
         let polling = matches!(self.connection.endpoint().readiness(), Readiness::Polling);
         if polling || self.connection.arm(cx.waker()) == Armed::Pending {
@@ -538,7 +562,13 @@ impl<E: Endpoint> AsyncConnection<E> {
         if let Some(since) = self.waiting_since.take() {
             self.spin_pays = since.elapsed() <= self.spin;
         }
-        self.spin_slot = None;
+        self.give_up_spin();
+    }
+
+    fn give_up_spin(&mut self) {
+        if let Some(claim) = self.spin_claim.take() {
+            claim.give_up();
+        }
     }
 }
 
