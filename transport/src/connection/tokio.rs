@@ -7,7 +7,11 @@
 //!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
 //!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
 //!   providers), and the connection's next timer as a tokio sleep. The next poll disarms
-//!   before anything else, so every arm is followed by a disarm.
+//!   before anything else, so every arm is followed by a disarm. An endpoint that cannot
+//!   wake anybody ([`Readiness::Polling`]: verbs) is never armed; the task sleeps between
+//!   looks instead, the sleep doubling from one look to the next up to
+//!   [`Waiter::LONGEST_SLEEP`] as a blocking wait's does, so an idle connection costs a
+//!   look a millisecond (tokio's timer rounds shorter sleeps up to that).
 //! - One task may poll the stream and the sink in the same poll (tarpc's dispatch reads,
 //!   then writes and flushes): a call that finds the endpoint armed and returns `Ready`
 //!   arms it again before it returns, so the `Pending` an earlier call of that poll
@@ -55,6 +59,7 @@ use tokio::time::Sleep;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
+use super::wait::Waiter;
 use crate::provider::{Armed, Endpoint, Readiness};
 
 /// A [`Connection`] driven by a tokio runtime (IO and time enabled): `send(..).await`,
@@ -119,6 +124,10 @@ pub struct AsyncConnection<E: Endpoint> {
     spin_claim: Option<SpinClaim>,
     /// The connection's next timer, as a tokio sleep.
     timer: Option<(Instant, Pin<Box<Sleep>>)>,
+    /// The sleep between looks at an endpoint that cannot wake anybody, while one runs.
+    polling: Option<Pin<Box<Sleep>>>,
+    /// How long the next such sleep lasts.
+    polling_sleep: Duration,
     /// The rest of the message the sink took and has not posted all of.
     sinking: Option<Vec<u8>>,
     /// Whether a receive returned `Pending` and none has been polled since.
@@ -229,6 +238,8 @@ impl<E: Endpoint> AsyncConnection<E> {
             descriptor,
             armed: false,
             timer: None,
+            polling: None,
+            polling_sleep: Waiter::FIRST_SLEEP,
             sinking: None,
             waiting_since: None,
             spin: SPIN,
@@ -485,6 +496,8 @@ impl<E: Endpoint> AsyncConnection<E> {
         // Progress that did anything (a credit came back, say) may be what the caller
         // waits for; a failure is reported by its next call.
         if !matches!(self.connection.progress_counted(), Ok(0)) {
+            self.polling = None;
+            self.polling_sleep = Waiter::FIRST_SLEEP;
             return Poll::Ready(());
         }
         if self.poll_timer(cx).is_ready() {
@@ -508,8 +521,10 @@ impl<E: Endpoint> AsyncConnection<E> {
             }
             self.give_up_spin();
         }
-        let polling = matches!(self.connection.endpoint().readiness(), Readiness::Polling);
-        if polling || self.connection.arm(cx.waker()) == Armed::Pending {
+        if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
+            return self.poll_polling_sleep(cx);
+        }
+        if self.connection.arm(cx.waker()) == Armed::Pending {
             self.connection.disarm();
             cx.waker().wake_by_ref();
             return Poll::Pending;
@@ -530,6 +545,21 @@ impl<E: Endpoint> AsyncConnection<E> {
             }
             Poll::Pending => Poll::Pending,
         }
+    }
+
+    /// For an endpoint that cannot wake anybody: polls a sleep that doubles from one look
+    /// to the next, from [`Waiter::FIRST_SLEEP`] to [`Waiter::LONGEST_SLEEP`], as a
+    /// blocking wait polls such an endpoint; an event starts it over. `Ready` once it is
+    /// over, to look again.
+    fn poll_polling_sleep(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let length = self.polling_sleep;
+        let sleep = self
+            .polling
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(length)));
+        ready!(sleep.as_mut().poll(cx));
+        self.polling = None;
+        self.polling_sleep = (length * 2).min(Waiter::LONGEST_SLEEP);
+        Poll::Ready(())
     }
 
     /// Polls a sleep until the connection's next timer; `Ready` once it is due.
