@@ -12,6 +12,12 @@
 //!   looks instead, the sleep doubling from one look to the next up to
 //!   [`Waiter::LONGEST_SLEEP`] as a blocking wait's does, so an idle connection costs a
 //!   look a millisecond (tokio's timer rounds shorter sleeps up to that).
+//! - The polling sleep and the timer's sleep are one each per connection, and every call
+//!   of a poll that waits registers on them, so none is dropped before it is over: the
+//!   call that finds one over drops it and wakes the task, so a call of the same poll
+//!   left `Pending` on it is polled again and sleeps anew, rather than left with no
+//!   wake. (A timer that moved replaces its sleep; a call waiting on that still has the
+//!   endpoint's wake or the polling sleep.)
 //! - One task may poll the stream and the sink in the same poll (tarpc's dispatch reads,
 //!   then writes and flushes): a call that finds the endpoint armed and returns `Ready`
 //!   arms it again before it returns, so the `Pending` an earlier call of that poll
@@ -496,7 +502,8 @@ impl<E: Endpoint> AsyncConnection<E> {
         // Progress that did anything (a credit came back, say) may be what the caller
         // waits for; a failure is reported by its next call.
         if !matches!(self.connection.progress_counted(), Ok(0)) {
-            self.polling = None;
+            // The next polling sleep starts short again; one that runs is left to run,
+            // as a call of this poll may be `Pending` on it (module invariants).
             self.polling_sleep = Waiter::FIRST_SLEEP;
             return Poll::Ready(());
         }
@@ -559,6 +566,9 @@ impl<E: Endpoint> AsyncConnection<E> {
         ready!(sleep.as_mut().poll(cx));
         self.polling = None;
         self.polling_sleep = (length * 2).min(Waiter::LONGEST_SLEEP);
+        // Another call of this poll may have left `Pending` on this same sleep, which is
+        // gone now: the task polls again, so that call sleeps anew (module invariants).
+        cx.waker().wake_by_ref();
         Poll::Ready(())
     }
 
@@ -577,6 +587,9 @@ impl<E: Endpoint> AsyncConnection<E> {
         };
         ready!(sleep.as_mut().poll(cx));
         self.timer = None;
+        // As for the polling sleep: a call of this poll left `Pending` on this timer is
+        // polled again.
+        cx.waker().wake_by_ref();
         Poll::Ready(())
     }
 
