@@ -25,7 +25,8 @@ use pairs::{PairProvider, connections_wrapping, preset};
 /// An endpoint that forwards everything to `inner` but keeps the trait's default
 /// readiness: it cannot wake a sleeper, so it must be polled. Its completions show
 /// [`COMPLETION_DELAY`] after the inner endpoint made them, as a NIC's come some time
-/// after the post: a look may find none where a later look finds some.
+/// after the post: a look may find none where a later look finds some. A close shows
+/// only after the completions made before it.
 #[derive(Debug)]
 struct Polled<E> {
     inner: E,
@@ -50,7 +51,13 @@ impl<E: Endpoint> Endpoint for Polled<E> {
     }
 
     fn state(&self) -> EndpointState {
-        self.inner.state()
+        // What completed before a close is seen before the close, as on a NIC: the peer
+        // learns its sends completed only after this side's completions were made.
+        if self.seen.is_empty() {
+            self.inner.state()
+        } else {
+            EndpointState::Open
+        }
     }
 
     fn outstanding(&self) -> Outstanding {
@@ -84,12 +91,14 @@ impl<E: Endpoint> Endpoint for Polled<E> {
                 break;
             }
         }
+        // Once the connection is over, everything made before shows at once.
+        let over = !matches!(self.inner.state(), EndpointState::Open);
         let mut filled = 0;
         while filled < completions.len()
             && self
                 .seen
                 .front()
-                .is_some_and(|(at, _)| at.elapsed() >= COMPLETION_DELAY)
+                .is_some_and(|(at, _)| over || at.elapsed() >= COMPLETION_DELAY)
         {
             completions[filled] = self.seen.pop_front().expect("looked at").1;
             filled += 1;
