@@ -4,6 +4,7 @@
 //! arrives, and both sides of an exchange still make progress.
 #![cfg(feature = "tokio")]
 
+mod holding;
 mod pairs;
 
 use std::collections::VecDeque;
@@ -16,8 +17,8 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tierbuf_transport::connection::AsyncConnection;
 use tierbuf_transport::{
-    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackProvider, Opcode,
-    Outstanding, PostError, TransportError,
+    BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackProvider, Outstanding,
+    PostError, TransportError,
 };
 
 use pairs::{PairProvider, connections_wrapping, preset};
@@ -61,14 +62,7 @@ impl<E: Endpoint> Endpoint for Polled<E> {
     }
 
     fn outstanding(&self) -> Outstanding {
-        let mut outstanding = self.inner.outstanding();
-        for (_, held) in &self.seen {
-            match held.opcode {
-                Opcode::Send => outstanding.sends += 1,
-                Opcode::Recv => outstanding.recvs += 1,
-            }
-        }
-        outstanding
+        holding::with_held(self.inner.outstanding(), self.seen.iter().map(|(_, c)| c))
     }
 
     unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
@@ -82,15 +76,10 @@ impl<E: Endpoint> Endpoint for Polled<E> {
     }
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
-        let mut batch = [Completion::default(); 64];
-        loop {
-            let ready = self.inner.poll(&mut batch)?;
-            let now = Instant::now();
-            self.seen.extend(batch[..ready].iter().map(|c| (now, *c)));
-            if ready < batch.len() {
-                break;
-            }
-        }
+        let now = Instant::now();
+        holding::take_all(&mut self.inner, |completion| {
+            self.seen.push_back((now, completion));
+        })?;
         // Once the connection is over, everything made before shows at once.
         let over = !matches!(self.inner.state(), EndpointState::Open);
         let mut filled = 0;

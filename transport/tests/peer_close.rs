@@ -3,6 +3,7 @@
 //! delivered, then the close is reported; and a side whose only sends the close refused
 //! were frames of its own (credits), not message bytes, has nothing unflushed.
 
+mod holding;
 mod pairs;
 
 use std::collections::VecDeque;
@@ -12,7 +13,7 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionError, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackEndpoint,
-    LoopbackProvider, Opcode, Outstanding, PostError, TransportError,
+    LoopbackProvider, Outstanding, PostError, TransportError,
 };
 
 /// An endpoint that hands out the completions of the one it wraps sorted by outcome:
@@ -45,14 +46,7 @@ impl<E: Endpoint> Endpoint for Reordering<E> {
     }
 
     fn outstanding(&self) -> Outstanding {
-        let mut outstanding = self.inner.outstanding();
-        for held in &self.held {
-            match held.opcode {
-                Opcode::Send => outstanding.sends += 1,
-                Opcode::Recv => outstanding.recvs += 1,
-            }
-        }
-        outstanding
+        holding::with_held(self.inner.outstanding(), &self.held)
     }
 
     unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
@@ -66,14 +60,9 @@ impl<E: Endpoint> Endpoint for Reordering<E> {
     }
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
-        let mut batch = [Completion::default(); 64];
-        loop {
-            let ready = self.inner.poll(&mut batch)?;
-            self.held.extend(&batch[..ready]);
-            if ready < batch.len() {
-                break;
-            }
-        }
+        holding::take_all(&mut self.inner, |completion| {
+            self.held.push_back(completion)
+        })?;
         let failed = |held: &Completion| !held.status.is_success();
         let failures_now = if self.failures_first {
             self.held.iter().any(failed)
