@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::process::{Child, Command, ExitCode};
+use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -32,6 +32,7 @@ use serde_bytes::ByteBuf;
 use tarpc::client::NewClient;
 use tarpc::context::Context;
 use tarpc::server::{BaseChannel, Channel};
+use tierbuf_examples::process::ChildProcess;
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tarpc::{StatsWatch, TierbufTransport};
 use tierbuf_transport::connection::Connection;
@@ -113,8 +114,8 @@ struct Args {
     #[cfg(feature = "verbs")]
     #[arg(long)]
     gid_index: Option<u32>,
-    /// Run as the server process, listening at this address: a socket path over shm; over
-    /// verbs an IP address and port, printed once it listens as `listening ADDRESS`.
+    /// Run as the server process, listening at this address (a socket path over shm; over
+    /// verbs an IP address and port), and say `listening ADDRESS` on stdout once it does.
     #[arg(long, hide = true)]
     serve: Option<String>,
 }
@@ -243,19 +244,26 @@ fn serve_process(args: &Args, address: &str) -> Result<(), BoxError> {
     match args.provider {
         Provider::Shm => {
             let node = builder(args, Transport::shm()).build()?;
-            serve_listener(args, node.budget(), node.listen(address)?)
+            let listener = node.listen(address)?;
+            say_listening(address)?;
+            serve_listener(args, node.budget(), listener)
         }
         #[cfg(feature = "verbs")]
         Provider::Verbs => {
             let node = builder(args, Transport::verbs(verbs_config(args)?)).build()?;
             let listener = node.listen(address)?;
-            // The client reads this line for the address to connect to.
-            println!("listening {}", listener.address());
-            std::io::Write::flush(&mut std::io::stdout())?;
+            say_listening(listener.address())?;
             serve_listener(args, node.budget(), listener)
         }
         Provider::Loopback => Err("--serve is for a server process: shm or verbs".into()),
     }
+}
+
+/// The server's line for the client, which waits for it and connects to `address`.
+fn say_listening(address: impl std::fmt::Display) -> Result<(), BoxError> {
+    println!("listening {address}");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    Ok(())
 }
 
 /// Accepts the client's connections at `listener` and serves them.
@@ -287,22 +295,9 @@ fn verbs_config(args: &Args) -> Result<tierbuf_transport::verbs::VerbsConfig, Bo
     })
 }
 
-/// The server process, killed if the client gives up first; and the shm socket path it
-/// listens at, removed once it is gone (a server that exits without its destructors, or
-/// is killed, leaves the socket file behind).
-struct ServerProcess(Child, Option<std::path::PathBuf>);
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-        if let Some(path) = &self.1 {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
+/// How long the client waits for the server process to listen, and to exit once the
+/// client has hung up.
+const SERVER_PATIENCE: Duration = Duration::from_secs(30);
 
 fn run_client(args: &Args) -> Result<(), BoxError> {
     if args.connections == 0 || args.in_flight == 0 || args.calls == 0 || args.large_every == 0 {
@@ -338,20 +333,12 @@ fn run_client(args: &Args) -> Result<(), BoxError> {
             let _ = std::fs::remove_file(&path);
             let mut command = server_command(args)?;
             command.arg("--serve").arg(&path);
-            let mut server = ServerProcess(command.spawn()?, Some(path.clone()));
+            // A server that is killed, or exits without its destructors, leaves the
+            // socket's file behind.
+            let mut server = ChildProcess::start(command)?;
+            server.remove_on_drop(path.clone());
+            server.wait_for_line("listening ", SERVER_PATIENCE)?;
             let node = builder(args, Transport::shm()).build()?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !path.exists() {
-                if let Some(status) = server.0.try_wait()? {
-                    return Err(
-                        format!("the server process exited before listening: {status}").into(),
-                    );
-                }
-                if Instant::now() > deadline {
-                    return Err("the server process did not listen within 30 s".into());
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
             let clients = (0..args.connections)
                 .map(|_| node.connect_timeout(&path, Duration::from_secs(10)))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -361,18 +348,11 @@ fn run_client(args: &Args) -> Result<(), BoxError> {
         Provider::Verbs => {
             let config = verbs_config(args)?;
             let mut command = server_command(args)?;
-            command
-                .args(["--serve", "127.0.0.1:0"])
-                .stdout(std::process::Stdio::piped());
-            let mut server = ServerProcess(command.spawn()?, None);
-            let stdout = server.0.stdout.take().ok_or("the server's output")?;
-            let mut line = String::new();
-            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
-            let Some(address) = line.trim().strip_prefix("listening ") else {
-                let status = server.0.wait()?;
-                return Err(format!("the server process did not listen ({status})").into());
-            };
-            let address: std::net::SocketAddr = address.parse()?;
+            command.args(["--serve", "127.0.0.1:0"]);
+            let mut server = ChildProcess::start(command)?;
+            let address: std::net::SocketAddr = server
+                .wait_for_line("listening ", SERVER_PATIENCE)?
+                .parse()?;
             let node = builder(args, Transport::verbs(config)).build()?;
             let clients = (0..args.connections)
                 .map(|_| node.connect_timeout(address, Duration::from_secs(10)))
@@ -422,13 +402,10 @@ fn against_server_process<E: Endpoint + Unpin + Send + 'static>(
     runtime: &tokio::runtime::Runtime,
     budget: &MemoryBudget,
     clients: Vec<Connection<E>>,
-    mut server: ServerProcess,
+    mut server: ChildProcess,
 ) -> Result<(), BoxError> {
     let report = runtime.block_on(traffic(args, clients, budget, true))?;
-    let status = server.0.wait()?;
-    if !status.success() {
-        return Err(format!("the server process failed: {status}").into());
-    }
+    server.finish(SERVER_PATIENCE)?;
     print!("{report}");
     Ok(())
 }

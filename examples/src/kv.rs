@@ -220,7 +220,14 @@ pub enum KvError {
         #[source]
         source: store::StoreError,
     },
-    /// The server process could not be started, spoke out of turn or failed.
+    /// The server process could not be started, did not listen, or failed.
+    #[error("the server process")]
+    ServerProcess {
+        /// What went wrong with it.
+        #[source]
+        source: crate::process::ProcessError,
+    },
+    /// This process could not do what it was asked (its arguments, its output).
     #[error("the server process: {what}")]
     Process {
         /// What happened.

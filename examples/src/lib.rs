@@ -1,10 +1,12 @@
 //! Services built on tierbuf, each a library here and a runnable example under
 //! `examples/`: [`kv`], a key-value store served over tierbuf connections
-//! (`cargo run --release -p tierbuf-examples --example kv`, `docs/services.md`).
+//! (`cargo run --release -p tierbuf-examples --example kv`, `docs/services.md`); and
+//! [`process`], the second process of the examples' and the demo's two-process runs.
 
 #![warn(missing_docs)]
 
 pub mod kv;
+pub mod process;
 
 /// `error` and every `source()` under it, joined by colons: what failed, then why (a
 /// connection that failed because its peer died says so).

@@ -171,8 +171,11 @@ fn a_killed_server_process_gives_the_client_an_error_not_a_hang() {
     let setup = Setup::new(LadderChoice::Tiered, CONNECTIONS);
     let transport = setup.transport(Transport::shm()).unwrap();
     let socket = socket_path();
-    let mut process =
-        ServerProcess::start(server_command(LadderChoice::Tiered)(&socket).unwrap()).unwrap();
+    let mut process = ServerProcess::start(
+        server_command(LadderChoice::Tiered)(&socket).unwrap(),
+        socket.clone(),
+    )
+    .unwrap();
     let mut connections: Vec<_> = (0..CONNECTIONS)
         .map(|_| transport.connect(&socket).unwrap())
         .collect();
@@ -190,6 +193,9 @@ fn a_killed_server_process_gives_the_client_an_error_not_a_hang() {
         "{:?}",
         started.elapsed()
     );
-    // The socket's file is left by a killed server.
-    let _ = std::fs::remove_file(&socket);
+    drop(process);
+    assert!(
+        !socket.exists(),
+        "the killed server's socket file is removed"
+    );
 }

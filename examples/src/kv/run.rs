@@ -32,7 +32,7 @@ pub fn over_shm(
     let transport = setup.transport(Transport::shm())?;
     let budget = transport.budget().clone();
     let socket = socket_path();
-    let process = ServerProcess::start(server(&socket)?)?;
+    let process = ServerProcess::start(server(&socket)?, socket.clone())?;
     let connections = (0..setup.connections)
         .map(|_| transport.connect(&socket))
         .collect::<Result<Vec<_>, _>>()

@@ -18,30 +18,13 @@ use super::report::{PeerFigures, Report, report};
 use super::setup::{Setup, Side};
 use super::traffic::{QUIET_POLL, quiet_deadline, run_clients, serve, timed_traffic};
 
-/// Reads `reader` line by line on a thread of its own; the channel closes when the
-/// reader ends or fails.
-pub(super) fn read_lines(
-    reader: impl std::io::Read + Send + 'static,
-) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead;
-    let (sender, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(reader).lines() {
-            let Ok(line) = line else { break };
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    lines
-}
-
 /// The line channel to the process that runs the servers: the shm peer's standard
 /// streams, or the verbs control connection.
 pub(super) trait PeerLines {
     /// How long [`PeerLines::next_line`] waits for a line.
     const PATIENCE: Duration;
-    /// The other process's lines, read on a thread of their own ([`read_lines`]).
+    /// The other process's lines, read on a thread of their own
+    /// ([`read_lines`](tierbuf_examples::process::read_lines)).
     fn lines(&self) -> &std::sync::mpsc::Receiver<String>;
     /// The error for the other process saying nothing for [`PeerLines::PATIENCE`].
     fn silent(&self) -> DemoError;

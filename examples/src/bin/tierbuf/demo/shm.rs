@@ -30,17 +30,18 @@
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitCode, ExitStatus, Stdio};
+use std::process::{Command, ExitCode};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use tierbuf_transport::Transport;
 
 use super::DemoError;
 use super::args::DemoArgs;
-use super::remote::{ClientLines, PeerLines, read_lines, remote_clients, remote_servers};
+use super::remote::{ClientLines, PeerLines, remote_clients, remote_servers};
 use super::setup::{Setup, Side, check_returned};
+use tierbuf_examples::process::ChildProcess;
 
 /// How long the demo waits for the peer's next line, or for it to exit.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -188,13 +189,11 @@ fn tell_the_demo(line: &str) -> Result<(), DemoError> {
         .map_err(|e| format!("writing to the demo process: {e}").into())
 }
 
-/// The peer process, as the demo sees it: its stdin for requests, its stdout's lines
-/// (read by a thread of their own). Dropping it kills the process if it still runs.
+/// The peer process, as the demo sees it: its stdin for requests, its stdout's lines.
+/// Dropping it kills the process if it still runs ([`ChildProcess`]).
 #[derive(Debug)]
 struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
+    process: ChildProcess,
 }
 
 impl Peer {
@@ -202,54 +201,26 @@ impl Peer {
     fn start(args: &DemoArgs, socket: &Path) -> Result<Peer, DemoError> {
         let program = std::env::current_exe()
             .map_err(|e| format!("finding this program to start the peer process: {e}"))?;
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .arg("demo-peer")
             .arg("--socket")
             .arg(socket)
-            .args(args.flags())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting the peer process: {e}"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err("the peer process's stdin or stdout is not a pipe".into());
-        };
-        Ok(Peer {
-            child,
-            stdin,
-            lines: read_lines(stdout),
-        })
+            .args(args.flags());
+        let process = ChildProcess::start(command)
+            .map_err(|e| format!("the peer process: {}", super::with_causes(&e)))?;
+        Ok(Peer { process })
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.id()
     }
 
-    /// Waits for the peer to exit, and fails unless it succeeded.
+    /// Waits up to [`PEER_TIMEOUT`] for the peer to exit, and fails unless it succeeded.
     fn finish(&mut self) -> Result<(), DemoError> {
-        let status = self.exit_status()?;
-        if !status.success() {
-            return Err(format!("the peer process (PID {}) failed ({status})", self.pid()).into());
-        }
-        Ok(())
-    }
-
-    /// Waits up to [`PEER_TIMEOUT`] for the peer to exit.
-    fn exit_status(&mut self) -> Result<ExitStatus, DemoError> {
-        let deadline = Instant::now() + PEER_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the peer process (PID {}) did not exit within {PEER_TIMEOUT:?}",
-                    self.pid()
-                )
-                .into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.process
+            .finish(PEER_TIMEOUT)
+            .map_err(|e| format!("the peer process: {}", super::with_causes(&e)).into())
     }
 }
 
@@ -257,7 +228,7 @@ impl PeerLines for Peer {
     const PATIENCE: Duration = PEER_TIMEOUT;
 
     fn lines(&self) -> &Receiver<String> {
-        &self.lines
+        self.process.lines()
     }
 
     fn silent(&self) -> DemoError {
@@ -270,13 +241,13 @@ impl PeerLines for Peer {
 
     /// Its exit status, once it has stopped writing.
     fn gone(&mut self) -> DemoError {
-        match self.exit_status() {
+        match self.process.exit_status(PEER_TIMEOUT) {
             Ok(status) => format!(
                 "the peer process (PID {}) ended early ({status}); its error, if any, is above",
                 self.pid()
             )
             .into(),
-            Err(error) => error,
+            Err(error) => format!("the peer process: {}", super::with_causes(&error)).into(),
         }
     }
 
@@ -285,19 +256,13 @@ impl PeerLines for Peer {
     }
 
     fn ask_for_report(&mut self) -> Result<(), DemoError> {
-        writeln!(self.stdin, "report")
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| format!("asking the peer process for its report: {e}").into())
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        // After a failure here, the peer must not linger; after `finish` it has exited.
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.process.write_line("report").map_err(|e| {
+            format!(
+                "asking the peer process for its report: {}",
+                super::with_causes(&e)
+            )
+            .into()
+        })
     }
 }
 

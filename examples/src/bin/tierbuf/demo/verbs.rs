@@ -32,8 +32,9 @@ use tierbuf_transport::{Transport, Verbs};
 
 use super::DemoError;
 use super::args::DemoArgs;
-use super::remote::{ClientLines, PeerLines, read_lines, remote_clients, remote_servers};
+use super::remote::{ClientLines, PeerLines, remote_clients, remote_servers};
 use super::setup::{Setup, Side, check_returned};
+use tierbuf_examples::process::read_lines;
 
 /// How long one side waits for the other's next line on the control connection.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
