@@ -120,17 +120,12 @@ impl<E: Endpoint> Connection<E> {
     pub(crate) fn progress_counted(&mut self) -> Result<usize, Arc<ConnectionError>> {
         let now = Instant::now();
         self.last_now = now;
-        self.core.progress(now);
         let was_failed = self.core.failure().is_some();
-        let mut done = self.post_work();
         let (taken, posted) = self.take_completions(now);
-        done += posted;
-        // With no completion taken the core's state is what its first pass left: a second
-        // pass would find nothing to do, and an idle wait runs this loop back to back.
-        if taken > 0 {
-            self.core.progress(now);
-            done += taken + self.post_work();
-        }
+        // One pass of the core's own work, after the completions: it reposts what they
+        // and the messages given back since the last pass freed, and sends what is owed.
+        self.core.progress(now);
+        let mut done = taken + posted + self.post_work();
         if self.senders.is_some() {
             done += self.post_queued(now);
         }
