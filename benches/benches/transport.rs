@@ -52,7 +52,10 @@
 //!   pair's receive regions, which its peer mapped, were deregistered. `first_fitting`
 //!   is the like-for-like reference: the same message as the first of a fresh pair whose
 //!   only tier holds it whole, so no promotion is needed; a fresh pair's first message
-//!   pays for what its first use touches, whatever its size.
+//!   pays for what its first use touches, whatever its size. `promotion_lands` is the
+//!   part `first_oversize` leaves out: from that message's delivery until the sender's
+//!   promotion has landed (the peer provisioned the tier and the sender installed it), so
+//!   what waiting for the promotion before sending would have cost at the least.
 //!
 //! The ladder's top tier holds 64 KiB whole, so 1 MiB travels as 16+ frames and is
 //! reassembled (segmentation). Every connection is warmed first, so the measured messages
@@ -567,8 +570,8 @@ fn tier_alone(index: usize) -> Arc<TierLadder> {
     )
 }
 
-/// `first_oversize/PROVIDER`, `already_promoted/PROVIDER`, `segmented/PROVIDER` and
-/// `first_fitting/PROVIDER` over pairs from `connect_pair`, all drawn from one provider
+/// `first_oversize/PROVIDER`, `promotion_lands/PROVIDER`, `already_promoted/PROVIDER`,
+/// `segmented/PROVIDER` and `first_fitting/PROVIDER` over pairs from `connect_pair`, all drawn from one provider
 /// and reservoir per ladder, as a service's connections are: the first two on the bench
 /// ladder (`configs[0]`), `segmented` on its smallest tier alone (`configs[1]`), which
 /// sends the message in segments every time, and `first_fitting` on its 8 KiB tier alone
@@ -605,6 +608,23 @@ fn promotion_over<E: Endpoint>(
                     a.progress().expect("progress");
                     b.progress().expect("progress");
                 }
+            }
+            total
+        })
+    });
+    group.bench_function(BenchmarkId::new("promotion_lands", provider), |bench| {
+        bench.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                tiered_reservoir.fill().expect("refill the reservoir");
+                let (mut a, mut b) = make_pair();
+                deliver(&mut a, &mut b, &bytes, 0);
+                let start = Instant::now();
+                while a.stats().promotions == 0 {
+                    a.progress().expect("progress");
+                    b.progress().expect("progress");
+                }
+                total += start.elapsed();
             }
             total
         })
