@@ -1,5 +1,6 @@
 //! Models of the `transport` crate's connections, shared by the clean and the planted-bug
-//! test binaries: the receive slots that delivered messages give back across threads.
+//! test binaries: the receive slots that delivered messages give back across threads,
+//! a sender's queue across a tier swap, and the async connection's one spin at a time.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,6 +9,7 @@ use loom::thread;
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::spin_claim::SpinWord;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
@@ -151,4 +153,42 @@ pub fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
     assert_eq!(&slot[..4], b"sent", "the slot holds the sender's message");
     drop(slot);
     region.reclaim();
+}
+
+/// Two tasks of one process ask for the process's one spin at the same instant, with no
+/// claim in force: at most one of them may spin. loom reports two claims granted.
+pub fn one_spin_at_a_time() {
+    let word = Arc::new(SpinWord::new());
+    let other = {
+        let word = Arc::clone(&word);
+        thread::spawn(move || word.take(5, 10).is_some())
+    };
+    let mine = word.take(5, 10).is_some();
+    let theirs = other.join().unwrap();
+    assert!(!(mine && theirs), "two tasks spin at once");
+    assert!(
+        mine || theirs,
+        "nobody spins although no claim was in force"
+    );
+}
+
+/// A task gives up a claim that lapsed while another task takes the next one: once taken,
+/// the next one must stay in force, so a third task finds it and does not spin. (The next
+/// one may also be refused, when the give-up changes the word between its look and its
+/// swap: that task parks instead of spinning, which costs a wake, not a wrong answer.)
+/// loom reports a third claim granted while the second was in force.
+pub fn giving_up_a_lapsed_claim_keeps_the_next() {
+    let word = Arc::new(SpinWord::new());
+    let lapsed = word.take(1, 10).expect("no claim in force");
+    let next = {
+        let word = Arc::clone(&word);
+        thread::spawn(move || word.take(11, 20))
+    };
+    lapsed.give_up(&word);
+    if next.join().unwrap().is_some() {
+        assert!(
+            word.take(12, 30).is_none(),
+            "a lapsed claim given up cleared the claim in force"
+        );
+    }
 }

@@ -15,3 +15,13 @@ fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
         tierbuf_loom_tests::connection_models::a_sender_queues_a_filled_slot_across_a_tier_swap,
     );
 }
+
+#[test]
+fn one_spin_at_a_time() {
+    loom::model(tierbuf_loom_tests::connection_models::one_spin_at_a_time);
+}
+
+#[test]
+fn giving_up_a_lapsed_claim_keeps_the_next() {
+    loom::model(tierbuf_loom_tests::connection_models::giving_up_a_lapsed_claim_keeps_the_next);
+}

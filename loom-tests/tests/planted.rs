@@ -106,6 +106,24 @@ fn shm_wake_looked_at_before_publish_is_caught() {
 }
 
 #[test]
+fn spin_claim_check_then_set_is_caught() {
+    let message = expect_caught(
+        Bug::SpinClaimCheckThenSet,
+        tierbuf_loom_tests::connection_models::one_spin_at_a_time,
+    );
+    assert!(message.contains("two tasks spin at once"), "{message}");
+}
+
+#[test]
+fn spin_give_up_unconditional_is_caught() {
+    let message = expect_caught(
+        Bug::SpinGiveUpUnconditional,
+        tierbuf_loom_tests::connection_models::giving_up_a_lapsed_claim_keeps_the_next,
+    );
+    assert!(message.contains("cleared the claim in force"), "{message}");
+}
+
+#[test]
 fn send_queue_wake_before_push_is_caught() {
     let message = expect_caught(
         Bug::SendQueueWakeBeforePush,

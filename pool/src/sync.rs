@@ -80,6 +80,14 @@ pub mod planted {
         /// it queues its message instead of after, so a thread that parks in between
         /// sleeps with the message queued (`tierbuf-transport`).
         SendQueueWakeBeforePush = 12,
+        /// The async connection's claim on the process's one spin checks that no claim
+        /// is in force and then stores its own, as two separate steps, so two tasks can
+        /// spin at once (`tierbuf-transport`).
+        SpinClaimCheckThenSet = 13,
+        /// Giving up a spin claim clears the word whatever it holds, so a claim that
+        /// lapsed and was given up late clears the claim of the task that replaced it
+        /// (`tierbuf-transport`).
+        SpinGiveUpUnconditional = 14,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -21,6 +21,10 @@ mod send;
 // Public for the loom models' `SendQueue`; `Sender` is re-exported below.
 #[doc(hidden)]
 pub mod senders;
+// Public for the loom models of the async connection's one spin at a time.
+#[cfg(any(loom, feature = "tokio"))]
+#[doc(hidden)]
+pub mod spin_claim;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod stream;
 mod table;

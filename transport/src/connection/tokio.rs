@@ -38,7 +38,8 @@
 //!   spins only if that one ended within the spin's time of its start. So an idle
 //!   connection spins once and then parks at once until a wait ends soon again, and a
 //!   task whose answers come soon keeps spinning. And only one task of the process
-//!   spins at a time ([`SpinClaim`], a claim that lapses at the end of its spin): the
+//!   spins at a time (a [`SpinClaim`] on the process's [`SpinWord`], which lapses at the
+//!   end of its spin): the
 //!   others park at once, so a service of many connections does not burn the cores its
 //!   peers need.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
@@ -52,7 +53,6 @@ use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,7 @@ use tokio::time::Sleep;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
+use super::spin_claim::{SpinClaim, SpinWord};
 use super::wait::Waiter;
 use crate::provider::{Armed, Endpoint, Readiness};
 
@@ -147,54 +148,15 @@ pub struct AsyncConnection<E: Endpoint> {
 /// (module invariants): about a round trip of a small RPC between two processes.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// The end of the one spin the process allows at a time (module invariants), in
-/// nanoseconds since [`spin_epoch`]; 0 when it was given up.
-static SPIN_CLAIMED_UNTIL: AtomicU64 = AtomicU64::new(0);
+/// The process's one spin at a time (module invariants; `spin_claim` has the protocol).
+static SPIN_WORD: SpinWord = SpinWord::new();
 
-/// The instant [`SPIN_CLAIMED_UNTIL`] counts from: its first use.
-fn spin_epoch() -> Instant {
+/// The nanoseconds since the first look at the clock of the process's spins, on which
+/// [`SPIN_WORD`] counts (never 0, which means no claim).
+fn spin_nanos(at: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// A task's claim on the process's one spin, until the end of its spin. It lapses by
-/// itself then, so a claim whose task stopped polling (its future dropped mid-spin, say)
-/// keeps no other task from spinning for longer than that. Only whether a task spins
-/// depends on it, never what a call returns, so the word needs no order with anything
-/// else.
-#[derive(Debug, Clone, Copy)]
-struct SpinClaim {
-    until: u64,
-}
-
-impl SpinClaim {
-    fn nanos(at: Instant) -> u64 {
-        let since = at.saturating_duration_since(spin_epoch());
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
-    }
-
-    /// The spin until `until`, unless another task's claim is in force at `now`.
-    fn take(now: Instant, until: Instant) -> Option<SpinClaim> {
-        let (now, until) = (SpinClaim::nanos(now), SpinClaim::nanos(until));
-        let claimed = SPIN_CLAIMED_UNTIL.load(Ordering::Relaxed);
-        if claimed > now {
-            return None;
-        }
-        SPIN_CLAIMED_UNTIL
-            .compare_exchange(claimed, until, Ordering::Relaxed, Ordering::Relaxed)
-            .ok()
-            .map(|_| SpinClaim { until })
-    }
-
-    /// Gives the claim up before its end, unless it lapsed and another took its place.
-    fn give_up(self) {
-        let _ = SPIN_CLAIMED_UNTIL.compare_exchange(
-            self.until,
-            0,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-    }
+    let since = at.saturating_duration_since(*EPOCH.get_or_init(Instant::now));
+    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
 /// Whose wait [`AsyncConnection::poll_wake`] serves.
@@ -515,7 +477,8 @@ impl<E: Endpoint> AsyncConnection<E> {
             let since = *self.waiting_since.get_or_insert(now);
             if self.spin_pays && now.duration_since(since) < self.spin {
                 if self.spin_claim.is_none() {
-                    self.spin_claim = SpinClaim::take(now, since + self.spin);
+                    self.spin_claim =
+                        SPIN_WORD.take(spin_nanos(now), spin_nanos(since + self.spin));
                 }
                 if self.spin_claim.is_some() {
                     // Yielded as tokio's own `yield_now` does: the task is woken after the
@@ -610,7 +573,7 @@ impl<E: Endpoint> AsyncConnection<E> {
 
     fn give_up_spin(&mut self) {
         if let Some(claim) = self.spin_claim.take() {
-            claim.give_up();
+            claim.give_up(&SPIN_WORD);
         }
     }
 }
