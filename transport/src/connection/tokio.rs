@@ -39,9 +39,8 @@
 //!   connection spins once and then parks at once until a wait ends soon again, and a
 //!   task whose answers come soon keeps spinning. And only one task of the process
 //!   spins at a time (a [`SpinClaim`] on the process's [`SpinWord`], which lapses at the
-//!   end of its spin): the
-//!   others park at once, so a service of many connections does not burn the cores its
-//!   peers need.
+//!   end of its spin): the others park at once, so a service of many connections does
+//!   not burn the cores its peers need.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
