@@ -35,13 +35,13 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use tierbuf_examples::process::ChildProcess;
 use tierbuf_transport::Transport;
 
 use super::DemoError;
 use super::args::DemoArgs;
 use super::remote::{ClientLines, PeerLines, remote_clients, remote_servers};
 use super::setup::{Setup, Side, check_returned};
-use tierbuf_examples::process::ChildProcess;
 
 /// How long the demo waits for the peer's next line, or for it to exit.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);

@@ -27,6 +27,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
+use tierbuf_examples::process::read_lines;
 use tierbuf_transport::verbs::VerbsConfig;
 use tierbuf_transport::{Transport, Verbs};
 
@@ -34,7 +35,6 @@ use super::DemoError;
 use super::args::DemoArgs;
 use super::remote::{ClientLines, PeerLines, remote_clients, remote_servers};
 use super::setup::{Setup, Side, check_returned};
-use tierbuf_examples::process::read_lines;
 
 /// How long one side waits for the other's next line on the control connection.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
