@@ -14,7 +14,8 @@
 //!   dropped, say) keeps the others from spinning until its end at most.
 //! - **Giving up clears only one's own claim.** [`SpinClaim::give_up`] swaps the word from
 //!   the claim's own end to 0, so a claim that lapsed and was replaced by another task's
-//!   is left alone.
+//!   is left alone (unless the two end on the same nanosecond: then a third task may spin
+//!   beside the second, which costs a core for a while, never a wrong answer).
 //!
 //! Only whether a task spins depends on the word, never what a call returns, so it
 //! orders nothing else: `Relaxed` throughout. The loom models
