@@ -16,7 +16,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 /// What went wrong with a [`ChildProcess`]; every variant but [`ProcessError::Start`]
@@ -173,19 +173,6 @@ impl ChildProcess {
                 waited: patience,
             }),
             Err(RecvTimeoutError::Disconnected) => Err(self.ended()),
-        }
-    }
-
-    /// The next line, if the process has written one.
-    ///
-    /// # Errors
-    ///
-    /// [`ProcessError::Ended`] once its stdout has ended.
-    pub fn try_line(&mut self) -> Result<Option<String>, ProcessError> {
-        match self.lines.try_recv() {
-            Ok(line) => Ok(Some(line)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.ended()),
         }
     }
 

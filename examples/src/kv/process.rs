@@ -49,11 +49,6 @@ impl ServerProcess {
         Ok(ServerProcess { child })
     }
 
-    /// The process's id.
-    pub fn id(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Waits up to [`PROCESS_TIMEOUT`] for the process to exit, and fails unless it
     /// succeeded.
     ///
