@@ -9,12 +9,15 @@
 //! `transport/pingpong_consumed` (`whole`: every word summed), less the peer process;
 //! `segmented` is `spot` on the bench ladder's tier 0 alone, where a message past 480
 //! bytes travels in segments every time, as in `transport/promotion/segmented`;
-//! `sum` times the benches' word sum alone. It prints the time a round trip (or a sum)
-//! took, which is only worth comparing between runs made in the same minutes.
+//! `stream` sends batches of eight messages one way, as `transport/stream` sends them,
+//! each batch taken whole on the other side (`ROUNDS` counts batches there, so divide by
+//! `8 × ROUNDS` for a message); `sum` times the benches' word sum alone. It prints the
+//! time a round trip (a batch, a sum) took, which is only worth comparing between runs
+//! made in the same minutes.
 //!
 //! `cargo build --profile bench -p tierbuf-benches --example message_instructions`, then
 //! `valgrind --tool=callgrind target/release/examples/message_instructions MODE ROUNDS
-//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `sum`; `SIZE` in bytes,
+//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `stream`, `sum`; `SIZE` in bytes,
 //! 64 unless given. See `docs/transport.md`, "What the consumed figures are made of".
 
 use std::sync::Arc;
@@ -39,14 +42,15 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args
         .next()
-        .expect("a mode: endpoint, spot, whole, segmented or sum");
+        .expect("a mode: endpoint, spot, whole, segmented, stream or sum");
     let rounds: u64 = args.next().map_or(100_000, |n| n.parse().expect("a count"));
     let size: usize = args.next().map_or(64, |n| n.parse().expect("a size"));
-    let elapsed = match mode.as_str() {
-        "endpoint" => endpoint(rounds, size),
-        "spot" => connection(rounds, size, false, false),
-        "whole" => connection(rounds, size, true, false),
-        "segmented" => connection(rounds, size, false, true),
+    let (elapsed, round) = match mode.as_str() {
+        "endpoint" => (endpoint(rounds, size), "a round trip"),
+        "spot" => (connection(rounds, size, false, false), "a round trip"),
+        "whole" => (connection(rounds, size, true, false), "a round trip"),
+        "segmented" => (connection(rounds, size, false, true), "a round trip"),
+        "stream" => (stream(rounds, size), "a batch of 8"),
         "sum" => {
             let bytes = message(size);
             let mut total = 0u64;
@@ -65,15 +69,13 @@ fn main() {
         other => panic!("unknown mode {other}"),
     };
     println!(
-        "{mode} {size} B: {:.1} ns a round trip, both sides in one thread",
+        "{mode} {size} B: {:.1} ns {round}, both sides in one thread",
         elapsed.as_nanos() as f64 / rounds.max(1) as f64
     );
 }
 
-/// `rounds` round trips between two connections over one shm pair, as
-/// `transport/pingpong` runs them: on the bench ladder, or on its tier 0 alone; the
-/// receiver reads every word (`whole`) or four places.
-fn connection(rounds: u64, size: usize, whole: bool, tier_0_alone: bool) -> Duration {
+/// Two connections over one shm pair, on the bench ladder or on its tier 0 alone.
+fn connection_pair(tier_0_alone: bool) -> (Shm, Shm) {
     let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 30));
     let mut ladder = TierLadder::builder().tier(512, 16, 480);
     if !tier_0_alone {
@@ -99,7 +101,14 @@ fn connection(rounds: u64, size: usize, whole: bool, tier_0_alone: bool) -> Dura
         .expect("a connection");
         Connection::new(core, endpoint).expect("post the first receives")
     };
-    let (mut a, mut b) = (connect(a), connect(b));
+    (connect(a), connect(b))
+}
+
+/// `rounds` round trips between two connections over one shm pair, as
+/// `transport/pingpong` runs them: on the bench ladder, or on its tier 0 alone; the
+/// receiver reads every word (`whole`) or four places.
+fn connection(rounds: u64, size: usize, whole: bool, tier_0_alone: bool) -> Duration {
+    let (mut a, mut b) = connection_pair(tier_0_alone);
     let expected = message(size);
     let rest = rest_sum(&expected);
     let reading = if whole { Reading::Whole } else { Reading::Spot };
@@ -116,6 +125,37 @@ fn connection(rounds: u64, size: usize, whole: bool, tier_0_alone: bool) -> Dura
         send(&mut b, &mut a, &received);
         drop(received);
         reading.check(&recv(&mut a, &mut b), seq, &expected, rest);
+    }
+    start.elapsed()
+}
+
+/// Messages a side of `stream` sends before the other takes them: half the bench
+/// ladder's tier-0 credits, so the sender never waits for a grant within a batch.
+const STREAM_BATCH: u64 = 8;
+
+/// `rounds` batches of [`STREAM_BATCH`] messages one way, as `transport/stream` sends
+/// them: one side sends a batch, the other then takes it, checking four places of each.
+/// A message's count is the instructions of one message sent and received in a stream,
+/// the grants the receiver sends back included; `ROUNDS` counts batches here.
+fn stream(rounds: u64, size: usize) -> Duration {
+    let (mut a, mut b) = connection_pair(false);
+    let expected = message(size);
+    let rest = rest_sum(&expected);
+    let mut outgoing = expected.clone();
+    let mut seq = 0;
+    let mut start = Instant::now();
+    for round in 0..WARM + rounds {
+        if round == WARM {
+            start = Instant::now();
+        }
+        for at in seq..seq + STREAM_BATCH {
+            outgoing[..8].copy_from_slice(&at.to_le_bytes());
+            send(&mut a, &mut b, &outgoing);
+        }
+        for at in seq..seq + STREAM_BATCH {
+            Reading::Spot.check(&recv(&mut b, &mut a), at, &expected, rest);
+        }
+        seq += STREAM_BATCH;
     }
     start.elapsed()
 }
