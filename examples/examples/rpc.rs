@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::error::Error;
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
@@ -53,6 +53,7 @@ trait Bench {
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 struct ServerReport {
     in_use: u64,
+    /// The most bytes the server's process registered at once since its previous report.
     peak: u64,
     promotions: u64,
     demotions: u64,
@@ -161,7 +162,6 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 #[derive(Clone)]
 struct Server {
     budget: MemoryBudget,
-    peak: Arc<AtomicU64>,
     watches: Arc<std::sync::Mutex<Vec<StatsWatch>>>,
     calls: Arc<AtomicUsize>,
     fault: Option<Fault>,
@@ -183,25 +183,11 @@ impl Bench for Server {
         let stats = watches.iter().map(StatsWatch::latest);
         ServerReport {
             in_use: self.budget.in_use(),
-            peak: self.peak.load(Ordering::Relaxed),
+            peak: self.budget.reset_peak(),
             promotions: stats.clone().map(|s| s.promotions).sum(),
             demotions: stats.map(|s| s.demotions).sum(),
         }
     }
-}
-
-/// Samples `budget` every millisecond into `peak` while the runtime runs.
-fn sample_peak(budget: MemoryBudget) -> Arc<AtomicU64> {
-    let peak = Arc::new(AtomicU64::new(budget.in_use()));
-    let sampled = Arc::clone(&peak);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        loop {
-            tick.tick().await;
-            sampled.fetch_max(budget.in_use(), Ordering::Relaxed);
-        }
-    });
-    peak
 }
 
 /// Serves `connections` until their clients hang up (tokio runtime context).
@@ -212,7 +198,6 @@ async fn serve<E: Endpoint + Unpin + Send + 'static>(
     spin: Duration,
 ) -> Result<(), BoxError> {
     let server = Server {
-        peak: sample_peak(budget.clone()),
         budget,
         watches: Arc::default(),
         calls: Arc::default(),
@@ -459,7 +444,10 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
     let server_at_start = clients[0].report(deadline()).await?;
     let client_at_start = budget.in_use();
     let at_start = client_at_start + if remote { server_at_start.in_use } else { 0 };
-    let peak = sample_peak(budget.clone());
+    // The server's next report has its peak since this one; this process's starts now.
+    // (One process: the budget is the server's too, so this side reads its peak before
+    // the server's report starts another.)
+    budget.reset_peak();
 
     let args = Arc::new(args.clone());
     let started = Instant::now();
@@ -496,8 +484,9 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
         }
     }
     let elapsed = started.elapsed();
+    let client_peak = budget.peak();
     let server_peak = clients[0].report(deadline()).await?;
-    let peak = peak.load(Ordering::Relaxed) + if remote { server_peak.peak } else { 0 };
+    let peak = client_peak + if remote { server_peak.peak } else { 0 };
 
     // Idle: every connection steps back down to its first tier. The phase ends once each
     // process is back at its own starting figure (the server asked over connection 0,

@@ -50,3 +50,18 @@ pub fn budget_admission() {
     drop((mine, theirs));
     assert_eq!(budget.in_use(), 0);
 }
+
+/// Two threads each reserve 300 bytes and keep them until both are done: at some point
+/// 600 bytes were in use at once, so the budget's peak must say 600, whichever
+/// reservation made that total and in whatever order the two raised the peak.
+pub fn budget_peak() {
+    let budget = MemoryBudget::with_cap(1000);
+    let other = budget.clone();
+    let racer = thread::spawn(move || other.reserve(300).expect("room for both"));
+    let mine = budget.reserve(300).expect("room for both");
+    let theirs = racer.join().unwrap();
+    assert_eq!(budget.in_use(), 600);
+    assert_eq!(budget.peak(), 600, "the peak lost the larger total");
+    drop((mine, theirs));
+    assert_eq!(budget.peak(), 600, "a peak outlives what made it");
+}

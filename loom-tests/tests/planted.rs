@@ -5,7 +5,7 @@
 
 use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
 use tierbuf_loom_tests::harness::expect_caught;
-use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
+use tierbuf_loom_tests::pool_models::{budget_admission, budget_peak, slots_hand_over};
 use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
 use tierbuf_loom_tests::transport_models::{post_is_never_stranded, shm};
 use tierbuf_pool::sync::planted::Bug;
@@ -34,6 +34,12 @@ fn budget_check_then_add_is_caught() {
         message.contains("passed its cap") || message.contains("exactly one"),
         "{message}"
     );
+}
+
+#[test]
+fn budget_peak_load_then_store_is_caught() {
+    let message = expect_caught(Bug::BudgetPeakLoadThenStore, budget_peak);
+    assert!(message.contains("lost the larger total"), "{message}");
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! Models of the `pool` crate: the slot pool's take/give-back protocol and the budget's
-//! admission. The planted-bug variants of these models are in `planted.rs`.
+//! admission and peak. The planted-bug variants of these models are in `planted.rs`.
 #![cfg(loom)]
 
-use tierbuf_loom_tests::pool_models::{budget_admission, slots_hand_over};
+use tierbuf_loom_tests::pool_models::{budget_admission, budget_peak, slots_hand_over};
 
 #[test]
 fn slot_pool_one_slot_hand_over() {
@@ -17,4 +17,9 @@ fn slot_pool_two_slots_race() {
 #[test]
 fn budget_admits_within_cap() {
     loom::model(budget_admission);
+}
+
+#[test]
+fn budget_peak_keeps_the_largest_total() {
+    loom::model(budget_peak);
 }

@@ -7,6 +7,10 @@
 //!   never both pass a cap that only one of them fits under.
 //! - `in_use` is the sum of the lengths of the live [`Reservation`]s of this budget: a
 //!   reservation adds its length once when created and subtracts it once when dropped.
+//! - `peak >= in_use` once every reservation admitted has returned from
+//!   [`MemoryBudget::reserve`]: an admitted reservation raises `peak` to the total it
+//!   made with one `fetch_max`, so a smaller total never overwrites a larger one, and
+//!   [`MemoryBudget::reset_peak`] only lowers it to `in_use`.
 //!
 //! One budget is meant to be shared (it is a cheap handle) by every registrar of a
 //! process, so that the cap bounds everything the process registers.
@@ -98,6 +102,8 @@ struct BudgetShared {
     cap: u64,
     limited_by: CapSource,
     in_use: AtomicU64,
+    /// The most bytes `in_use` has held since the budget was made or last reset.
+    peak: AtomicU64,
 }
 
 /// A cap on registered bytes, shared by every registrar that charges it.
@@ -163,6 +169,7 @@ impl MemoryBudget {
                 cap,
                 limited_by,
                 in_use: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
             }),
         }
     }
@@ -187,6 +194,37 @@ impl MemoryBudget {
         self.cap().saturating_sub(self.in_use())
     }
 
+    /// The most bytes reserved at once since the budget was made or
+    /// [`MemoryBudget::reset_peak`] last ran: every admitted reservation counts, however
+    /// briefly it was held, which a reading of [`MemoryBudget::in_use`] now and then would
+    /// miss.
+    ///
+    /// ```
+    /// use tierbuf_pool::MemoryBudget;
+    /// let budget = MemoryBudget::with_cap(1 << 20);
+    /// let first = budget.reserve(4096)?;
+    /// drop(budget.reserve(8192)?);
+    /// assert_eq!((budget.in_use(), budget.peak()), (4096, 12288));
+    /// drop(first);
+    /// assert_eq!(budget.reset_peak(), 12288);
+    /// assert_eq!(budget.peak(), 0, "nothing is reserved now");
+    /// # Ok::<(), tierbuf_pool::PoolError>(())
+    /// ```
+    pub fn peak(&self) -> u64 {
+        self.shared.peak.load(Ordering::Acquire)
+    }
+
+    /// Starts a new peak from the bytes reserved now, and returns the one it ends, so
+    /// that a phase of a program (its traffic, say) can be given a peak of its own. A
+    /// reservation admitted while this runs may count toward either peak or neither.
+    pub fn reset_peak(&self) -> u64 {
+        let ended = self.shared.peak.swap(self.in_use(), Ordering::AcqRel);
+        // What was admitted between the reading of `in_use` and the swap is in `in_use`
+        // now, if it is still held.
+        self.shared.peak.fetch_max(self.in_use(), Ordering::AcqRel);
+        ended
+    }
+
     /// Reserves `bytes` until the returned reservation is dropped, or fails with
     /// [`PoolError::BudgetExceeded`] naming the cap, the bytes in use and the request.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation, PoolError> {
@@ -203,7 +241,8 @@ impl MemoryBudget {
             {
                 return Err(self.exceeded(bytes, in_use));
             }
-            shared.in_use.fetch_add(bytes, Ordering::AcqRel);
+            let before = shared.in_use.fetch_add(bytes, Ordering::AcqRel);
+            self.raise_peak(before + bytes);
             return Ok(Reservation {
                 budget: self.clone(),
                 bytes,
@@ -217,12 +256,28 @@ impl MemoryBudget {
                     .filter(|&total| total <= shared.cap)
             });
         match admitted {
-            Ok(_) => Ok(Reservation {
-                budget: self.clone(),
-                bytes,
-            }),
+            Ok(before) => {
+                self.raise_peak(before + bytes);
+                Ok(Reservation {
+                    budget: self.clone(),
+                    bytes,
+                })
+            }
             Err(in_use) => Err(self.exceeded(bytes, in_use)),
         }
+    }
+
+    /// Raises the peak to `total`, the bytes in use that an admitted reservation made.
+    fn raise_peak(&self, total: u64) {
+        let peak = &self.shared.peak;
+        #[cfg(loom)]
+        if crate::sync::planted::is_planted(crate::sync::planted::Bug::BudgetPeakLoadThenStore) {
+            if peak.load(Ordering::Acquire) < total {
+                peak.store(total, Ordering::Release);
+            }
+            return;
+        }
+        peak.fetch_max(total, Ordering::AcqRel);
     }
 
     fn exceeded(&self, requested: u64, in_use: u64) -> PoolError {
@@ -331,6 +386,22 @@ mod tests {
         assert_eq!(budget.in_use(), 40);
         drop(b);
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn the_peak_counts_refusals_never_and_a_reset_starts_from_what_is_held() {
+        let budget = MemoryBudget::with_cap(100);
+        let held = budget.reserve(30).unwrap();
+        drop(budget.reserve(50).unwrap());
+        assert!(budget.reserve(71).is_err(), "past the cap");
+        assert_eq!(budget.peak(), 80, "a refused reservation raises nothing");
+        assert_eq!(budget.reset_peak(), 80);
+        assert_eq!(budget.peak(), 30, "a new peak starts from what is held");
+        let more = budget.reserve(10).unwrap();
+        drop(more);
+        assert_eq!(budget.peak(), 40);
+        drop(held);
+        assert_eq!((budget.in_use(), budget.peak()), (0, 40));
     }
 
     #[test]

@@ -88,6 +88,10 @@ pub mod planted {
         /// lapsed and was given up late clears the claim of the task that replaced it
         /// (`tierbuf-transport`).
         SpinGiveUpUnconditional = 14,
+        /// A budget reservation raises the budget's peak with a load and a separate
+        /// store, so a reservation that made a smaller total can overwrite the peak a
+        /// concurrent one made.
+        BudgetPeakLoadThenStore = 15,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::ops::Add;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tierbuf_pool::MemoryBudget;
 
@@ -66,7 +65,7 @@ impl Figures {
     /// counters.
     pub(super) fn after_quiet(
         at_start: u64,
-        peak: &AtomicU64,
+        peak: u64,
         budget: &MemoryBudget,
         spare: u64,
         busy_tier_steps: u64,
@@ -75,7 +74,7 @@ impl Figures {
         Figures {
             registered: Registered {
                 at_start,
-                peak: peak.load(Ordering::Relaxed),
+                peak,
                 quiet: budget.in_use(),
                 reservoir: spare,
             },

@@ -1,7 +1,6 @@
 //! `tierbuf demo --provider loopback`: both sides of every connection in this process,
 //! the clients on this thread and the servers on another, and the report of both.
 
-use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use tierbuf_transport::Transport;
@@ -28,17 +27,18 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     drop(listener);
     let at_start = budget.in_use();
 
-    let peak = AtomicU64::new(at_start);
+    budget.reset_peak();
     let (latencies, elapsed) = timed_traffic(args, setup, |sizes, bar| {
         let (client_result, server_result) = std::thread::scope(|scope| {
-            let server = scope.spawn(|| serve(&mut servers, args.messages, &budget, &peak));
-            let client = run_clients(&mut clients, args.messages, sizes, bar, &budget, &peak);
+            let server = scope.spawn(|| serve(&mut servers, args.messages));
+            let client = run_clients(&mut clients, args.messages, sizes, bar);
             (client, server.join())
         });
         let latencies = client_result?;
         server_result.map_err(|_| "the server thread panicked")??;
         Ok(latencies)
     })?;
+    let peak = budget.peak();
 
     let busy_tier_steps = (clients.totals()? + servers.totals()?).send_tier_sum;
     // Quiet: keep progressing until every connection has stepped back down and its old
@@ -51,7 +51,7 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     }
     let here = Figures::after_quiet(
         at_start,
-        &peak,
+        peak,
         &budget,
         transport.reservoir().spare_bytes(),
         busy_tier_steps,

@@ -4,7 +4,6 @@
 //! process's part of the run once every connection is made ([`remote_clients`],
 //! [`remote_servers`]).
 
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use tierbuf_pool::MemoryBudget;
@@ -86,10 +85,11 @@ pub(super) fn remote_clients<E: Endpoint>(
     placement: String,
 ) -> Result<(), DemoError> {
     let at_start = budget.in_use();
-    let peak = AtomicU64::new(at_start);
+    budget.reset_peak();
     let (latencies, elapsed) = timed_traffic(args, setup, |sizes, bar| {
-        run_clients(clients, args.messages, sizes, bar, budget, &peak)
+        run_clients(clients, args.messages, sizes, bar)
     })?;
+    let peak = budget.peak();
 
     let busy_tier_steps = clients.totals()?.send_tier_sum;
     // Quiet: as on loopback, until both processes are back where they started.
@@ -108,7 +108,7 @@ pub(super) fn remote_clients<E: Endpoint>(
     }
     let here = Figures::after_quiet(
         at_start,
-        &peak,
+        peak,
         budget,
         reservoir.spare_bytes(),
         busy_tier_steps,
@@ -147,8 +147,9 @@ pub(super) fn remote_servers<E: Endpoint>(
     clients: &mut impl ClientLines,
 ) -> Result<(), DemoError> {
     let at_start = budget.in_use();
-    let peak = AtomicU64::new(at_start);
-    serve(servers, messages, budget, &peak)?;
+    budget.reset_peak();
+    serve(servers, messages)?;
+    let peak = budget.peak();
     let busy_tier_steps = servers.totals()?.send_tier_sum;
     let mut quiet = false;
     while !clients.report_asked()? {
@@ -161,7 +162,7 @@ pub(super) fn remote_servers<E: Endpoint>(
     }
     let figures = Figures::after_quiet(
         at_start,
-        &peak,
+        peak,
         budget,
         reservoir.spare_bytes(),
         busy_tier_steps,

@@ -1,17 +1,16 @@
 //! The traffic each side runs: the clients keep one request in flight per connection and
 //! time every round trip ([`run_clients`]), the servers answer each request with a reply of
 //! the same size ([`serve`]); each side is one thread that sleeps until some of its
-//! connections have work (their table's readiness) and looks only at those, and notes
-//! the peak of its process's registered bytes as it goes.
+//! connections have work (their table's readiness) and looks only at those. The peak of
+//! registered bytes is the budget's own
+//! ([`MemoryBudget::peak`](tierbuf_pool::MemoryBudget::peak)).
 //! [`timed_traffic`] gives the traffic its request sizes, progress bar and clock;
 //! [`QUIET_POLL`] and [`quiet_deadline`] pace the quiet phase after it.
 
 use std::io::{IoSlice, IsTerminal};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tierbuf_pool::MemoryBudget;
 use tierbuf_transport::Endpoint;
 use tierbuf_transport::connection::{Connection, SendError, SharedConnection};
 
@@ -101,8 +100,6 @@ pub(super) fn run_clients<E: Endpoint>(
     messages: usize,
     sizes: &MessageSizes,
     bar: &ProgressBar,
-    budget: &MemoryBudget,
-    peak: &AtomicU64,
 ) -> Result<[Vec<u64>; CLASSES], DemoError> {
     let count = side.connections.len();
     let mut next = vec![0usize; count];
@@ -110,7 +107,6 @@ pub(super) fn run_clients<E: Endpoint>(
     let mut latencies: [Vec<u64>; CLASSES] = Default::default();
     let (mut buffer, mut scratch) = (Vec::new(), Vec::new());
     let mut done = 0;
-    let mut peak_watch = PeakWatch::new(budget, peak);
     let mut ready: Vec<_> = side.connections.clone();
     while done < count {
         for shared in &ready {
@@ -165,7 +161,6 @@ pub(super) fn run_clients<E: Endpoint>(
                 }
             }
         }
-        peak_watch.round_done();
         if done < count {
             wait_ready(side, &mut ready)?;
         }
@@ -175,17 +170,11 @@ pub(super) fn run_clients<E: Endpoint>(
 
 /// The server side: answers every request with a reply of the same size, looking only at
 /// the connections that may have a request or room for a reply.
-pub(super) fn serve<E: Endpoint>(
-    side: &mut Side<E>,
-    messages: usize,
-    budget: &MemoryBudget,
-    peak: &AtomicU64,
-) -> Result<(), DemoError> {
+pub(super) fn serve<E: Endpoint>(side: &mut Side<E>, messages: usize) -> Result<(), DemoError> {
     let count = side.connections.len();
     let mut answered = vec![0usize; count];
     let mut pending: Vec<Option<Vec<u8>>> = vec![None; count];
     let mut scratch = Vec::new();
-    let mut peak_watch = PeakWatch::new(budget, peak);
     let mut finished = 0;
     let mut ready = Vec::new();
     while finished < count {
@@ -216,7 +205,6 @@ pub(super) fn serve<E: Endpoint>(
                 finished += 1;
             }
         }
-        peak_watch.round_done();
     }
     for connection in &side.connections {
         connection.lock()?.flush()?;
@@ -233,35 +221,5 @@ fn offer<E: Endpoint>(connection: &mut Connection<E>, bytes: &[u8]) -> Result<bo
         }
         Err(SendError::WouldBlock(_)) => Ok(false),
         Err(error) => Err(error.into()),
-    }
-}
-
-/// The rounds of a side's loop between two readings of the registered bytes for their
-/// peak.
-const ROUNDS_PER_PEAK_READING: u64 = 64;
-
-/// Keeps `peak` at the most registered bytes `budget` has shown, reading them once every
-/// [`ROUNDS_PER_PEAK_READING`] rounds of a side's loop.
-struct PeakWatch<'a> {
-    budget: &'a MemoryBudget,
-    peak: &'a AtomicU64,
-    rounds: u64,
-}
-
-impl<'a> PeakWatch<'a> {
-    fn new(budget: &'a MemoryBudget, peak: &'a AtomicU64) -> PeakWatch<'a> {
-        PeakWatch {
-            budget,
-            peak,
-            rounds: 0,
-        }
-    }
-
-    /// Counts a round of the side's loop, and reads the registered bytes if it is time.
-    fn round_done(&mut self) {
-        self.rounds += 1;
-        if self.rounds.is_multiple_of(ROUNDS_PER_PEAK_READING) {
-            self.peak.fetch_max(self.budget.in_use(), Ordering::Relaxed);
-        }
     }
 }
