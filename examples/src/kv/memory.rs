@@ -1,5 +1,6 @@
-//! Registered memory over time: a [`Sampler`] reads a budget's `in_use()` on a thread of
-//! its own, and a [`Series`] of samples says where it started, peaked and ended.
+//! Registered memory over time: a [`Sampler`] reads a budget on a thread of its own, each
+//! sample the most bytes it held since the one before (so no peak falls between two
+//! samples), and a [`Series`] of samples says where it started, peaked and ended.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,7 +15,8 @@ pub struct Sample {
     /// When, in microseconds since the Unix epoch: comparable between the processes of
     /// one host.
     pub at_micros: u64,
-    /// The budget's registered bytes in use.
+    /// The most registered bytes the budget held at once since the sample before (for
+    /// the first, since sampling began): [`MemoryBudget::reset_peak`].
     pub bytes: u64,
 }
 
@@ -34,17 +36,20 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Starts sampling `budget` every `period`, the first sample at once.
+    /// Starts sampling `budget` every `period`, the first sample at once. The sampler
+    /// resets the budget's peak at every sample: nothing else of the process may use it.
     pub fn start(budget: MemoryBudget, period: Duration) -> Sampler {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (samples, stop) = (Arc::clone(&samples), Arc::clone(&stop));
             std::thread::spawn(move || {
+                // What the setup held before sampling began is not part of the series.
+                budget.reset_peak();
                 while !stop.load(Ordering::Relaxed) {
                     let sample = Sample {
                         at_micros: now_micros(),
-                        bytes: budget.in_use(),
+                        bytes: budget.reset_peak(),
                     };
                     samples
                         .lock()
