@@ -379,14 +379,66 @@ fn sides_starting_on_different_tiers_both_refuse() {
 fn a_silent_peer_times_out_with_the_timeout_named() {
     let timeout = Duration::from_millis(200);
     let (listener, _silent) = raw_peer(timeout);
-    let mut accepted = listener.accept().unwrap();
     let started = Instant::now();
-    let error = accepted.exchange_hello(hello(1)).unwrap_err();
+    let error = listener.accept().unwrap_err();
     assert!(started.elapsed() >= timeout);
+    assert!(
+        matches!(error, HandshakeError::TimedOut { part: "hello", timeout: named } if named == timeout),
+        "{error:?}"
+    );
+    // The next peer is served.
+    let addr = listener.local_addr().unwrap();
+    let good = thread::spawn(move || {
+        let mut rendezvous = Rendezvous::connect(addr, TIMEOUT).unwrap();
+        rendezvous.exchange_hello(hello(5)).unwrap()
+    });
+    let mut accepted = listener.accept().unwrap();
+    assert_eq!(accepted.exchange_hello(hello(6)).unwrap(), hello(5));
+    assert_eq!(good.join().unwrap(), hello(6));
+}
+
+#[test]
+fn a_peer_that_stops_mid_hello_times_out_with_the_part_named() {
+    let timeout = Duration::from_millis(200);
+    let (listener, mut client) = raw_peer(timeout);
+    client.write_all(&MAGIC[..3]).unwrap();
+    let mut accepted = listener.accept().unwrap();
+    let error = accepted.exchange_hello(hello(1)).unwrap_err();
     assert!(
         matches!(error, HandshakeError::TimedOut { part: "header", timeout: named } if named == timeout),
         "{error:?}"
     );
+}
+
+/// Peers that connect and say nothing come first; a peer behind them that says its hello
+/// is handed out, not one of them. Handing out peers in the order they connected, a
+/// listener gave the first silent one, whose handshake then waited for the whole timeout
+/// (here an hour) while the others waited behind it.
+#[test]
+fn silent_peers_do_not_hold_up_one_that_speaks() {
+    let listener = RendezvousListener::bind("127.0.0.1:0", Duration::from_secs(3600)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let speaker = thread::spawn(move || {
+        let mut rendezvous = Rendezvous::connect(addr, TIMEOUT).unwrap();
+        let answer = rendezvous.exchange_hello(hello(7)).unwrap();
+        (rendezvous.local_addr().unwrap(), answer)
+    });
+    let mut accepted = listener.accept().unwrap();
+    let peer = accepted.peer_addr().unwrap();
+    assert!(
+        silent
+            .iter()
+            .all(|stream| stream.local_addr().unwrap() != peer),
+        "a silent peer was handed out"
+    );
+    assert_eq!(accepted.exchange_hello(hello(8)).unwrap(), hello(7));
+    let (speaker_addr, answer) = speaker.join().unwrap();
+    assert_eq!((speaker_addr, answer), (peer, hello(8)));
+    // A silent peer that closes is handed out too: its handshake reports the close.
+    drop(silent);
+    let mut closed = listener.accept().unwrap();
+    assert!(closed.exchange_hello(hello(9)).is_err());
 }
 
 #[test]
@@ -423,13 +475,28 @@ fn a_failed_handshake_leaves_the_listener_accepting() {
     assert_eq!(good.join().unwrap(), hello(6));
 }
 
+/// Both sides of a handshake on `listener`, to its end: the accepted side and the
+/// connected one.
+fn handshake(listener: &RendezvousListener) -> (Rendezvous, Rendezvous) {
+    let addr = listener.local_addr().unwrap();
+    let client = thread::spawn(move || {
+        let mut rendezvous = Rendezvous::connect(addr, TIMEOUT).unwrap();
+        rendezvous.exchange_hello(hello(1)).unwrap();
+        rendezvous.exchange_ready().unwrap();
+        rendezvous
+    });
+    let mut accepted = listener.accept().unwrap();
+    accepted.exchange_hello(hello(2)).unwrap();
+    accepted.exchange_ready().unwrap();
+    (accepted, client.join().unwrap())
+}
+
 #[test]
 fn the_watch_sees_the_peer_close_or_vanish() {
     let listener = RendezvousListener::bind("127.0.0.1:0", TIMEOUT).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let client = thread::spawn(move || Rendezvous::connect(addr, TIMEOUT).unwrap());
-    let mut watch = listener.accept().unwrap().into_watch().unwrap();
-    let mut peer = client.join().unwrap().into_watch().unwrap();
+    let (accepted, connected) = handshake(&listener);
+    let mut watch = accepted.into_watch().unwrap();
+    let mut peer = connected.into_watch().unwrap();
     assert!(!watch.peer_gone());
     assert!(!peer.peer_gone());
 
@@ -445,9 +512,9 @@ fn the_watch_sees_the_peer_close_or_vanish() {
     watch.close();
 
     // A peer that simply drops its socket is seen the same way.
-    let client = thread::spawn(move || Rendezvous::connect(addr, TIMEOUT).unwrap());
-    let mut watch = listener.accept().unwrap().into_watch().unwrap();
-    drop(client.join().unwrap());
+    let (accepted, connected) = handshake(&listener);
+    let mut watch = accepted.into_watch().unwrap();
+    drop(connected);
     let deadline = Instant::now() + TIMEOUT;
     while !watch.peer_gone() {
         assert!(Instant::now() < deadline, "the drop was never seen");

@@ -222,7 +222,8 @@ pub enum HandshakeError {
     /// The peer sent nothing for the handshake timeout.
     #[error("the peer sent no handshake {part} within {timeout:?}; is it running and reachable?")]
     TimedOut {
-        /// `"header"` or `"payload"`.
+        /// `"hello"` (a peer that connected and never spoke), `"header"` or `"payload"`
+        /// (one that stopped within a frame).
         part: &'static str,
         /// The timeout.
         timeout: Duration,

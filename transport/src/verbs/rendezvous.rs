@@ -2,46 +2,92 @@
 //! accepts many peers, the [`Rendezvous`] stream each handshake runs on, and the
 //! [`PeerWatch`] that the connected endpoint keeps to learn when its peer goes away.
 //!
+//! # Invariants
+//!
+//! - A listener hands out a peer only once the peer has sent something (the first bytes
+//!   of its hello, or its end): both sides of a handshake send their hello before they
+//!   read the other's, so a peer that has said nothing yet is not waited on while others
+//!   speak. Peers taken from the kernel but not yet heard wait in the listener's
+//!   `unheard` list, each for the handshake timeout at most; the `accept` that finds one
+//!   silent past it drops it and returns the timeout.
+//!
 //! Verbs has no way to tell a queue pair that its peer closed (the `ibverbs` 0.9 crate
 //! cannot even move a queue pair to the error state), so the TCP connection the
 //! handshake ran on stays open for the life of the endpoint: closing an endpoint shuts
 //! it down, and the peer reads the end of the stream, as `rdma_cm` uses its own
 //! connection for the same purpose.
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::handshake::{self, HandshakeError, Hello};
 
-/// Listens for peers that want to connect and hands out one [`Rendezvous`] per peer.
+/// Listens for peers that want to connect and hands out one [`Rendezvous`] per peer, in
+/// the order their hellos come.
 ///
 /// ```
+/// use std::net::TcpStream;
 /// use std::time::Duration;
+/// use ibverbs::QueuePairEndpoint;
+/// use tierbuf_tiers::TierIndex;
+/// use tierbuf_transport::verbs::handshake::Hello;
 /// use tierbuf_transport::verbs::rendezvous::{Rendezvous, RendezvousListener};
+/// let hello = |num| Hello {
+///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     initial_tier: TierIndex::SMALLEST,
+/// };
 /// let listener = RendezvousListener::bind("127.0.0.1:0", Duration::from_secs(5))?;
 /// let addr = listener.local_addr()?;
-/// let client = std::thread::spawn(move || Rendezvous::connect(addr, Duration::from_secs(5)));
-/// let accepted = listener.accept()?;
+/// let _silent = TcpStream::connect(addr)?; // connects first, never speaks
+/// let client = std::thread::spawn(move || {
+///     let mut rendezvous = Rendezvous::connect(addr, Duration::from_secs(5))?;
+///     rendezvous.exchange_hello(hello(1))?;
+///     Ok::<_, tierbuf_transport::verbs::handshake::HandshakeError>(rendezvous)
+/// });
+/// let mut accepted = listener.accept()?; // the peer that spoke
+/// assert_eq!(accepted.exchange_hello(hello(2))?.queue_pair.num, 1);
 /// let connected = client.join().unwrap()?;
 /// assert_eq!(accepted.peer_addr()?, connected.local_addr()?);
-/// # Ok::<(), tierbuf_transport::verbs::handshake::HandshakeError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct RendezvousListener {
+    /// Non-blocking: peers are taken as they come, between waits in `poll(2)`.
     listener: TcpListener,
     timeout: Duration,
+    /// Peers taken from the kernel that have sent nothing yet, oldest first.
+    unheard: Mutex<VecDeque<Unheard>>,
+}
+
+/// A peer that connected and has sent nothing yet.
+#[derive(Debug)]
+struct Unheard {
+    stream: TcpStream,
+    since: Instant,
 }
 
 impl RendezvousListener {
     /// Listens on `addr`; every accepted handshake waits at most `timeout` for each of the
-    /// peer's frames.
+    /// peer's frames, the first included.
     pub fn bind(addr: impl ToSocketAddrs, timeout: Duration) -> Result<Self, HandshakeError> {
         let listener = TcpListener::bind(addr).map_err(|source| HandshakeError::Io {
             operation: "binding the listening socket",
             source,
         })?;
-        Ok(RendezvousListener { listener, timeout })
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| HandshakeError::Io {
+                operation: "making the listening socket non-blocking",
+                source,
+            })?;
+        Ok(RendezvousListener {
+            listener,
+            timeout,
+            unheard: Mutex::new(VecDeque::new()),
+        })
     }
 
     /// The address peers connect to.
@@ -54,18 +100,123 @@ impl RendezvousListener {
             })
     }
 
-    /// Waits for the next peer. A failed handshake with one peer leaves the listener
-    /// usable for the next.
+    /// Waits for the next peer to speak, and hands out its stream. A peer that connects
+    /// and says nothing never holds the others up: whichever peer's hello comes first is
+    /// handed out first, and one silent for the timeout is dropped, its
+    /// [`HandshakeError::TimedOut`] returned by the call that finds it so. A failed
+    /// handshake with one peer leaves the listener usable for the next; calls from
+    /// several threads take turns.
     pub fn accept(&self) -> Result<Rendezvous, HandshakeError> {
-        let (stream, _) = self
-            .listener
-            .accept()
-            .map_err(|source| HandshakeError::Io {
-                operation: "accepting a connection",
-                source,
-            })?;
-        Rendezvous::new(stream, self.timeout)
+        let mut unheard = self.unheard.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            self.take_new_peers(&mut unheard)?;
+            if let Some(index) = unheard.iter().position(|peer| has_spoken(&peer.stream)) {
+                let peer = unheard.remove(index).expect("the peer just heard");
+                return Rendezvous::new(peer.stream, self.timeout);
+            }
+            let now = Instant::now();
+            let silent = unheard
+                .iter()
+                .position(|peer| now.saturating_duration_since(peer.since) >= self.timeout);
+            if let Some(index) = silent {
+                // Dropping the peer closes its stream.
+                unheard.remove(index);
+                return Err(HandshakeError::TimedOut {
+                    part: "hello",
+                    timeout: self.timeout,
+                });
+            }
+            self.wait_for_peers(&unheard, now)?;
+        }
     }
+
+    /// Takes every connection the kernel has queued.
+    fn take_new_peers(&self, unheard: &mut VecDeque<Unheard>) -> Result<(), HandshakeError> {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => unheard.push_back(Unheard {
+                    stream,
+                    since: Instant::now(),
+                }),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                // A peer that went away before it was taken, or a signal: look again.
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::Interrupted
+                    ) => {}
+                // Out of descriptors: serve the peers taken so far, and take more later.
+                Err(error) if is_out_of_files(&error) && !unheard.is_empty() => return Ok(()),
+                Err(source) => {
+                    return Err(HandshakeError::Io {
+                        operation: "accepting a connection",
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Waits until a peer connects, an unheard one sends something (or goes), or the
+    /// oldest unheard one's time is up.
+    fn wait_for_peers(
+        &self,
+        unheard: &VecDeque<Unheard>,
+        now: Instant,
+    ) -> Result<(), HandshakeError> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut watched: Vec<PollFd<'_>> =
+            std::iter::once(PollFd::new(&self.listener, PollFlags::IN))
+                .chain(
+                    unheard
+                        .iter()
+                        .map(|peer| PollFd::new(&peer.stream, PollFlags::IN)),
+                )
+                .collect();
+        let left = unheard
+            .iter()
+            .map(|peer| {
+                self.timeout
+                    .saturating_sub(now.saturating_duration_since(peer.since))
+            })
+            .min()
+            .map(|left| {
+                Timespec::try_from(left).unwrap_or(Timespec {
+                    tv_sec: i64::MAX,
+                    tv_nsec: 0,
+                })
+            });
+        match rustix::event::poll(&mut watched, left.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(errno) => Err(HandshakeError::Io {
+                operation: "waiting for peers to connect and speak",
+                source: errno.into(),
+            }),
+        }
+    }
+}
+
+/// Whether `stream`'s peer has sent something or gone: a byte waits, or the stream has
+/// ended or failed (the handshake then reports how). Never blocks.
+fn has_spoken(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match rustix::net::recv(
+        stream,
+        &mut byte,
+        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+    ) {
+        Ok(_) => true,
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => false,
+        Err(_) => true,
+    }
+}
+
+/// Whether `error` says this process (or the system) can open no more files.
+fn is_out_of_files(error: &io::Error) -> bool {
+    matches!(
+        rustix::io::Errno::from_io_error(error),
+        Some(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE)
+    )
 }
 
 /// One peer's handshake stream.
@@ -176,18 +327,33 @@ impl Rendezvous {
 ///
 /// ```
 /// use std::time::Duration;
+/// use ibverbs::QueuePairEndpoint;
+/// use tierbuf_tiers::TierIndex;
+/// use tierbuf_transport::verbs::handshake::{HandshakeError, Hello};
 /// use tierbuf_transport::verbs::rendezvous::{Rendezvous, RendezvousListener};
+/// let hello = |num| Hello {
+///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     initial_tier: TierIndex::SMALLEST,
+/// };
 /// let listener = RendezvousListener::bind("127.0.0.1:0", Duration::from_secs(5))?;
 /// let addr = listener.local_addr()?;
-/// let client = std::thread::spawn(move || Rendezvous::connect(addr, Duration::from_secs(5)));
-/// let mut watch = listener.accept()?.into_watch()?;
-/// let mut peer = client.join().unwrap()?.into_watch()?;
+/// let client = std::thread::spawn(move || {
+///     let mut rendezvous = Rendezvous::connect(addr, Duration::from_secs(5))?;
+///     rendezvous.exchange_hello(hello(1))?;
+///     rendezvous.exchange_ready()?;
+///     rendezvous.into_watch()
+/// });
+/// let mut accepted = listener.accept()?;
+/// accepted.exchange_hello(hello(2))?;
+/// accepted.exchange_ready()?;
+/// let mut watch = accepted.into_watch()?;
+/// let mut peer = client.join().unwrap()?;
 /// assert!(!watch.peer_gone());
 /// peer.close();
 /// while !watch.peer_gone() {
 ///     std::thread::yield_now();
 /// }
-/// # Ok::<(), tierbuf_transport::verbs::handshake::HandshakeError>(())
+/// # Ok::<(), HandshakeError>(())
 /// ```
 #[derive(Debug)]
 pub struct PeerWatch {
