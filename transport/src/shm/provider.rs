@@ -318,7 +318,7 @@ impl ShmListener {
         let limits = limits(send_depth, recv_depth)?;
         let mut unheard = self.unheard.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
-            self.take_new_clients(&mut unheard)?;
+            let out_of_files = self.take_new_clients(&mut unheard)?;
             let heard =
                 unheard.iter().enumerate().find_map(|(index, client)| {
                     match receive_record(client.socket.as_fd(), false) {
@@ -342,12 +342,13 @@ impl ShmListener {
                     self.peer_timeout
                 )));
             }
-            self.wait_for_clients(&unheard, now)?;
+            self.wait_for_clients(&unheard, !out_of_files, now)?;
         }
     }
 
-    /// Takes every connection the kernel has queued.
-    fn take_new_clients(&self, unheard: &mut VecDeque<Unheard>) -> Result<(), TransportError> {
+    /// Takes every connection the kernel has queued; returns whether it stopped for want
+    /// of a descriptor, with connections still queued.
+    fn take_new_clients(&self, unheard: &mut VecDeque<Unheard>) -> Result<bool, TransportError> {
         loop {
             match rustix::net::accept_with(&self.socket, SocketFlags::CLOEXEC) {
                 Ok(socket) => {
@@ -357,13 +358,13 @@ impl ShmListener {
                         since: Instant::now(),
                     });
                 }
-                Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                Err(rustix::io::Errno::AGAIN) => return Ok(false),
                 // A client that went away before it was taken, or a signal: look again.
                 Err(rustix::io::Errno::CONNABORTED | rustix::io::Errno::INTR) => {}
                 // `accept(2)` wants a descriptor for a client before it looks for one: out
                 // of them, serve the clients taken so far, and take more later.
                 Err(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE) if !unheard.is_empty() => {
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(errno @ (rustix::io::Errno::MFILE | rustix::io::Errno::NFILE)) => {
                     return Err(TransportError::LocalResource {
@@ -377,15 +378,19 @@ impl ShmListener {
         }
     }
 
-    /// Waits until a client connects, an unheard one sends something (or goes), or the
-    /// oldest unheard one's time is up.
+    /// Waits until a client connects (if `new_clients`: a listener out of descriptors
+    /// would wake at once for the connection it cannot take), an unheard one sends
+    /// something (or goes), or the oldest unheard one's time is up.
     fn wait_for_clients(
         &self,
         unheard: &VecDeque<Unheard>,
+        new_clients: bool,
         now: Instant,
     ) -> Result<(), TransportError> {
         use rustix::event::{PollFd, PollFlags, Timespec};
-        let mut watched: Vec<PollFd<'_>> = std::iter::once(&self.socket)
+        let mut watched: Vec<PollFd<'_>> = new_clients
+            .then_some(&self.socket)
+            .into_iter()
             .chain(unheard.iter().map(|client| &client.socket))
             .map(|socket| PollFd::new(socket, PollFlags::IN))
             .collect();

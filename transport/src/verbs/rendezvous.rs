@@ -109,7 +109,7 @@ impl RendezvousListener {
     pub fn accept(&self) -> Result<Rendezvous, HandshakeError> {
         let mut unheard = self.unheard.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
-            self.take_new_peers(&mut unheard)?;
+            let out_of_files = self.take_new_peers(&mut unheard)?;
             if let Some(index) = unheard.iter().position(|peer| has_spoken(&peer.stream)) {
                 let peer = unheard.remove(index).expect("the peer just heard");
                 return Rendezvous::new(peer.stream, self.timeout);
@@ -126,19 +126,20 @@ impl RendezvousListener {
                     timeout: self.timeout,
                 });
             }
-            self.wait_for_peers(&unheard, now)?;
+            self.wait_for_peers(&unheard, !out_of_files, now)?;
         }
     }
 
-    /// Takes every connection the kernel has queued.
-    fn take_new_peers(&self, unheard: &mut VecDeque<Unheard>) -> Result<(), HandshakeError> {
+    /// Takes every connection the kernel has queued; returns whether it stopped for want
+    /// of a descriptor, with connections still queued.
+    fn take_new_peers(&self, unheard: &mut VecDeque<Unheard>) -> Result<bool, HandshakeError> {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => unheard.push_back(Unheard {
                     stream,
                     since: Instant::now(),
                 }),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 // A peer that went away before it was taken, or a signal: look again.
                 Err(error)
                     if matches!(
@@ -146,7 +147,7 @@ impl RendezvousListener {
                         io::ErrorKind::ConnectionAborted | io::ErrorKind::Interrupted
                     ) => {}
                 // Out of descriptors: serve the peers taken so far, and take more later.
-                Err(error) if is_out_of_files(&error) && !unheard.is_empty() => return Ok(()),
+                Err(error) if is_out_of_files(&error) && !unheard.is_empty() => return Ok(true),
                 Err(source) => {
                     return Err(HandshakeError::Io {
                         operation: "accepting a connection",
@@ -157,22 +158,25 @@ impl RendezvousListener {
         }
     }
 
-    /// Waits until a peer connects, an unheard one sends something (or goes), or the
-    /// oldest unheard one's time is up.
+    /// Waits until a peer connects (if `new_peers`: a listener out of descriptors would
+    /// wake at once for the connection it cannot take), an unheard one sends something
+    /// (or goes), or the oldest unheard one's time is up.
     fn wait_for_peers(
         &self,
         unheard: &VecDeque<Unheard>,
+        new_peers: bool,
         now: Instant,
     ) -> Result<(), HandshakeError> {
         use rustix::event::{PollFd, PollFlags, Timespec};
-        let mut watched: Vec<PollFd<'_>> =
-            std::iter::once(PollFd::new(&self.listener, PollFlags::IN))
-                .chain(
-                    unheard
-                        .iter()
-                        .map(|peer| PollFd::new(&peer.stream, PollFlags::IN)),
-                )
-                .collect();
+        let mut watched: Vec<PollFd<'_>> = new_peers
+            .then(|| PollFd::new(&self.listener, PollFlags::IN))
+            .into_iter()
+            .chain(
+                unheard
+                    .iter()
+                    .map(|peer| PollFd::new(&peer.stream, PollFlags::IN)),
+            )
+            .collect();
         let left = unheard
             .iter()
             .map(|peer| {
