@@ -4,8 +4,8 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -18,8 +18,28 @@ use super::{ConnectionOf, Kind};
 /// backlog.
 pub const ACCEPT_BACKLOG: usize = 16;
 
+/// How many handshakes a listener runs at once, each on a thread of its own, for
+/// providers whose handshake waits on the peer after it has spoken (verbs): past them its
+/// accepting thread waits for one to end. A peer that stalls in its handshake holds one
+/// of them for the provider's handshake timeout at most, and no other peer's.
+pub const MAX_HANDSHAKES: usize = 16;
+
 /// An endpoint that came in, or why one failed to.
 pub(super) type Incoming<K> = Result<<K as Kind>::Endpoint, SetupError>;
+
+/// What an accepting call came back with: an endpoint, or why none came; or a peer whose
+/// handshake is still to run, which the listener runs on a thread of its own.
+pub(super) enum Arrival<K: Kind> {
+    Ready(Incoming<K>),
+    #[cfg_attr(
+        not(feature = "verbs"),
+        allow(
+            dead_code,
+            reason = "only the verbs handshake waits on the peer after accept"
+        )
+    )]
+    Handshake(Box<dyn FnOnce() -> Incoming<K> + Send>),
+}
 
 /// Connections coming in at one address of a [`Transport`](super::Transport); made by
 /// its `listen`. Dropping it stops listening: the address is free again, and endpoints
@@ -113,9 +133,11 @@ impl<K: Kind> fmt::Debug for Listener<K> {
 }
 
 /// A thread that accepts endpoints and hands them to a listener's queue, until told to
-/// stop.
+/// stop; handshakes still to run each run on a thread of their own, at most
+/// [`MAX_HANDSHAKES`] at once.
 pub(super) struct Acceptor {
     stop: Arc<AtomicBool>,
+    handshakes: Arc<Handshakes>,
     /// Makes the thread's accept return (a connection that says nothing); false when it
     /// could not.
     wake: Box<dyn Fn() -> bool + Send + Sync>,
@@ -124,24 +146,41 @@ pub(super) struct Acceptor {
 
 impl Acceptor {
     /// Starts a thread that calls `accept` and queues what it returns, at most
-    /// [`ACCEPT_BACKLOG`] ahead of the listener; `wake` must make a call of `accept` in
-    /// progress return, or say that it could not.
+    /// [`ACCEPT_BACKLOG`] ahead of the listener, a handshake once it has run; `wake` must
+    /// make a call of `accept` in progress return, or say that it could not.
     pub(super) fn start<K: Kind>(
         address: &str,
-        mut accept: impl FnMut() -> Incoming<K> + Send + 'static,
+        mut accept: impl FnMut() -> Arrival<K> + Send + 'static,
         wake: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Result<(Receiver<Incoming<K>>, Acceptor), SetupError> {
         let (queue, incoming) = mpsc::sync_channel(ACCEPT_BACKLOG);
         let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
+        let handshakes = Arc::new(Handshakes::default());
+        let (stopped, running) = (Arc::clone(&stop), Arc::clone(&handshakes));
         let thread = std::thread::Builder::new()
             .name(format!("tierbuf-accept {address}"))
             .spawn(move || {
                 while !stopped.load(Ordering::Acquire) {
-                    let endpoint = accept();
+                    let arrived = accept();
                     // A stopping listener's own wake-up connection, or a peer that came
                     // as it stopped: dropped.
-                    if stopped.load(Ordering::Acquire) || queue.send(endpoint).is_err() {
+                    if stopped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let endpoint = match arrived {
+                        Arrival::Ready(endpoint) => endpoint,
+                        Arrival::Handshake(handshake) => {
+                            if !running.begin(&stopped) {
+                                return;
+                            }
+                            match run_handshake::<K>(handshake, queue.clone(), Arc::clone(&running))
+                            {
+                                Ok(()) => continue,
+                                Err(error) => Err(error),
+                            }
+                        }
+                    };
+                    if queue.send(endpoint).is_err() {
                         return;
                     }
                 }
@@ -154,6 +193,7 @@ impl Acceptor {
             incoming,
             Acceptor {
                 stop,
+                handshakes,
                 wake: Box::new(wake),
                 thread: Some(thread),
             },
@@ -161,9 +201,76 @@ impl Acceptor {
     }
 }
 
+/// Runs `handshake` on a thread of its own, which queues the endpoint it makes (dropped
+/// if the listener is gone) and then ends its turn in `running`.
+fn run_handshake<K: Kind>(
+    handshake: Box<dyn FnOnce() -> Incoming<K> + Send>,
+    queue: SyncSender<Incoming<K>>,
+    running: Arc<Handshakes>,
+) -> Result<(), SetupError> {
+    let ended = Arc::clone(&running);
+    std::thread::Builder::new()
+        .name("tierbuf-handshake".to_owned())
+        .spawn(move || {
+            let _ = queue.send(handshake());
+            ended.end();
+        })
+        .map(drop)
+        .map_err(|source| {
+            running.end();
+            SetupError::Thread {
+                purpose: "running a handshake",
+                source,
+            }
+        })
+}
+
+/// The handshakes running on threads of their own: at most [`MAX_HANDSHAKES`].
+#[derive(Default)]
+struct Handshakes {
+    running: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Handshakes {
+    /// Takes a turn, waiting while [`MAX_HANDSHAKES`] run; false (no turn taken) once
+    /// `stopped` is set.
+    fn begin(&self, stopped: &AtomicBool) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if stopped.load(Ordering::Acquire) {
+                return false;
+            }
+            if *running < MAX_HANDSHAKES {
+                *running += 1;
+                return true;
+            }
+            running = self
+                .changed
+                .wait(running)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Ends a turn.
+    fn end(&self) {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+        self.changed.notify_all();
+    }
+
+    /// Wakes a wait for a turn, to see the stop.
+    fn stop(&self) {
+        // Taken so that the wake cannot fall between a waiter's look at the stop and its
+        // wait.
+        drop(self.running.lock().unwrap_or_else(PoisonError::into_inner));
+        self.changed.notify_all();
+    }
+}
+
 impl Drop for Acceptor {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.handshakes.stop();
         let woken = (self.wake)();
         if let (true, Some(thread)) = (woken, self.thread.take()) {
             // The thread only queues endpoints; a panic there has nothing left to report
@@ -198,5 +305,53 @@ pub(super) fn connect_within<K: Kind>(
             operation: "connecting",
             timeout,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LoopbackProvider;
+    use crate::front::Loopback;
+    use tierbuf_pool::MemoryBudget;
+
+    /// A handshake that stalls holds up no other: the endpoint of a handshake that came
+    /// after it is queued while it still waits. Run one after another, as they were, the
+    /// second waited for the first.
+    #[test]
+    fn a_stalled_handshake_holds_up_no_other() {
+        let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+        let (endpoint, _peer) = provider.pair(4, 4).expect("a pair");
+        let (release, stalled) = mpsc::channel::<()>();
+        let (wake, woken) = mpsc::channel::<()>();
+        let mut arrivals = vec![
+            Arrival::<Loopback>::Handshake(Box::new(move || {
+                let _ = stalled.recv();
+                Err(SetupError::ListenerGone)
+            })),
+            Arrival::Handshake(Box::new(move || Ok(endpoint))),
+        ]
+        .into_iter();
+        let (incoming, acceptor) = Acceptor::start::<Loopback>(
+            "test",
+            // After the two peers, an accept that waits until the listener is dropped.
+            move || {
+                arrivals.next().unwrap_or_else(|| {
+                    let _ = woken.recv();
+                    Arrival::Ready(Err(SetupError::ListenerGone))
+                })
+            },
+            move || wake.send(()).is_ok(),
+        )
+        .expect("an accepting thread");
+        let first = incoming.recv_timeout(Duration::from_secs(60));
+        assert!(
+            matches!(first, Ok(Ok(_))),
+            "the second peer's endpoint did not come while the first stalled"
+        );
+        release.send(()).expect("the stalled handshake waits");
+        let second = incoming.recv_timeout(Duration::from_secs(60));
+        assert!(matches!(second, Ok(Err(SetupError::ListenerGone))));
+        drop(acceptor);
     }
 }

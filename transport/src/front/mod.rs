@@ -56,7 +56,9 @@
 //! peer's handshake and hands the endpoint to `accept` through a queue of
 //! [`ACCEPT_BACKLOG`] endpoints: so `accept_timeout` can wait with a deadline on a
 //! provider whose own `accept` has none, and one slow peer's handshake holds up no
-//! `accept` call. Dropping the listener stops the thread (waking it with a connection of
+//! `accept` call. A verbs handshake goes on after the peer has spoken (queue pairs
+//! exchanged, then connected, then ready), so each runs on a thread of its own, at most
+//! [`MAX_HANDSHAKES`] at once: a peer that stalls in its handshake holds up no other. Dropping the listener stops the thread (waking it with a connection of
 //! its own that says nothing) and joins it. Where that connection cannot be made (an shm
 //! socket's path removed by someone else while it listens) the thread is left waiting in
 //! the provider's `accept`, holding the listening socket, until a peer comes or the
@@ -84,7 +86,7 @@ use crate::provider::{Endpoint, Provider};
 
 pub use builder::{Transport, TransportBuilder};
 pub use error::SetupError;
-pub use listener::{ACCEPT_BACKLOG, Listener};
+pub use listener::{ACCEPT_BACKLOG, Listener, MAX_HANDSHAKES};
 pub use loopback::Loopback;
 pub use shm::Shm;
 #[cfg(feature = "verbs")]

@@ -10,7 +10,7 @@ use tierbuf_pool::{MemlockPolicy, MemoryBudget};
 
 use super::builder::{Shared, Transport, TransportBuilder};
 use super::error::SetupError;
-use super::listener::{Acceptor, Incoming, Listener, connect_within};
+use super::listener::{Acceptor, Arrival, Incoming, Listener, connect_within};
 use super::{ConnectionOf, Kind, OpenFiles, sealed};
 use crate::error::TransportError;
 use crate::shm::{RING_CAPACITY, ShmEndpoint, ShmProvider};
@@ -112,14 +112,15 @@ impl Transport<Shm> {
         let address = path.display().to_string();
         let (incoming, acceptor) = Acceptor::start::<Shm>(
             &address,
+            // The shm handshake ends within `accept`: nothing is left to run apart.
             move || {
-                listener
-                    .accept(depth, depth)
-                    .map_err(|source| SetupError::Provider {
+                Arrival::Ready(listener.accept(depth, depth).map_err(|source| {
+                    SetupError::Provider {
                         provider: Shm::NAME,
                         operation: "accepting a connection",
                         source,
-                    })
+                    }
+                }))
             },
             move || knock(&path),
         )?;

@@ -10,7 +10,7 @@ use tierbuf_tiers::ladder::TierLadder;
 
 use super::builder::{Shared, Transport, TransportBuilder};
 use super::error::SetupError;
-use super::listener::{Acceptor, Incoming, Listener, connect_within};
+use super::listener::{Acceptor, Arrival, Incoming, Listener, connect_within};
 use super::{ConnectionOf, Kind, OpenFiles, sealed};
 use crate::verbs::{
     EndpointOptions, MAX_QUEUE_DEPTH, MemlockFacts, VerbsConfig, VerbsEndpoint, VerbsError,
@@ -77,7 +77,13 @@ impl Transport<Verbs> {
         let address = local.to_string();
         let (incoming, acceptor) = Acceptor::start::<Verbs>(
             &address,
-            move || listener.accept().map_err(verbs("accepting a connection")),
+            // Each handshake runs apart: a peer that stalls in one holds up no other.
+            move || match listener.accept_peer() {
+                Ok(peer) => Arrival::Handshake(Box::new(move || {
+                    peer.complete().map_err(verbs("accepting a connection"))
+                })),
+                Err(error) => Arrival::Ready(Err(verbs("accepting a connection")(error))),
+            },
             move || knock(local),
         )?;
         Ok(Listener::new(

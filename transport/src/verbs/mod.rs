@@ -278,14 +278,57 @@ impl VerbsListener {
     }
 
     /// Waits for the next peer and connects an endpoint to it. A peer whose handshake
-    /// fails is reported and dropped; the listener goes on accepting.
+    /// fails is reported and dropped; the listener goes on accepting. The handshake runs
+    /// in this call, so a peer that stalls in it holds the next call back for up to the
+    /// handshake timeout per step; [`VerbsListener::accept_peer`] lets the caller run
+    /// each handshake apart.
     pub fn accept(&self) -> Result<VerbsEndpoint, VerbsError> {
-        let rendezvous = self.rendezvous.accept()?;
-        VerbsEndpoint::establish(
-            &self.provider.device,
-            self.provider.registrar.table(),
-            rendezvous,
-            &self.options,
-        )
+        self.accept_peer()?.complete()
+    }
+
+    /// Waits for the next peer to speak (peers that connect and say nothing do not hold
+    /// it up) and returns its handshake, to be completed on any thread: a peer that
+    /// stalls in its handshake then holds up no other.
+    ///
+    /// ```no_run
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+    /// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+    /// let listener = provider.listen("0.0.0.0:7471", EndpointOptions::default())?;
+    /// loop {
+    ///     match listener.accept_peer() {
+    ///         Ok(peer) => drop(std::thread::spawn(move || match peer.complete() {
+    ///             Ok(endpoint) => println!("connected to {:?}", endpoint.peer_queue_pair()),
+    ///             Err(error) => eprintln!("a peer failed to connect: {error}"),
+    ///         })),
+    ///         Err(error) => eprintln!("a peer never spoke: {error}"),
+    ///     }
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn accept_peer(&self) -> Result<PeerHandshake, VerbsError> {
+        Ok(PeerHandshake {
+            device: Arc::clone(&self.provider.device),
+            table: Arc::clone(self.provider.registrar.table()),
+            rendezvous: self.rendezvous.accept()?,
+            options: self.options,
+        })
+    }
+}
+
+/// A peer that has spoken to a [`VerbsListener`], its handshake not yet run.
+#[derive(Debug)]
+pub struct PeerHandshake {
+    device: Arc<OpenDevice>,
+    table: Arc<crate::registry::RegionTable<registrar::DeviceMemory>>,
+    rendezvous: Rendezvous,
+    options: EndpointOptions,
+}
+
+impl PeerHandshake {
+    /// Runs the handshake and connects an endpoint to the peer: each step waits at most
+    /// the listener's handshake timeout.
+    pub fn complete(self) -> Result<VerbsEndpoint, VerbsError> {
+        VerbsEndpoint::establish(&self.device, &self.table, self.rendezvous, &self.options)
     }
 }
