@@ -74,6 +74,7 @@ mod provider;
 mod registry;
 mod shm;
 mod sync;
+mod unheard;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -387,6 +387,11 @@ fn a_silent_peer_times_out_with_the_timeout_named() {
         "{error:?}"
     );
     // The next peer is served.
+    exchange_hellos_with_a_good_peer(&listener);
+}
+
+/// A well-behaved peer connects to `listener` and both sides exchange hellos.
+fn exchange_hellos_with_a_good_peer(listener: &RendezvousListener) {
     let addr = listener.local_addr().unwrap();
     let good = thread::spawn(move || {
         let mut rendezvous = Rendezvous::connect(addr, TIMEOUT).unwrap();
@@ -466,13 +471,7 @@ fn a_failed_handshake_leaves_the_listener_accepting() {
     bad.write_all(b"junkjunk").unwrap();
     let mut first = listener.accept().unwrap();
     assert!(first.exchange_hello(hello(1)).is_err());
-    let good = thread::spawn(move || {
-        let mut rendezvous = Rendezvous::connect(addr, TIMEOUT).unwrap();
-        rendezvous.exchange_hello(hello(5)).unwrap()
-    });
-    let mut second = listener.accept().unwrap();
-    assert_eq!(second.exchange_hello(hello(6)).unwrap(), hello(5));
-    assert_eq!(good.join().unwrap(), hello(6));
+    exchange_hellos_with_a_good_peer(&listener);
 }
 
 /// Both sides of a handshake on `listener`, to its end: the accepted side and the

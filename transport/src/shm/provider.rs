@@ -342,7 +342,14 @@ impl ShmListener {
                     self.peer_timeout
                 )));
             }
-            self.wait_for_clients(&unheard, !out_of_files, now)?;
+            let clients = unheard.iter().map(|client| (&client.socket, client.since));
+            crate::unheard::wait_for_peers(
+                (!out_of_files).then_some(&self.socket),
+                clients,
+                self.peer_timeout,
+                now,
+            )
+            .map_err(os_error("waiting for clients"))?;
         }
     }
 
@@ -375,41 +382,6 @@ impl ShmListener {
                 }
                 Err(errno) => return Err(os_error("accepting")(errno)),
             }
-        }
-    }
-
-    /// Waits until a client connects (if `new_clients`: a listener out of descriptors
-    /// would wake at once for the connection it cannot take), an unheard one sends
-    /// something (or goes), or the oldest unheard one's time is up.
-    fn wait_for_clients(
-        &self,
-        unheard: &VecDeque<Unheard>,
-        new_clients: bool,
-        now: Instant,
-    ) -> Result<(), TransportError> {
-        use rustix::event::{PollFd, PollFlags, Timespec};
-        let mut watched: Vec<PollFd<'_>> = new_clients
-            .then_some(&self.socket)
-            .into_iter()
-            .chain(unheard.iter().map(|client| &client.socket))
-            .map(|socket| PollFd::new(socket, PollFlags::IN))
-            .collect();
-        let timeout = unheard
-            .iter()
-            .map(|client| {
-                self.peer_timeout
-                    .saturating_sub(now.saturating_duration_since(client.since))
-            })
-            .min()
-            .map(|left| {
-                Timespec::try_from(left).unwrap_or(Timespec {
-                    tv_sec: i64::MAX,
-                    tv_nsec: 0,
-                })
-            });
-        match rustix::event::poll(&mut watched, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(errno) => Err(os_error("waiting for clients")(errno)),
         }
     }
 

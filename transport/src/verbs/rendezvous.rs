@@ -126,7 +126,17 @@ impl RendezvousListener {
                     timeout: self.timeout,
                 });
             }
-            self.wait_for_peers(&unheard, !out_of_files, now)?;
+            let peers = unheard.iter().map(|peer| (&peer.stream, peer.since));
+            crate::unheard::wait_for_peers(
+                (!out_of_files).then_some(&self.listener),
+                peers,
+                self.timeout,
+                now,
+            )
+            .map_err(|errno| HandshakeError::Io {
+                operation: "waiting for peers to connect and speak",
+                source: errno.into(),
+            })?;
         }
     }
 
@@ -155,47 +165,6 @@ impl RendezvousListener {
                     });
                 }
             }
-        }
-    }
-
-    /// Waits until a peer connects (if `new_peers`: a listener out of descriptors would
-    /// wake at once for the connection it cannot take), an unheard one sends something
-    /// (or goes), or the oldest unheard one's time is up.
-    fn wait_for_peers(
-        &self,
-        unheard: &VecDeque<Unheard>,
-        new_peers: bool,
-        now: Instant,
-    ) -> Result<(), HandshakeError> {
-        use rustix::event::{PollFd, PollFlags, Timespec};
-        let mut watched: Vec<PollFd<'_>> = new_peers
-            .then(|| PollFd::new(&self.listener, PollFlags::IN))
-            .into_iter()
-            .chain(
-                unheard
-                    .iter()
-                    .map(|peer| PollFd::new(&peer.stream, PollFlags::IN)),
-            )
-            .collect();
-        let left = unheard
-            .iter()
-            .map(|peer| {
-                self.timeout
-                    .saturating_sub(now.saturating_duration_since(peer.since))
-            })
-            .min()
-            .map(|left| {
-                Timespec::try_from(left).unwrap_or(Timespec {
-                    tv_sec: i64::MAX,
-                    tv_nsec: 0,
-                })
-            });
-        match rustix::event::poll(&mut watched, left.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(errno) => Err(HandshakeError::Io {
-                operation: "waiting for peers to connect and speak",
-                source: errno.into(),
-            }),
         }
     }
 }
