@@ -40,8 +40,8 @@ const LIVE_HEAP_SLACK: usize = 256 << 10;
 
 /// How much more anonymous memory may be resident after the soak than after its first
 /// round, beyond 10 %: with the mmap threshold fixed ([`fix_mmap_threshold`]) the second
-/// round kept at most 66 KB more than the first in twelve soaks here, three of them on a
-/// machine kept busy by two other processes.
+/// round kept at most 66 KB more than the first in twelve soaks here, run while two other
+/// processes kept both cores busy.
 const RESIDENT_SLACK: u64 = 1 << 20;
 
 /// Drive passes a live pair gets to deliver one message before the soak calls it stuck.
