@@ -208,21 +208,29 @@ fn run_handshake<K: Kind>(
     queue: SyncSender<Incoming<K>>,
     running: Arc<Handshakes>,
 ) -> Result<(), SetupError> {
-    let ended = Arc::clone(&running);
+    let turn = Turn(running);
     std::thread::Builder::new()
         .name("tierbuf-handshake".to_owned())
         .spawn(move || {
+            // Ends the turn however the handshake ends, a panic included.
+            let _turn = turn;
             let _ = queue.send(handshake());
-            ended.end();
         })
         .map(drop)
-        .map_err(|source| {
-            running.end();
-            SetupError::Thread {
-                purpose: "running a handshake",
-                source,
-            }
+        .map_err(|source| SetupError::Thread {
+            purpose: "running a handshake",
+            source,
         })
+}
+
+/// A turn taken with [`Handshakes::begin`], ended when dropped (with the closure that
+/// holds it, if its thread could not start).
+struct Turn(Arc<Handshakes>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 /// The handshakes running on threads of their own: at most [`MAX_HANDSHAKES`].
