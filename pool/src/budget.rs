@@ -216,7 +216,8 @@ impl MemoryBudget {
 
     /// Starts a new peak from the bytes reserved now, and returns the one it ends, so
     /// that a phase of a program (its traffic, say) can be given a peak of its own. A
-    /// reservation admitted while this runs may count toward either peak or neither.
+    /// reservation admitted while this runs counts toward the peak it ends, the one it
+    /// starts, or both.
     pub fn reset_peak(&self) -> u64 {
         let ended = self.shared.peak.swap(self.in_use(), Ordering::AcqRel);
         // What was admitted between the reading of `in_use` and the swap is in `in_use`
