@@ -74,6 +74,7 @@ mod provider;
 mod registry;
 mod shm;
 mod sync;
+#[cfg(not(loom))]
 mod unheard;
 #[cfg(feature = "verbs")]
 pub mod verbs;
