@@ -301,7 +301,7 @@ impl VerbsListener {
     ///             Ok(endpoint) => println!("connected to {:?}", endpoint.peer_queue_pair()),
     ///             Err(error) => eprintln!("a peer failed to connect: {error}"),
     ///         })),
-    ///         Err(error) => eprintln!("a peer never spoke: {error}"),
+    ///         Err(error) => eprintln!("no peer to connect: {error}"),
     ///     }
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
