@@ -15,12 +15,11 @@
 //!   next hello, connection or deadline; a client silent for the peer timeout is refused
 //!   on its own. Clients not yet heard wait in the listener between calls.
 
-use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar, SharedHostRegion};
@@ -34,6 +33,7 @@ use super::segment::{RING_CAPACITY, SharedSegment};
 use crate::error::{QueueKind, TransportError};
 use crate::provider::{EndpointLimits, Provider};
 use crate::registry::{RegionCache, RegionTable};
+use crate::unheard::UnheardPeers;
 
 /// The deepest send queue of a shared-memory endpoint (receive queues are bounded by
 /// [`RING_CAPACITY`]).
@@ -188,7 +188,7 @@ impl ShmProvider {
             path,
             registrar: Arc::clone(&self.registrar),
             peer_timeout: self.peer_timeout,
-            unheard: Mutex::new(VecDeque::new()),
+            unheard: Mutex::new(UnheardPeers::new()),
         })
     }
 
@@ -289,15 +289,8 @@ pub struct ShmListener {
     path: PathBuf,
     registrar: Arc<ShmRegistrar>,
     peer_timeout: Duration,
-    /// Clients connected and not yet heard from, oldest first.
-    unheard: Mutex<VecDeque<Unheard>>,
-}
-
-/// A client connected to a listener that has not said its hello yet.
-#[derive(Debug)]
-struct Unheard {
-    socket: OwnedFd,
-    since: Instant,
+    /// Clients connected and not yet heard from.
+    unheard: Mutex<UnheardPeers<OwnedFd>>,
 }
 
 impl ShmListener {
@@ -319,51 +312,36 @@ impl ShmListener {
         let mut unheard = self.unheard.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             let out_of_files = self.take_new_clients(&mut unheard)?;
-            let heard =
-                unheard.iter().enumerate().find_map(|(index, client)| {
-                    match receive_record(client.socket.as_fd(), false) {
-                        Ok(Incoming::Nothing) => None,
-                        heard => Some((index, heard)),
-                    }
-                });
-            if let Some((index, heard)) = heard {
-                let client = unheard.remove(index).expect("the client just heard");
-                return self.welcome(client.socket, heard, limits);
-            }
-            let now = Instant::now();
-            let silent = unheard.iter().position(|client| {
-                now.saturating_duration_since(client.since) >= self.peer_timeout
+            let heard = unheard.take_heard(|client| match receive_record(client.as_fd(), false) {
+                Ok(Incoming::Nothing) => None,
+                heard => Some(heard),
             });
-            if let Some(index) = silent {
-                // Dropping the client closes its socket.
-                unheard.remove(index);
+            if let Some((client, heard)) = heard {
+                return self.welcome(client, heard, limits);
+            }
+            if unheard.drop_silent(self.peer_timeout) {
                 return Err(handshake_error(format!(
                     "the peer connected and sent no hello within {:?}",
                     self.peer_timeout
                 )));
             }
-            let clients = unheard.iter().map(|client| (&client.socket, client.since));
-            crate::unheard::wait_for_peers(
-                (!out_of_files).then_some(&self.socket),
-                clients,
-                self.peer_timeout,
-                now,
-            )
-            .map_err(os_error("waiting for clients"))?;
+            unheard
+                .wait((!out_of_files).then_some(&self.socket), self.peer_timeout)
+                .map_err(os_error("waiting for clients"))?;
         }
     }
 
     /// Takes every connection the kernel has queued; returns whether it stopped for want
     /// of a descriptor, with connections still queued.
-    fn take_new_clients(&self, unheard: &mut VecDeque<Unheard>) -> Result<bool, TransportError> {
+    fn take_new_clients(
+        &self,
+        unheard: &mut UnheardPeers<OwnedFd>,
+    ) -> Result<bool, TransportError> {
         loop {
             match rustix::net::accept_with(&self.socket, SocketFlags::CLOEXEC) {
                 Ok(socket) => {
                     set_timeouts(&socket)?;
-                    unheard.push_back(Unheard {
-                        socket,
-                        since: Instant::now(),
-                    });
+                    unheard.push(socket);
                 }
                 Err(rustix::io::Errno::AGAIN) => return Ok(false),
                 // A client that went away before it was taken, or a signal: look again.

@@ -8,8 +8,9 @@
 //!   of its hello, or its end): both sides of a handshake send their hello before they
 //!   read the other's, so a peer that has said nothing yet is not waited on while others
 //!   speak. Peers taken from the kernel but not yet heard wait in the listener's
-//!   `unheard` list, each for the handshake timeout at most; the `accept` that finds one
-//!   silent past it drops it and returns the timeout.
+//!   `unheard` list (`crate::unheard`, shared with the shm listener), each for the
+//!   handshake timeout at most; the `accept` that finds one silent past it drops it and
+//!   returns the timeout.
 //!
 //! Verbs has no way to tell a queue pair that its peer closed (the `ibverbs` 0.9 crate
 //! cannot even move a queue pair to the error state), so the TCP connection the
@@ -17,13 +18,13 @@
 //! it down, and the peer reads the end of the stream, as `rdma_cm` uses its own
 //! connection for the same purpose.
 
-use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::handshake::{self, HandshakeError, Hello};
+use crate::unheard::UnheardPeers;
 
 /// Listens for peers that want to connect and hands out one [`Rendezvous`] per peer, in
 /// the order their hellos come.
@@ -58,15 +59,8 @@ pub struct RendezvousListener {
     /// Non-blocking: peers are taken as they come, between waits in `poll(2)`.
     listener: TcpListener,
     timeout: Duration,
-    /// Peers taken from the kernel that have sent nothing yet, oldest first.
-    unheard: Mutex<VecDeque<Unheard>>,
-}
-
-/// A peer that connected and has sent nothing yet.
-#[derive(Debug)]
-struct Unheard {
-    stream: TcpStream,
-    since: Instant,
+    /// Peers taken from the kernel that have sent nothing yet.
+    unheard: Mutex<UnheardPeers<TcpStream>>,
 }
 
 impl RendezvousListener {
@@ -86,7 +80,7 @@ impl RendezvousListener {
         Ok(RendezvousListener {
             listener,
             timeout,
-            unheard: Mutex::new(VecDeque::new()),
+            unheard: Mutex::new(UnheardPeers::new()),
         })
     }
 
@@ -110,45 +104,33 @@ impl RendezvousListener {
         let mut unheard = self.unheard.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             let out_of_files = self.take_new_peers(&mut unheard)?;
-            if let Some(index) = unheard.iter().position(|peer| has_spoken(&peer.stream)) {
-                let peer = unheard.remove(index).expect("the peer just heard");
-                return Rendezvous::new(peer.stream, self.timeout);
+            if let Some((stream, ())) = unheard.take_heard(|peer| has_spoken(peer).then_some(())) {
+                return Rendezvous::new(stream, self.timeout);
             }
-            let now = Instant::now();
-            let silent = unheard
-                .iter()
-                .position(|peer| now.saturating_duration_since(peer.since) >= self.timeout);
-            if let Some(index) = silent {
-                // Dropping the peer closes its stream.
-                unheard.remove(index);
+            if unheard.drop_silent(self.timeout) {
                 return Err(HandshakeError::TimedOut {
                     part: "hello",
                     timeout: self.timeout,
                 });
             }
-            let peers = unheard.iter().map(|peer| (&peer.stream, peer.since));
-            crate::unheard::wait_for_peers(
-                (!out_of_files).then_some(&self.listener),
-                peers,
-                self.timeout,
-                now,
-            )
-            .map_err(|errno| HandshakeError::Io {
-                operation: "waiting for peers to connect and speak",
-                source: errno.into(),
-            })?;
+            unheard
+                .wait((!out_of_files).then_some(&self.listener), self.timeout)
+                .map_err(|errno| HandshakeError::Io {
+                    operation: "waiting for peers to connect and speak",
+                    source: errno.into(),
+                })?;
         }
     }
 
     /// Takes every connection the kernel has queued; returns whether it stopped for want
     /// of a descriptor, with connections still queued.
-    fn take_new_peers(&self, unheard: &mut VecDeque<Unheard>) -> Result<bool, HandshakeError> {
+    fn take_new_peers(
+        &self,
+        unheard: &mut UnheardPeers<TcpStream>,
+    ) -> Result<bool, HandshakeError> {
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => unheard.push_back(Unheard {
-                    stream,
-                    since: Instant::now(),
-                }),
+                Ok((stream, _)) => unheard.push(stream),
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 // A peer that went away before it was taken, or a signal: look again.
                 Err(error)
