@@ -85,8 +85,8 @@ pub use error::{PostError, QueueKind, TransportError};
 pub use front::Verbs;
 #[cfg(not(loom))]
 pub use front::{
-    ACCEPT_BACKLOG, ConnectionOf, Kind, Listener, Loopback, MAX_HANDSHAKES, SetupError, Shm,
-    Transport, TransportBuilder,
+    ACCEPT_BACKLOG, ConnectionOf, Kind, Listener, Loopback, MAX_HANDSHAKES,
+    MAX_HANDSHAKES_PER_HOST, MAX_WAITING_PER_HOST, SetupError, Shm, Transport, TransportBuilder,
 };
 pub use loopback::{LoopbackEndpoint, LoopbackProvider, LoopbackRegistrar, MAX_QUEUE_DEPTH};
 pub use provider::{

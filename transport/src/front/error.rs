@@ -187,6 +187,21 @@ pub enum SetupError {
     /// The thread that accepts for a listener is gone (it panicked).
     #[error("the listener's accepting thread is gone")]
     ListenerGone,
+    /// A peer came from a host that had its handshakes running and its queue of peers
+    /// waiting full ([`MAX_HANDSHAKES_PER_HOST`](super::MAX_HANDSHAKES_PER_HOST),
+    /// [`MAX_WAITING_PER_HOST`](super::MAX_WAITING_PER_HOST)): it was closed unheard. The
+    /// listener goes on.
+    #[error(
+        "a peer from {host} was refused: {running} of its host's handshakes ran and {waiting} of its peers waited"
+    )]
+    HostBusy {
+        /// The peer's host.
+        host: std::net::IpAddr,
+        /// The host's handshakes running.
+        running: usize,
+        /// The host's peers waiting for a turn.
+        waiting: usize,
+    },
     /// A thread to accept or connect on could not be started.
     #[error("no thread could be started for {purpose}")]
     Thread {
@@ -225,8 +240,9 @@ impl SetupError {
             | SetupError::RaiseOpenFiles { .. }
             | SetupError::ListenerGone
             | SetupError::Thread { .. } => Fault::Local,
-            // No peer came, or none answered in time.
-            SetupError::TimedOut { .. } => Fault::Peer,
+            // No peer came, or none answered in time; a host that sent more peers than
+            // it may have waiting.
+            SetupError::TimedOut { .. } | SetupError::HostBusy { .. } => Fault::Peer,
             SetupError::Provider { source, .. } => match source {
                 TransportError::Handshake { .. }
                 | TransportError::PeerDied { .. }

@@ -2,10 +2,13 @@
 //! `accept_timeout`; and the threads that accept and connect for providers whose own
 //! calls have no deadline.
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::net::IpAddr;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -24,6 +27,16 @@ pub const ACCEPT_BACKLOG: usize = 16;
 /// of them for the provider's handshake timeout at most, and no other peer's.
 pub const MAX_HANDSHAKES: usize = 16;
 
+/// How many of a listener's [`MAX_HANDSHAKES`] the peers of one host (one IP address) run
+/// at once. A host's further peers wait, [`MAX_WAITING_PER_HOST`] at most, for that host's
+/// own handshakes to end, while other hosts' peers go on: a host whose peers stall their
+/// handshakes holds four turns, not all of them.
+pub const MAX_HANDSHAKES_PER_HOST: usize = 4;
+
+/// How many peers of one host wait for a handshake turn of their host; a peer past them
+/// is closed, and [`Listener::accept`] reports [`SetupError::HostBusy`].
+pub const MAX_WAITING_PER_HOST: usize = 16;
+
 /// An endpoint that came in, or why one failed to.
 pub(super) type Incoming<K> = Result<<K as Kind>::Endpoint, SetupError>;
 
@@ -38,7 +51,11 @@ pub(super) enum Arrival<K: Kind> {
             reason = "only the verbs handshake waits on the peer after accept"
         )
     )]
-    Handshake(Box<dyn FnOnce() -> Incoming<K> + Send>),
+    Handshake {
+        /// The peer's host, whose turns the handshake counts against (`None`: no host's).
+        host: Option<IpAddr>,
+        run: Box<dyn FnOnce() -> Incoming<K> + Send>,
+    },
 }
 
 /// Connections coming in at one address of a [`Transport`](super::Transport); made by
@@ -134,7 +151,7 @@ impl<K: Kind> fmt::Debug for Listener<K> {
 
 /// A thread that accepts endpoints and hands them to a listener's queue, until told to
 /// stop; handshakes still to run each run on a thread of their own, at most
-/// [`MAX_HANDSHAKES`] at once.
+/// [`MAX_HANDSHAKES`] at once and [`MAX_HANDSHAKES_PER_HOST`] from one host.
 pub(super) struct Acceptor {
     stop: Arc<AtomicBool>,
     handshakes: Arc<Handshakes>,
@@ -169,14 +186,20 @@ impl Acceptor {
                     }
                     let endpoint = match arrived {
                         Arrival::Ready(endpoint) => endpoint,
-                        Arrival::Handshake(handshake) => {
-                            if !running.begin(&stopped) {
-                                return;
-                            }
-                            match run_handshake::<K>(handshake, queue.clone(), Arc::clone(&running))
-                            {
-                                Ok(()) => continue,
-                                Err(error) => Err(error),
+                        Arrival::Handshake { host, run } => {
+                            let queue = queue.clone();
+                            let job = Job {
+                                host,
+                                run: Box::new(move || drop(queue.send(run()))),
+                            };
+                            match running.admit(job, &stopped) {
+                                Admission::Run(job) => match Handshakes::start(&running, job) {
+                                    Ok(()) => continue,
+                                    Err(error) => Err(error),
+                                },
+                                Admission::Waiting => continue,
+                                Admission::Refused(error) => Err(error),
+                                Admission::Stopped => return,
                             }
                         }
                     };
@@ -201,77 +224,180 @@ impl Acceptor {
     }
 }
 
-/// Runs `handshake` on a thread of its own, which queues the endpoint it makes (dropped
-/// if the listener is gone) and then ends its turn in `running`.
-fn run_handshake<K: Kind>(
-    handshake: Box<dyn FnOnce() -> Incoming<K> + Send>,
-    queue: SyncSender<Incoming<K>>,
-    running: Arc<Handshakes>,
-) -> Result<(), SetupError> {
-    let turn = Turn(running);
-    std::thread::Builder::new()
-        .name("tierbuf-handshake".to_owned())
-        .spawn(move || {
-            // Ends the turn however the handshake ends, a panic included.
-            let _turn = turn;
-            let _ = queue.send(handshake());
-        })
-        .map(drop)
-        .map_err(|source| SetupError::Thread {
-            purpose: "running a handshake",
-            source,
-        })
+/// A handshake to run: it queues the endpoint it makes (dropped if the listener is gone).
+struct Job {
+    host: Option<IpAddr>,
+    run: Box<dyn FnOnce() + Send>,
 }
 
-/// A turn taken with [`Handshakes::begin`], ended when dropped (with the closure that
-/// holds it, if its thread could not start).
-struct Turn(Arc<Handshakes>);
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        self.0.end();
-    }
+/// What [`Handshakes::admit`] did with a job.
+enum Admission {
+    /// It has a turn: start it.
+    Run(Job),
+    /// It waits for a turn of its host, which the end of one of that host's handshakes
+    /// gives it.
+    Waiting,
+    /// Its host has [`MAX_WAITING_PER_HOST`] peers waiting already: the job was dropped.
+    Refused(SetupError),
+    /// The listener is stopping.
+    Stopped,
 }
 
-/// The handshakes running on threads of their own: at most [`MAX_HANDSHAKES`].
+/// The handshakes of a listener: at most [`MAX_HANDSHAKES`] run, each on a thread of its
+/// own, at most [`MAX_HANDSHAKES_PER_HOST`] of them from one host.
+///
+/// # Invariants
+///
+/// - `running` counts the turns taken and not ended; `by_host` counts them by host and
+///   holds no zero.
+/// - A job waits only while its host has all [`MAX_HANDSHAKES_PER_HOST`] of its turns
+///   (a job of a host with a turn free takes it, or the accepting thread waits for one
+///   of [`MAX_HANDSHAKES`]). The thread that ends a turn takes, under the same lock, the
+///   oldest waiting job that may run then, and runs it; so every end of a turn of a host
+///   with jobs waiting starts one of them, and no waiting job is left without a turn to
+///   come.
 #[derive(Default)]
 struct Handshakes {
-    running: Mutex<usize>,
+    turns: Mutex<Turns>,
     changed: Condvar,
 }
 
+/// The state behind [`Handshakes`]' lock.
+#[derive(Default)]
+struct Turns {
+    running: usize,
+    by_host: HashMap<IpAddr, usize>,
+    waiting: VecDeque<Job>,
+}
+
+impl Turns {
+    /// Whether `host` has all its turns.
+    fn host_is_full(&self, host: Option<IpAddr>) -> bool {
+        host.is_some_and(|host| {
+            self.by_host.get(&host).copied().unwrap_or(0) >= MAX_HANDSHAKES_PER_HOST
+        })
+    }
+
+    /// Takes a turn for `host`.
+    fn take(&mut self, host: Option<IpAddr>) {
+        self.running += 1;
+        if let Some(host) = host {
+            *self.by_host.entry(host).or_insert(0) += 1;
+        }
+    }
+
+    /// Ends a turn of `host`.
+    fn end(&mut self, host: Option<IpAddr>) {
+        self.running -= 1;
+        if let Some(host) = host
+            && let Some(count) = self.by_host.get_mut(&host)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.by_host.remove(&host);
+            }
+        }
+    }
+
+    /// The oldest waiting job that may run now, its turn taken.
+    fn next_runnable(&mut self) -> Option<Job> {
+        if self.running >= MAX_HANDSHAKES {
+            return None;
+        }
+        let index = self
+            .waiting
+            .iter()
+            .position(|job| !self.host_is_full(job.host))?;
+        let job = self.waiting.remove(index)?;
+        self.take(job.host);
+        Some(job)
+    }
+}
+
 impl Handshakes {
-    /// Takes a turn, waiting while [`MAX_HANDSHAKES`] run; false (no turn taken) once
-    /// `stopped` is set.
-    fn begin(&self, stopped: &AtomicBool) -> bool {
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+    fn lock(&self) -> MutexGuard<'_, Turns> {
+        self.turns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives `job` a turn, waiting while [`MAX_HANDSHAKES`] run; or has it wait for a
+    /// turn of its host, or refuses it, when its host has all its turns.
+    fn admit(&self, job: Job, stopped: &AtomicBool) -> Admission {
+        let mut turns = self.lock();
         loop {
             if stopped.load(Ordering::Acquire) {
-                return false;
+                return Admission::Stopped;
             }
-            if *running < MAX_HANDSHAKES {
-                *running += 1;
-                return true;
+            if let Some(host) = job.host
+                && turns.host_is_full(job.host)
+            {
+                let waiting = turns.waiting.iter().filter(|j| j.host == job.host).count();
+                if waiting >= MAX_WAITING_PER_HOST {
+                    return Admission::Refused(SetupError::HostBusy {
+                        host,
+                        running: MAX_HANDSHAKES_PER_HOST,
+                        waiting,
+                    });
+                }
+                turns.waiting.push_back(job);
+                return Admission::Waiting;
             }
-            running = self
+            if turns.running < MAX_HANDSHAKES {
+                turns.take(job.host);
+                return Admission::Run(job);
+            }
+            turns = self
                 .changed
-                .wait(running)
+                .wait(turns)
                 .unwrap_or_else(PoisonError::into_inner);
         }
     }
 
-    /// Ends a turn.
-    fn end(&self) {
-        *self.running.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
-        self.changed.notify_all();
+    /// Runs `job`, which has its turn, on a thread of its own; that thread then runs the
+    /// waiting jobs that the end of each turn lets run. If the thread cannot start, the
+    /// job is dropped and its turn ended.
+    fn start(handshakes: &Arc<Handshakes>, job: Job) -> Result<(), SetupError> {
+        let host = job.host;
+        let worker = Arc::clone(handshakes);
+        let started = std::thread::Builder::new()
+            .name("tierbuf-handshake".to_owned())
+            .spawn(move || worker.work(job));
+        started.map(drop).map_err(|source| {
+            handshakes.lock().end(host);
+            handshakes.changed.notify_all();
+            SetupError::Thread {
+                purpose: "running a handshake",
+                source,
+            }
+        })
     }
 
-    /// Wakes a wait for a turn, to see the stop.
+    /// Runs `job`, then each waiting job that its turn's end lets run, until none may.
+    fn work(&self, mut job: Job) {
+        loop {
+            let host = job.host;
+            // A handshake that panics ends its turn as any other does (the panic is
+            // reported by the hook); the thread goes on to the next.
+            let _ = panic::catch_unwind(AssertUnwindSafe(job.run));
+            let mut turns = self.lock();
+            turns.end(host);
+            let next = turns.next_runnable();
+            drop(turns);
+            self.changed.notify_all();
+            match next {
+                Some(next) => job = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Wakes a wait for a turn, to see the stop, and drops the waiting jobs (closing their
+    /// peers).
     fn stop(&self) {
         // Taken so that the wake cannot fall between a waiter's look at the stop and its
         // wait.
-        drop(self.running.lock().unwrap_or_else(PoisonError::into_inner));
+        let waiting = std::mem::take(&mut self.lock().waiting);
         self.changed.notify_all();
+        drop(waiting);
     }
 }
 
@@ -331,27 +457,19 @@ mod tests {
         let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
         let (endpoint, _peer) = provider.pair(4, 4).expect("a pair");
         let (release, stalled) = mpsc::channel::<()>();
-        let (wake, woken) = mpsc::channel::<()>();
-        let mut arrivals = vec![
-            Arrival::<Loopback>::Handshake(Box::new(move || {
-                let _ = stalled.recv();
-                Err(SetupError::ListenerGone)
-            })),
-            Arrival::Handshake(Box::new(move || Ok(endpoint))),
-        ]
-        .into_iter();
-        let (incoming, acceptor) = Acceptor::start::<Loopback>(
-            "test",
-            // After the two peers, an accept that waits until the listener is dropped.
-            move || {
-                arrivals.next().unwrap_or_else(|| {
-                    let _ = woken.recv();
-                    Arrival::Ready(Err(SetupError::ListenerGone))
-                })
+        let (incoming, acceptor) = accepting(vec![
+            Arrival::Handshake {
+                host: None,
+                run: Box::new(move || {
+                    let _ = stalled.recv();
+                    Err(SetupError::ListenerGone)
+                }),
             },
-            move || wake.send(()).is_ok(),
-        )
-        .expect("an accepting thread");
+            Arrival::Handshake {
+                host: None,
+                run: Box::new(move || Ok(endpoint)),
+            },
+        ]);
         let first = incoming.recv_timeout(Duration::from_secs(60));
         assert!(
             matches!(first, Ok(Ok(_))),
@@ -360,6 +478,110 @@ mod tests {
         release.send(()).expect("the stalled handshake waits");
         let second = incoming.recv_timeout(Duration::from_secs(60));
         assert!(matches!(second, Ok(Err(SetupError::ListenerGone))));
+        drop(acceptor);
+    }
+
+    /// An accepting thread over `arrivals`, then an accept that waits until the listener
+    /// is dropped.
+    fn accepting(arrivals: Vec<Arrival<Loopback>>) -> (Receiver<Incoming<Loopback>>, Acceptor) {
+        let (wake, woken) = mpsc::channel::<()>();
+        let mut arrivals = arrivals.into_iter();
+        Acceptor::start::<Loopback>(
+            "test",
+            move || {
+                arrivals.next().unwrap_or_else(|| {
+                    let _ = woken.recv();
+                    Arrival::Ready(Err(SetupError::ListenerGone))
+                })
+            },
+            move || wake.send(()).is_ok(),
+        )
+        .expect("an accepting thread")
+    }
+
+    /// A handshake from `host` that waits for `release`, then fails with `ListenerGone`.
+    fn stalled(host: IpAddr, release: &Arc<Mutex<Receiver<()>>>) -> Arrival<Loopback> {
+        let release = Arc::clone(release);
+        Arrival::Handshake {
+            host: Some(host),
+            run: Box::new(move || {
+                let _ = release.lock().expect("the release").recv();
+                Err(SetupError::ListenerGone)
+            }),
+        }
+    }
+
+    /// A host whose handshakes all stall holds its own turns, not another host's; its
+    /// peers past its turns wait, and those past its waiting room are refused.
+    #[test]
+    fn a_host_that_stalls_its_handshakes_holds_up_no_other_host() {
+        let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+        let (endpoint, _peer) = provider.pair(4, 4).expect("a pair");
+        let stalling: IpAddr = "192.0.2.1".parse().expect("an address");
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let mut arrivals: Vec<_> = (0..MAX_HANDSHAKES_PER_HOST + MAX_WAITING_PER_HOST + 1)
+            .map(|_| stalled(stalling, &released))
+            .collect();
+        arrivals.push(Arrival::Handshake {
+            host: Some("192.0.2.2".parse().expect("an address")),
+            run: Box::new(move || Ok(endpoint)),
+        });
+        let (incoming, acceptor) = accepting(arrivals);
+        let refused = incoming.recv_timeout(Duration::from_secs(60));
+        assert!(
+            matches!(
+                refused,
+                Ok(Err(SetupError::HostBusy { host, running: MAX_HANDSHAKES_PER_HOST, waiting: MAX_WAITING_PER_HOST }))
+                    if host == stalling
+            ),
+            "the stalling host's peer past its waiting room: {refused:?}"
+        );
+        let other = incoming.recv_timeout(Duration::from_secs(60));
+        assert!(
+            matches!(other, Ok(Ok(_))),
+            "the other host's peer was held up: {other:?}"
+        );
+        // Every stalled handshake, the waiting ones included, runs once released.
+        for _ in 0..MAX_HANDSHAKES_PER_HOST + MAX_WAITING_PER_HOST {
+            release.send(()).expect("a stalled handshake waits");
+            let ended = incoming.recv_timeout(Duration::from_secs(60));
+            assert!(
+                matches!(ended, Ok(Err(SetupError::ListenerGone))),
+                "{ended:?}"
+            );
+        }
+        // A handshake's thread ends its turn after it queued its endpoint.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while acceptor.handshakes.lock().running > 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let turns = acceptor.handshakes.lock();
+        assert_eq!((turns.running, turns.waiting.len()), (0, 0));
+        assert!(turns.by_host.is_empty());
+        drop(turns);
+        drop(acceptor);
+    }
+
+    /// A handshake that panics ends its turn, and its thread runs the host's next one.
+    #[test]
+    fn a_panicking_handshake_ends_its_turn() {
+        let host: IpAddr = "192.0.2.3".parse().expect("an address");
+        let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+        let (endpoint, _peer) = provider.pair(4, 4).expect("a pair");
+        let mut arrivals: Vec<_> = (0..MAX_HANDSHAKES_PER_HOST)
+            .map(|_| Arrival::<Loopback>::Handshake {
+                host: Some(host),
+                run: Box::new(|| panic!("a handshake that panics")),
+            })
+            .collect();
+        arrivals.push(Arrival::Handshake {
+            host: Some(host),
+            run: Box::new(move || Ok(endpoint)),
+        });
+        let (incoming, acceptor) = accepting(arrivals);
+        let last = incoming.recv_timeout(Duration::from_secs(60));
+        assert!(matches!(last, Ok(Ok(_))), "{last:?}");
         drop(acceptor);
     }
 }

@@ -58,7 +58,10 @@
 //! provider whose own `accept` has none, and one slow peer's handshake holds up no
 //! `accept` call. A verbs handshake goes on after the peer has spoken (queue pairs
 //! exchanged, then connected, then ready), so each runs on a thread of its own, at most
-//! [`MAX_HANDSHAKES`] at once: a peer that stalls in its handshake holds up no other. Dropping the listener stops the thread (waking it with a connection of
+//! [`MAX_HANDSHAKES`] at once and [`MAX_HANDSHAKES_PER_HOST`] of one host (its further
+//! peers wait for that host's turns, [`MAX_WAITING_PER_HOST`] at most): a peer that
+//! stalls in its handshake holds up no other, and a host that stalls all of its holds up
+//! no other host. Dropping the listener stops the thread (waking it with a connection of
 //! its own that says nothing) and joins it. Where that connection cannot be made (an shm
 //! socket's path removed by someone else while it listens) the thread is left waiting in
 //! the provider's `accept`, holding the listening socket, until a peer comes or the
@@ -86,7 +89,9 @@ use crate::provider::{Endpoint, Provider};
 
 pub use builder::{Transport, TransportBuilder};
 pub use error::SetupError;
-pub use listener::{ACCEPT_BACKLOG, Listener, MAX_HANDSHAKES};
+pub use listener::{
+    ACCEPT_BACKLOG, Listener, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_HOST, MAX_WAITING_PER_HOST,
+};
 pub use loopback::Loopback;
 pub use shm::Shm;
 #[cfg(feature = "verbs")]

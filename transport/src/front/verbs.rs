@@ -79,9 +79,11 @@ impl Transport<Verbs> {
             &address,
             // Each handshake runs apart: a peer that stalls in one holds up no other.
             move || match listener.accept_peer() {
-                Ok(peer) => Arrival::Handshake(Box::new(move || {
-                    peer.complete().map_err(verbs("accepting a connection"))
-                })),
+                Ok(peer) => Arrival::Handshake {
+                    // A peer whose address cannot be read counts against no host.
+                    host: peer.peer_addr().ok().map(|addr| addr.ip()),
+                    run: Box::new(move || peer.complete().map_err(verbs("accepting a connection"))),
+                },
                 Err(error) => Arrival::Ready(Err(verbs("accepting a connection")(error))),
             },
             move || knock(local),

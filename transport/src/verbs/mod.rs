@@ -297,10 +297,13 @@ impl VerbsListener {
     /// let listener = provider.listen("0.0.0.0:7471", EndpointOptions::default())?;
     /// loop {
     ///     match listener.accept_peer() {
-    ///         Ok(peer) => drop(std::thread::spawn(move || match peer.complete() {
-    ///             Ok(endpoint) => println!("connected to {:?}", endpoint.peer_queue_pair()),
-    ///             Err(error) => eprintln!("a peer failed to connect: {error}"),
-    ///         })),
+    ///         Ok(peer) => {
+    ///             let from = peer.peer_addr()?;
+    ///             drop(std::thread::spawn(move || match peer.complete() {
+    ///                 Ok(endpoint) => println!("{from}: {:?}", endpoint.peer_queue_pair()),
+    ///                 Err(error) => eprintln!("{from} failed to connect: {error}"),
+    ///             }))
+    ///         }
     ///         Err(error) => eprintln!("no peer to connect: {error}"),
     ///     }
     /// }
@@ -326,6 +329,17 @@ pub struct PeerHandshake {
 }
 
 impl PeerHandshake {
+    /// The peer's address: the front door's listener counts a handshake against its host
+    /// ([`MAX_HANDSHAKES_PER_HOST`](crate::MAX_HANDSHAKES_PER_HOST)). The example of
+    /// [`VerbsListener::accept_peer`] calls it.
+    ///
+    /// # Errors
+    ///
+    /// What reading the TCP connection's peer address failed with.
+    pub fn peer_addr(&self) -> Result<std::net::SocketAddr, VerbsError> {
+        self.rendezvous.peer_addr().map_err(VerbsError::from)
+    }
+
     /// Runs the handshake and connects an endpoint to the peer: each step waits at most
     /// the listener's handshake timeout.
     pub fn complete(self) -> Result<VerbsEndpoint, VerbsError> {
