@@ -584,4 +584,38 @@ mod tests {
         assert!(matches!(last, Ok(Ok(_))), "{last:?}");
         drop(acceptor);
     }
+
+    /// Dropping the listener closes the peers still waiting for a turn: their handshakes
+    /// never run.
+    #[test]
+    fn a_dropped_listener_closes_its_waiting_peers() {
+        let host: IpAddr = "192.0.2.4".parse().expect("an address");
+        let (release, released) = mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let (ran, probe) = mpsc::channel::<()>();
+        let mut arrivals: Vec<_> = (0..MAX_HANDSHAKES_PER_HOST)
+            .map(|_| stalled(host, &released))
+            .collect();
+        arrivals.push(Arrival::Handshake {
+            host: Some(host),
+            run: Box::new(move || {
+                let _ = ran.send(());
+                Err(SetupError::ListenerGone)
+            }),
+        });
+        let (_incoming, acceptor) = accepting(arrivals);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while acceptor.handshakes.lock().waiting.is_empty() && std::time::Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+        assert_eq!(acceptor.handshakes.lock().waiting.len(), 1);
+        drop(acceptor);
+        assert_eq!(
+            probe.recv_timeout(Duration::from_secs(60)),
+            Err(mpsc::RecvTimeoutError::Disconnected),
+            "the waiting handshake ran, or was kept"
+        );
+        drop(release);
+    }
 }
