@@ -93,7 +93,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tierbuf_benches::messages::{Reading, check, message, rest_sum, stamp};
-use tierbuf_benches::pin_to_core;
+use tierbuf_benches::{clock, pin_to_core};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
@@ -713,17 +713,7 @@ const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The time on the system-wide monotonic clock, comparable between the two processes
 /// (an [`Instant`] cannot be sent to the other one).
 fn monotonic_now() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid `timespec` for the call to write.
-    let result = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    assert_eq!(result, 0, "reading the monotonic clock");
-    Duration::new(
-        u64::try_from(now.tv_sec).expect("a clock past zero"),
-        u32::try_from(now.tv_nsec).expect("nanoseconds below one second"),
-    )
+    clock(libc::CLOCK_MONOTONIC)
 }
 
 /// A peer process started from this binary, connected to a listener of the bench's own

@@ -7,6 +7,27 @@ pub mod messages;
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+/// The time on clock `id` (`libc::CLOCK_MONOTONIC`, which two processes share;
+/// `libc::CLOCK_THREAD_CPUTIME_ID`, the calling thread's CPU time).
+///
+/// ```
+/// let cpu = tierbuf_benches::clock(libc::CLOCK_THREAD_CPUTIME_ID);
+/// assert!(tierbuf_benches::clock(libc::CLOCK_THREAD_CPUTIME_ID) >= cpu);
+/// ```
+pub fn clock(id: libc::clockid_t) -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid `timespec` for the call to write.
+    let result = unsafe { libc::clock_gettime(id, &mut now) };
+    assert_eq!(result, 0, "reading clock {id}");
+    Duration::new(
+        u64::try_from(now.tv_sec).expect("a clock past zero"),
+        u32::try_from(now.tv_nsec).expect("nanoseconds below one second"),
+    )
+}
+
 /// Pins the calling thread to `core`, so two-thread figures do not depend on the
 /// scheduler's placement; returns whether the kernel accepted it.
 ///
