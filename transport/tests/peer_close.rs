@@ -1,12 +1,16 @@
 //! What a connection makes of its peer's orderly close, whatever order its endpoint
 //! hands the close's completions out in: every message that landed before the close is
-//! delivered, then the close is reported; and a side whose only sends the close refused
-//! were frames of its own (credits), not message bytes, has nothing unflushed.
+//! delivered, then the close is reported; a side whose only sends the close refused
+//! were frames of its own (credits), not message bytes, has nothing unflushed; and a send
+//! whose every byte was posted before the peer hung up is reported sent.
 
 mod holding;
 mod pairs;
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pairs::PairProvider;
 use tierbuf_tiers::ladder::TierLadder;
@@ -81,6 +85,51 @@ impl<E: Endpoint> Endpoint for Reordering<E> {
         }
         self.held = kept;
         Ok(filled)
+    }
+
+    fn close(&mut self) {
+        self.inner.close();
+    }
+}
+
+/// An endpoint that passes its first `refuse_from` sends and refuses every later one, as
+/// an endpoint whose peer hung up does; `passed` counts the sends it passed.
+#[derive(Debug)]
+struct RefusingFrom<E> {
+    inner: E,
+    passed: Arc<AtomicUsize>,
+    refuse_from: usize,
+}
+
+impl<E: Endpoint> Endpoint for RefusingFrom<E> {
+    fn limits(&self) -> EndpointLimits {
+        self.inner.limits()
+    }
+
+    fn state(&self) -> EndpointState {
+        self.inner.state()
+    }
+
+    fn outstanding(&self) -> Outstanding {
+        self.inner.outstanding()
+    }
+
+    unsafe fn post_recv(&mut self, buffer: BufferRef, wr_id: u64) -> Result<(), PostError> {
+        // SAFETY: the caller keeps `Endpoint::post_recv`'s contract, passed on as is.
+        unsafe { self.inner.post_recv(buffer, wr_id) }
+    }
+
+    unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
+        if self.passed.load(Ordering::Relaxed) >= self.refuse_from {
+            return Err(PostError::ConnectionBroken);
+        }
+        self.passed.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller keeps `Endpoint::post_send`'s contract, passed on as is.
+        unsafe { self.inner.post_send(gather, wr_id) }
+    }
+
+    fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
+        self.inner.poll(completions)
     }
 
     fn close(&mut self) {
@@ -173,5 +222,50 @@ fn a_flush_after_the_peer_took_every_message_and_closed_succeeds() {
             matches!(&error, SendError::Failed(failure) if matches!(**failure, ConnectionError::PeerClosed)),
             "{error:?}"
         );
+    }
+}
+
+#[test]
+fn a_message_posted_whole_is_sent_though_a_frame_behind_it_finds_the_peer_gone() {
+    // Past the first tier: the message goes out in segments, its promotion request
+    // behind them, all in the call that takes it.
+    let ladder = || {
+        TierLadder::builder()
+            .tier(256, 8, 240)
+            .tier(4096, 8, 4096)
+            .reservoir_regions(1)
+            .build()
+            .unwrap()
+    };
+    let message: Vec<u8> = (0..1000u32).map(|byte| byte as u8).collect();
+    let pair = |refuse_from| {
+        let passed = Arc::new(AtomicUsize::new(0));
+        let wrap = |inner| RefusingFrom {
+            inner,
+            passed: Arc::clone(&passed),
+            refuse_from,
+        };
+        let pair = pairs::connections_wrapping(&LoopbackProvider::make(), ladder(), wrap);
+        (pair, passed)
+    };
+    let ((mut sending, _receiving), passed) = pair(usize::MAX);
+    sending.send_gather(&[IoSlice::new(&message)]).unwrap();
+    let sends = passed.load(Ordering::Relaxed);
+    assert!(sends >= 2, "segments and a request: {sends} sends");
+    // The same send, its last frame refused: the peer took the message and hung up.
+    let ((mut sending, mut receiving), _) = pair(sends - 1);
+    sending
+        .send_gather(&[IoSlice::new(&message)])
+        .expect("every byte of the message was posted");
+    assert_eq!(&*receiving.recv().unwrap(), &message[..]);
+    let error = sending.send(b"after").unwrap_err();
+    assert!(matches!(error, SendError::Failed(_)), "{error:?}");
+    // Refused before its last segment was posted, it is reported failed.
+    for refuse_from in 0..sends - 1 {
+        let ((mut sending, _receiving), _) = pair(refuse_from);
+        let error = sending
+            .send_gather(&[IoSlice::new(&message)])
+            .expect_err(&format!("refused from send {refuse_from} of {sends}"));
+        assert!(matches!(error, SendError::Failed(_)), "{error:?}");
     }
 }

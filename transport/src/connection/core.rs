@@ -420,6 +420,11 @@ impl ConnectionCore {
         self.tiers.send_tier()
     }
 
+    /// Whether a segmented message taken on still has bytes to post.
+    pub(super) fn has_unsent_message(&self) -> bool {
+        self.outbox.is_some()
+    }
+
     /// Whether everything accepted has been posted and every posted send completed.
     pub fn is_idle(&self) -> bool {
         self.outbox.is_none() && self.control.is_idle() && self.sending.is_empty()

@@ -401,13 +401,21 @@ impl<E: Endpoint> Connection<E> {
         waiter.wait(self)
     }
 
-    /// `accepted`, unless posting the work failed the connection: then the failure, so a
-    /// send whose frames could not be posted is never reported as sent.
+    /// `accepted`, unless posting the work failed the connection before all of the
+    /// message was posted: then the failure, so a send whose frames could not be posted is
+    /// never reported as sent. A failure found behind the message (its promotion request
+    /// or a credit frame refused because the peer, having taken the message, hung up) is
+    /// the next call's to report: the message is on its way.
     fn posted<T>(&self, accepted: Result<T, SendError>) -> Result<T, SendError> {
         let accepted = accepted?;
         match self.core.failure() {
-            Some(error) => Err(SendError::Failed(Arc::clone(error))),
-            None => Ok(accepted),
+            // A connection failed before the call refused the message: this call found
+            // the failure, and data it took back or a segmented rest left is this
+            // message's (or an earlier one's still unposted).
+            Some(error) if self.core.lost_data() || self.core.has_unsent_message() => {
+                Err(SendError::Failed(Arc::clone(error)))
+            }
+            _ => Ok(accepted),
         }
     }
 

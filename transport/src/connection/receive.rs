@@ -193,10 +193,10 @@ impl ConnectionCore {
                 let Some(slot) = self.sending.try_remove(wr_id as usize) else {
                     return;
                 };
-                // A send copied from the caller's message holds no slot: it was data.
+                // A send copied from the caller's message holds no slot: it was data. A
+                // slot holds the whole frame, header and payload.
                 let data = slot.as_ref().is_none_or(|slot| {
-                    FrameHeader::decode(&slot[..HEADER_LEN.min(slot.len())])
-                        .is_ok_and(|header| header.kind.carries_data())
+                    FrameHeader::decode(slot).is_ok_and(|header| header.kind.carries_data())
                 });
                 self.lost_data |= data;
             }
