@@ -51,7 +51,8 @@ const POLL_BATCH: usize = 32;
 /// blocking calls ([`Connection::send`], [`Connection::recv`], [`Connection::flush`] and
 /// their `_deadline` forms), which poll back to back for a few hundred microseconds, then
 /// sleep until the endpoint wakes them ([`Endpoint::arm`]), a timer of the connection
-/// falls due, or the deadline passes; or, kept in a
+/// falls due, or the deadline passes (once a sleep has lasted longer than that, the next
+/// waits sleep at once, until a sleep ends soon again); or, kept in a
 /// [`ConnectionTable`](super::ConnectionTable), whenever its progress thread or
 /// [`ConnectionTable::wait_ready`](super::ConnectionTable::wait_ready) reaches it.
 pub struct Connection<E: Endpoint> {
@@ -66,6 +67,9 @@ pub struct Connection<E: Endpoint> {
     senders: Option<Arc<SendQueue<Queued>>>,
     /// The oldest message its senders queued, while it cannot be posted yet, or not all.
     sender_front: Option<Front>,
+    /// Whether a blocking call's wait makes its back-to-back passes before it sleeps
+    /// (`wait.rs`, module invariants).
+    spin_pays: bool,
     /// Calls of [`Connection::progress_counted`] that did something, ever (read by the
     /// async connection's wakes).
     #[cfg(feature = "tokio")]
@@ -103,6 +107,7 @@ impl<E: Endpoint> Connection<E> {
             last_now: Instant::now(),
             senders: None,
             sender_front: None,
+            spin_pays: true,
             #[cfg(feature = "tokio")]
             progress_made: 0,
         };
@@ -993,6 +998,14 @@ impl<E: Endpoint> Parkable for Connection<E> {
 
     fn next_timer(&self) -> Option<Instant> {
         Connection::next_timer(self)
+    }
+
+    fn spin_pays(&self) -> bool {
+        self.spin_pays
+    }
+
+    fn set_spin_pays(&mut self, pays: bool) {
+        self.spin_pays = pays;
     }
 }
 

@@ -5,12 +5,21 @@
 //!
 //! # Invariants
 //!
+//! - The passes pay only where answers come within them, and burn a core where they do
+//!   not, so they are adaptive, as the async connection's spin is: a wait makes them only
+//!   while its connection's spin pays ([`Parkable::spin_pays`]). A wait that sleeps on
+//!   its endpoint's wake says, when the sleep ends, whether it ended within
+//!   [`Waiter::SPIN_PAYS_WITHIN`] of its start, and that is what the connection's next
+//!   wait goes by: a thread whose peer answers only after long gaps sleeps at once, with
+//!   no passes, until a sleep ends soon again. A wait that ends within its passes leaves
+//!   the spin paying.
 //! - A sleep starts only after [`Endpoint::arm`] said [`Armed::Parked`], so nothing that
 //!   a poll would act on was there when the wake was asked for; the endpoint wakes the
 //!   thread at the next such event. Every arm is followed by a disarm, woken or not.
 //! - So a caller looks at what it waits for after each progress of its own and before
 //!   each wait: a progress may take the event it waits for (the last send's completion,
-//!   say), and a wait after it may sleep until an event that never comes.
+//!   say), and a wait after it may sleep until an event that never comes. A wait whose
+//!   passes are skipped (above) sleeps at its first call.
 //! - No sleep outlasts the earlier of the deadline and the core's own timer (a promotion
 //!   timing out, a demotion falling due): the caller passes the timer in, and the sleep
 //!   ends at it, so timers fire while nothing else happens.
@@ -42,6 +51,10 @@ pub(super) trait Parkable {
     fn disarm(&mut self);
     /// When progress is due with no event.
     fn next_timer(&self) -> Option<Instant>;
+    /// Whether a wait should make its back-to-back passes first (module invariants).
+    fn spin_pays(&self) -> bool;
+    /// Records whether the last sleep on the endpoint's wake ended soon.
+    fn set_spin_pays(&mut self, pays: bool);
 }
 
 thread_local! {
@@ -86,6 +99,8 @@ pub(super) struct Waiter {
     waker: Option<(Waker, Option<Arc<OwnedFd>>)>,
     /// The next sleep of a polling endpoint.
     polling_sleep: Duration,
+    /// [`Waiter::SPIN_PAYS_WITHIN`] (another length in tests).
+    spin_pays_within: Duration,
 }
 
 impl Waiter {
@@ -101,6 +116,13 @@ impl Waiter {
     pub(super) const FIRST_SLEEP: Duration = Duration::from_micros(20);
     /// The longest.
     pub(super) const LONGEST_SLEEP: Duration = Duration::from_millis(1);
+    /// A sleep on the endpoint's wake that ends within this says that answers come soon:
+    /// the connection's next wait makes its passes again (module invariants). About twice
+    /// as long as the passes take, since the sleep's length includes the time the thread
+    /// takes to wake (hundreds of microseconds on a loaded VM): a shorter bound kept a
+    /// thread whose peer answered every 0.3 ms from spinning, each answer then paying a
+    /// slow wake.
+    pub(super) const SPIN_PAYS_WITHIN: Duration = Duration::from_millis(1);
 
     /// A wait that gives up at `deadline` (`None`: never).
     pub(super) fn new(deadline: Option<Instant>) -> Waiter {
@@ -109,6 +131,7 @@ impl Waiter {
             passes: 0,
             waker: None,
             polling_sleep: Waiter::FIRST_SLEEP,
+            spin_pays_within: Waiter::SPIN_PAYS_WITHIN,
         }
     }
 
@@ -125,6 +148,9 @@ impl Waiter {
     ///
     /// [`Expired`] once the deadline has passed.
     pub(super) fn wait<P: Parkable>(&mut self, parked: &mut P) -> Result<(), Expired> {
+        if self.passes == 0 && !parked.spin_pays() {
+            self.passes = Waiter::TIGHT_POLLS;
+        }
         if self.passes < Waiter::TIGHT_POLLS {
             self.passes += 1;
             if self.deadline.is_some() && self.passes.is_multiple_of(Waiter::PASSES_PER_CLOCK) {
@@ -157,25 +183,34 @@ impl Waiter {
             };
             (Waker::from(Arc::new(wake)), doorbell)
         });
-        match parked.arm(waker) {
-            Armed::Pending => thread::yield_now(),
-            Armed::Parked => match parked.readiness() {
-                Readiness::Fd(fd) => match doorbell {
-                    Some(doorbell) => sleep_on(fd, doorbell.as_fd(), timeout),
-                    None => {
-                        let longest =
-                            timeout.map_or(Waiter::LONGEST_SLEEP, |t| t.min(Waiter::LONGEST_SLEEP));
-                        let flags = PollFlags::IN | PollFlags::RDHUP;
-                        poll_for(&mut [PollFd::from_borrowed_fd(fd, flags)], Some(longest));
-                    }
-                },
-                _ => match timeout {
-                    Some(timeout) => thread::park_timeout(timeout),
-                    None => thread::park(),
-                },
-            },
-        }
+        let slept = match parked.arm(waker) {
+            Armed::Pending => {
+                thread::yield_now();
+                false
+            }
+            Armed::Parked => {
+                match parked.readiness() {
+                    Readiness::Fd(fd) => match doorbell {
+                        Some(doorbell) => sleep_on(fd, doorbell.as_fd(), timeout),
+                        None => {
+                            let longest = timeout
+                                .map_or(Waiter::LONGEST_SLEEP, |t| t.min(Waiter::LONGEST_SLEEP));
+                            let flags = PollFlags::IN | PollFlags::RDHUP;
+                            poll_for(&mut [PollFd::from_borrowed_fd(fd, flags)], Some(longest));
+                        }
+                    },
+                    _ => match timeout {
+                        Some(timeout) => thread::park_timeout(timeout),
+                        None => thread::park(),
+                    },
+                }
+                true
+            }
+        };
         parked.disarm();
+        if slept {
+            parked.set_spin_pays(now.elapsed() <= self.spin_pays_within);
+        }
         Ok(())
     }
 
@@ -210,4 +245,93 @@ fn poll_for(fds: &mut [PollFd<'_>], timeout: Option<Duration>) {
     let timeout =
         timeout.map(|t| Timespec::try_from(t.min(LONGEST)).expect("an hour is a valid timespec"));
     let _woken_or_interrupted = rustix::event::poll(fds, timeout.as_ref());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An endpoint that sleeps on `fd` and counts its arms, with a timer `timer` ahead.
+    struct Sleeper {
+        fd: OwnedFd,
+        arms: u32,
+        timer: Duration,
+        spin_pays: bool,
+    }
+
+    impl Sleeper {
+        /// `ready`: the descriptor reads as ready, so a sleep on it ends at once.
+        fn new(ready: bool, spin_pays: bool) -> Sleeper {
+            let fd = rustix::event::eventfd(u32::from(ready), EventfdFlags::CLOEXEC)
+                .expect("an eventfd");
+            Sleeper {
+                fd,
+                arms: 0,
+                timer: Duration::from_millis(50),
+                spin_pays,
+            }
+        }
+    }
+
+    impl Parkable for Sleeper {
+        fn readiness(&self) -> Readiness<'_> {
+            Readiness::Fd(self.fd.as_fd())
+        }
+        fn arm(&mut self, _waker: &Waker) -> Armed {
+            self.arms += 1;
+            Armed::Parked
+        }
+        fn disarm(&mut self) {}
+        fn next_timer(&self) -> Option<Instant> {
+            Some(Instant::now() + self.timer)
+        }
+        fn spin_pays(&self) -> bool {
+            self.spin_pays
+        }
+        fn set_spin_pays(&mut self, pays: bool) {
+            self.spin_pays = pays;
+        }
+    }
+
+    #[test]
+    fn a_wait_whose_spin_pays_makes_its_passes_first() {
+        let mut endpoint = Sleeper::new(false, true);
+        let mut waiter = Waiter::new(None);
+        waiter.wait(&mut endpoint).expect("no deadline");
+        assert_eq!(endpoint.arms, 0, "the first wait slept instead of passing");
+    }
+
+    #[test]
+    fn a_long_sleep_makes_the_next_wait_sleep_at_once() {
+        let mut endpoint = Sleeper::new(false, true);
+        let mut waiter = Waiter::new(None);
+        while endpoint.arms == 0 {
+            waiter.wait(&mut endpoint).expect("no deadline");
+        }
+        // The sleep lasted the timer, far past `SPIN_PAYS_WITHIN`.
+        assert!(!endpoint.spin_pays);
+        let mut next = Waiter::new(None);
+        next.wait(&mut endpoint).expect("no deadline");
+        assert_eq!(endpoint.arms, 2, "the next wait passed before it slept");
+    }
+
+    #[test]
+    fn a_sleep_that_ends_soon_makes_the_next_wait_pass_again() {
+        let mut endpoint = Sleeper::new(true, false);
+        endpoint.timer = Duration::from_secs(3600);
+        // However long the thread is kept off its core: "soon" is any time short of this.
+        let mut waiter = Waiter {
+            spin_pays_within: Duration::from_secs(3600),
+            ..Waiter::new(None)
+        };
+        waiter.wait(&mut endpoint).expect("no deadline");
+        assert_eq!(
+            endpoint.arms, 1,
+            "a wait whose spin does not pay sleeps at once"
+        );
+        assert!(
+            endpoint.spin_pays,
+            "the descriptor was ready: the sleep ended at once"
+        );
+    }
 }
