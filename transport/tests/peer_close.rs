@@ -9,15 +9,15 @@ mod pairs;
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pairs::PairProvider;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionError, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackEndpoint,
-    LoopbackProvider, Outstanding, PostError, TransportError,
+    LoopbackProvider, Outstanding, PostError, QueueKind, TransportError,
 };
 
 /// An endpoint that hands out the completions of the one it wraps sorted by outcome:
@@ -92,13 +92,15 @@ impl<E: Endpoint> Endpoint for Reordering<E> {
     }
 }
 
-/// An endpoint that passes its first `refuse_from` sends and refuses every later one, as
-/// an endpoint whose peer hung up does; `passed` counts the sends it passed.
+/// An endpoint that passes its first `refuse_from` sends and refuses every later one with
+/// `refusal` (`ConnectionBroken`: as an endpoint whose peer hung up does); `passed` counts
+/// the sends it passed.
 #[derive(Debug)]
 struct RefusingFrom<E> {
     inner: E,
     passed: Arc<AtomicUsize>,
     refuse_from: usize,
+    refusal: Arc<Mutex<PostError>>,
 }
 
 impl<E: Endpoint> Endpoint for RefusingFrom<E> {
@@ -121,7 +123,7 @@ impl<E: Endpoint> Endpoint for RefusingFrom<E> {
 
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
         if self.passed.load(Ordering::Relaxed) >= self.refuse_from {
-            return Err(PostError::ConnectionBroken);
+            return Err(self.refusal.lock().unwrap().clone());
         }
         self.passed.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller keeps `Endpoint::post_send`'s contract, passed on as is.
@@ -244,6 +246,7 @@ fn a_message_posted_whole_is_sent_though_a_frame_behind_it_finds_the_peer_gone()
             inner,
             passed: Arc::clone(&passed),
             refuse_from,
+            refusal: Arc::new(Mutex::new(PostError::ConnectionBroken)),
         };
         let pair = pairs::connections_wrapping(&LoopbackProvider::make(), ladder(), wrap);
         (pair, passed)
@@ -268,4 +271,35 @@ fn a_message_posted_whole_is_sent_though_a_frame_behind_it_finds_the_peer_gone()
             .expect_err(&format!("refused from send {refuse_from} of {sends}"));
         assert!(matches!(error, SendError::Failed(_)), "{error:?}");
     }
+}
+
+#[test]
+fn a_message_accepted_and_then_refused_is_reported_by_flush() {
+    // The endpoint's queue is full when the message is offered: it is accepted and waits
+    // to be posted; then the peer hangs up, and the post is refused.
+    let refusal = Arc::new(Mutex::new(PostError::QueueFull {
+        queue: QueueKind::Send,
+        depth: 8,
+    }));
+    let wrap = |inner| RefusingFrom {
+        inner,
+        passed: Arc::new(AtomicUsize::new(0)),
+        refuse_from: 0,
+        refusal: Arc::clone(&refusal),
+    };
+    let ladder = TierLadder::builder()
+        .tier(256, 8, 240)
+        .reservoir_regions(1)
+        .build()
+        .unwrap();
+    let (mut sending, _receiving) =
+        pairs::connections_wrapping(&LoopbackProvider::make(), ladder, wrap);
+    sending
+        .try_send(&[IoSlice::new(b"accepted")])
+        .expect("taken, to be posted when the queue has room");
+    *refusal.lock().unwrap() = PostError::ConnectionBroken;
+    let error = sending
+        .flush()
+        .expect_err("the accepted message never reached the peer");
+    assert!(matches!(*error, ConnectionError::Post(_)), "{error:?}");
 }
