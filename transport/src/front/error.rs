@@ -195,7 +195,8 @@ pub enum SetupError {
         "a peer from {host} was refused: {running} of its host's handshakes ran and {waiting} of its peers waited"
     )]
     HostBusy {
-        /// The peer's host.
+        /// The peer's host: its IPv4 address, or its IPv6 address's /64 network (the low
+        /// 64 bits zero; [`MAX_HANDSHAKES_PER_HOST`](super::MAX_HANDSHAKES_PER_HOST)).
         host: std::net::IpAddr,
         /// The host's handshakes running.
         running: usize,

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -27,10 +27,12 @@ pub const ACCEPT_BACKLOG: usize = 16;
 /// of them for the provider's handshake timeout at most, and no other peer's.
 pub const MAX_HANDSHAKES: usize = 16;
 
-/// How many of a listener's [`MAX_HANDSHAKES`] the peers of one host (one IP address) run
-/// at once. A host's further peers wait, [`MAX_WAITING_PER_HOST`] at most, for that host's
-/// own handshakes to end, while other hosts' peers go on: a host whose peers stall their
-/// handshakes holds four turns, not all of them.
+/// How many of a listener's [`MAX_HANDSHAKES`] the peers of one host run at once. A host
+/// is an IPv4 address, or an IPv6 /64 network: a machine or subscriber is handed a whole
+/// /64, so its peers could otherwise take a fresh address each. A host's further peers
+/// wait, [`MAX_WAITING_PER_HOST`] at most, for that host's own handshakes to end, while
+/// other hosts' peers go on: a host whose peers stall their handshakes holds four turns,
+/// not all of them.
 pub const MAX_HANDSHAKES_PER_HOST: usize = 4;
 
 /// How many peers of one host wait for a handshake turn of their host; a peer past them
@@ -39,6 +41,16 @@ pub const MAX_WAITING_PER_HOST: usize = 16;
 
 /// An endpoint that came in, or why one failed to.
 pub(super) type Incoming<K> = Result<<K as Kind>::Endpoint, SetupError>;
+
+/// The host whose turns a peer at `addr` counts against ([`MAX_HANDSHAKES_PER_HOST`]): an
+/// IPv4 address, also one mapped into IPv6, as it is; an IPv6 address's /64 network, its
+/// low 64 bits zero.
+fn host_of(addr: IpAddr) -> IpAddr {
+    match addr.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & !u128::from(u64::MAX))),
+        v4 => v4,
+    }
+}
 
 /// What an accepting call came back with: an endpoint, or why none came; or a peer whose
 /// handshake is still to run, which the listener runs on a thread of its own.
@@ -52,7 +64,8 @@ pub(super) enum Arrival<K: Kind> {
         )
     )]
     Handshake {
-        /// The peer's host, whose turns the handshake counts against (`None`: no host's).
+        /// The peer's address, whose host ([`host_of`]) the handshake's turn counts
+        /// against (`None`: no host's).
         host: Option<IpAddr>,
         run: Box<dyn FnOnce() -> Incoming<K> + Send>,
     },
@@ -189,7 +202,7 @@ impl Acceptor {
                         Arrival::Handshake { host, run } => {
                             let queue = queue.clone();
                             let job = Job {
-                                host,
+                                host: host.map(host_of),
                                 run: Box::new(move || drop(queue.send(run()))),
                             };
                             match running.admit(job, &stopped) {
@@ -515,16 +528,52 @@ mod tests {
     /// peers past its turns wait, and those past its waiting room are refused.
     #[test]
     fn a_host_that_stalls_its_handshakes_holds_up_no_other_host() {
+        let stalling: IpAddr = "192.0.2.1".parse().expect("an address");
+        stalling_host_holds_up_no_other(|_| stalling, stalling, "192.0.2.2");
+    }
+
+    /// A host on IPv6 is its /64: its peers, each from an address of its own there, share
+    /// its turns; a peer of the next /64 is another host's.
+    #[test]
+    fn an_ipv6_host_is_its_64_network_whatever_addresses_its_peers_take() {
+        let network: IpAddr = "2001:db8:1:2::".parse().expect("an address");
+        stalling_host_holds_up_no_other(
+            |peer| {
+                format!("2001:db8:1:2:{peer:x}::1")
+                    .parse()
+                    .expect("an address")
+            },
+            network,
+            "2001:db8:1:3::1",
+        );
+    }
+
+    #[test]
+    fn a_host_is_an_ipv4_address_or_an_ipv6_64_network() {
+        let host = |addr: &str| host_of(addr.parse().expect("an address")).to_string();
+        assert_eq!(host("192.0.2.7"), "192.0.2.7");
+        assert_eq!(host("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(host("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(host("fe80::1"), "fe80::");
+    }
+
+    /// Peers from `peer_address(n)` (of `host`) stall every handshake they start, then one
+    /// from `other` comes: it is accepted, and the stalling host's peer past its turns
+    /// and its waiting room is refused.
+    fn stalling_host_holds_up_no_other(
+        peer_address: impl Fn(usize) -> IpAddr,
+        host: IpAddr,
+        other: &str,
+    ) {
         let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
         let (endpoint, _peer) = provider.pair(4, 4).expect("a pair");
-        let stalling: IpAddr = "192.0.2.1".parse().expect("an address");
         let (release, released) = mpsc::channel::<()>();
         let released = Arc::new(Mutex::new(released));
         let mut arrivals: Vec<_> = (0..MAX_HANDSHAKES_PER_HOST + MAX_WAITING_PER_HOST + 1)
-            .map(|_| stalled(stalling, &released))
+            .map(|peer| stalled(peer_address(peer), &released))
             .collect();
         arrivals.push(Arrival::Handshake {
-            host: Some("192.0.2.2".parse().expect("an address")),
+            host: Some(other.parse().expect("an address")),
             run: Box::new(move || Ok(endpoint)),
         });
         let (incoming, acceptor) = accepting(arrivals);
@@ -532,8 +581,8 @@ mod tests {
         assert!(
             matches!(
                 refused,
-                Ok(Err(SetupError::HostBusy { host, running: MAX_HANDSHAKES_PER_HOST, waiting: MAX_WAITING_PER_HOST }))
-                    if host == stalling
+                Ok(Err(SetupError::HostBusy { host: refused, running: MAX_HANDSHAKES_PER_HOST, waiting: MAX_WAITING_PER_HOST }))
+                    if refused == host
             ),
             "the stalling host's peer past its waiting room: {refused:?}"
         );
