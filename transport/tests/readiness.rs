@@ -184,6 +184,28 @@ fn a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing<P: PairProvider>
     receiving.join().unwrap();
 }
 
+/// After a wait that slept longer than a millisecond a connection's next waits sleep at
+/// once, with no passes first (`wait.rs`). So a flush whose progress took its last send's
+/// completion must look again before it waits: a wait then would sleep until the deadline
+/// with nothing left to wake it.
+fn a_flush_that_takes_its_last_completion_does_not_sleep_after_it<P: PairProvider>() {
+    let provider = P::make();
+    let (mut a, mut b) = connections(&provider, preset("patent"));
+    assert!(
+        a.recv_deadline(Instant::now() + Duration::from_millis(5))
+            .unwrap()
+            .is_none()
+    );
+    a.send(b"one").unwrap();
+    let deadline = Instant::now() + BOUND;
+    assert!(a.flush_deadline(deadline).unwrap());
+    assert!(
+        Instant::now() < deadline,
+        "the flush slept until its deadline after its last completion"
+    );
+    assert_eq!(&b.recv().unwrap()[..], b"one");
+}
+
 /// A table of `idle + 1` served connections, of which the client of the last one sends;
 /// `wait_ready` hands out that one only, and times out while nothing is sent.
 fn wait_ready_hands_out_the_busy_connection_only<P: PairProvider>(idle: usize) {
@@ -261,6 +283,7 @@ on_each_provider!(
     closing_wakes_the_parked_peer,
     a_deadline_passes_when_nothing_comes,
     a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing,
+    a_flush_that_takes_its_last_completion_does_not_sleep_after_it,
     wait_ready_hands_out_the_busy_connection_only(300),
     tables_echo_through_promotions_and_demotions(200),
 );
