@@ -336,7 +336,9 @@ impl<E: Endpoint> Connection<E> {
     /// # Errors
     ///
     /// As [`ConnectionCore::try_send`]; [`SendError::Failed`] also when posting what was
-    /// taken failed (the peer closed, say), so nothing accepted is lost silently.
+    /// taken failed (the peer closed, say), so nothing accepted is lost silently. A
+    /// failure found after every frame of the message was posted (a frame behind it
+    /// refused) leaves the message sent: the next call reports it.
     pub fn try_send(&mut self, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
         let total = message.iter().map(|part| part.len()).sum();
         let now = self.clock_for(total);
