@@ -416,9 +416,9 @@ impl<E: Endpoint> Connection<E> {
     fn posted<T>(&self, accepted: Result<T, SendError>) -> Result<T, SendError> {
         let accepted = accepted?;
         match self.core.failure() {
-            // A connection failed before the call refused the message: this call found
-            // the failure, and data it took back or a segmented rest left is this
-            // message's (or an earlier one's still unposted).
+            // A failure from before this call refused the message (`accepted` was its
+            // error), so this call's posting found this one: it lost the message only if
+            // data was taken back unposted, or a segmented rest is left.
             Some(error) if self.core.lost_data() || self.core.has_unsent_message() => {
                 Err(SendError::Failed(Arc::clone(error)))
             }

@@ -548,6 +548,8 @@ mod tests {
         );
     }
 
+    /// IPv4 addresses, mapped into IPv6 or not, are hosts of their own; IPv6 addresses
+    /// count by their /64.
     #[test]
     fn a_host_is_an_ipv4_address_or_an_ipv6_64_network() {
         let host = |addr: &str| host_of(addr.parse().expect("an address")).to_string();
