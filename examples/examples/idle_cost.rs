@@ -1,5 +1,6 @@
-//! What waiting costs: the CPU time of a thread blocked in `recv` for a second, and of a
-//! server thread waiting on the readiness of many idle connections for a second.
+//! What waiting costs: the CPU time of a thread blocked in `recv` for a second, of a
+//! server thread waiting on the readiness of many idle connections for a second, and of
+//! a table's progress thread sweeping many idle connections for a second.
 //!
 //! ```text
 //! cargo run --release -p tierbuf-examples --example idle_cost
@@ -11,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use tierbuf_transport::connection::{Connection, ConnectionTable};
+use tierbuf_transport::connection::{Connection, ConnectionTable, ProgressConfig};
 use tierbuf_transport::{Endpoint, Transport};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -25,6 +26,18 @@ fn thread_cpu() -> Duration {
     let usage = unsafe {
         let mut usage = std::mem::zeroed::<libc::rusage>();
         assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// The CPU time this process has used, all its threads.
+fn process_cpu() -> Duration {
+    // SAFETY: as in `thread_cpu`.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
         usage
     };
     let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
@@ -72,6 +85,27 @@ fn idle_table<E: Endpoint + 'static>(
     })
 }
 
+/// A table of `connections` idle connections (both ends of `connections / 2` pairs)
+/// driven by its progress thread: the process's CPU over a second in which this thread
+/// sleeps, so the progress thread's; and the sweeps it made.
+fn progress_thread<E: Endpoint + 'static>(
+    mut pair: impl FnMut() -> Result<(Connection<E>, Connection<E>), Error>,
+    connections: usize,
+) -> Result<(f64, u64), Error> {
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default())?;
+    for _ in 0..connections / 2 {
+        let (client, served) = pair()?;
+        table.insert(client);
+        table.insert(served);
+    }
+    // The connections' start-up work first, as for `idle_table`.
+    std::thread::sleep(WAIT);
+    let (cpu, wall, sweeps) = (process_cpu(), Instant::now(), table.progress_stats().sweeps);
+    std::thread::sleep(WAIT);
+    let share = (process_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64();
+    Ok((share, table.progress_stats().sweeps - sweeps))
+}
+
 fn main() -> Result<(), Error> {
     let loopback = Transport::loopback()
         .ladder_preset("patent")
@@ -114,5 +148,12 @@ fn main() -> Result<(), Error> {
         "  10 000 idle shm connections:          {:6.3} %",
         100.0 * idle_table(shm_pair, 10_000)?
     );
+    for connections in [100, 10_000] {
+        let (share, sweeps) = progress_thread(loopback_pair, connections)?;
+        println!(
+            "  progress thread, {connections:>6} loopback:    {:6.3} % ({sweeps} sweeps)",
+            100.0 * share
+        );
+    }
     Ok(())
 }
