@@ -20,24 +20,13 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// How long each wait lasts.
 const WAIT: Duration = Duration::from_secs(1);
 
-/// The CPU time this thread has used.
-fn thread_cpu() -> Duration {
+/// The CPU time used so far by `who`: `libc::RUSAGE_THREAD` (this thread) or
+/// `libc::RUSAGE_SELF` (the whole process, every thread).
+fn cpu_time(who: libc::c_int) -> Duration {
     // SAFETY: `getrusage` writes the whole struct it is given, which is plain data.
     let usage = unsafe {
         let mut usage = std::mem::zeroed::<libc::rusage>();
-        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
-        usage
-    };
-    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
-/// The CPU time this process has used, all its threads.
-fn process_cpu() -> Duration {
-    // SAFETY: as in `thread_cpu`.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        assert_eq!(libc::getrusage(who, &mut usage), 0);
         usage
     };
     let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
@@ -46,9 +35,9 @@ fn process_cpu() -> Duration {
 
 /// Runs `wait` and returns the share of a core the thread used meanwhile.
 fn share_of_a_core(wait: impl FnOnce() -> Result<(), Error>) -> Result<f64, Error> {
-    let (cpu, wall) = (thread_cpu(), Instant::now());
+    let (cpu, wall) = (cpu_time(libc::RUSAGE_THREAD), Instant::now());
     wait()?;
-    Ok((thread_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64())
+    Ok((cpu_time(libc::RUSAGE_THREAD) - cpu).as_secs_f64() / wall.elapsed().as_secs_f64())
 }
 
 /// A thread blocked in `recv_deadline` on a connection nothing is sent on.
@@ -100,9 +89,13 @@ fn progress_thread<E: Endpoint + 'static>(
     }
     // The connections' start-up work first, as for `idle_table`.
     std::thread::sleep(WAIT);
-    let (cpu, wall, sweeps) = (process_cpu(), Instant::now(), table.progress_stats().sweeps);
+    let (cpu, wall, sweeps) = (
+        cpu_time(libc::RUSAGE_SELF),
+        Instant::now(),
+        table.progress_stats().sweeps,
+    );
     std::thread::sleep(WAIT);
-    let share = (process_cpu() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64();
+    let share = (cpu_time(libc::RUSAGE_SELF) - cpu).as_secs_f64() / wall.elapsed().as_secs_f64();
     Ok((share, table.progress_stats().sweeps - sweeps))
 }
 
