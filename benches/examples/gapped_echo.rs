@@ -100,9 +100,10 @@ fn run<K: Kind>(
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
     let loopback = std::env::args().any(|arg| arg == "--loopback");
-    let mut numbers = std::iter::from_fn(|| args.next()).filter(|arg| !arg.starts_with("--"));
+    let mut numbers = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with("--"));
     let gap = numbers
         .next()
         .map_or(2000, |n| n.parse().expect("a gap in microseconds"));
