@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 use tierbuf_pool::SlotPool;
-use tierbuf_transport::connection::{Connection, ConnectionError, ConnectionTable, SendError};
+use tierbuf_transport::connection::{
+    Connection, ConnectionError, ConnectionTable, ProgressConfig, ProgressStats, SendError,
+};
 use tierbuf_transport::{
     Armed, BufferRef, Completion, Endpoint, LoopbackProvider, Readiness, ShmProvider,
 };
@@ -264,6 +266,117 @@ fn wait_ready_hands_out_the_busy_connection_only<P: PairProvider>(idle: usize) {
     drop(clients);
 }
 
+/// Waits until `table`'s progress thread has gone quiet: its counters the same across
+/// 50 ms, during which a thread that polled its connections would look at each of them
+/// dozens of times. Returns the counters then.
+fn quiet<E: tierbuf_transport::Endpoint>(table: &ConnectionTable<E>) -> ProgressStats {
+    let deadline = Instant::now() + BOUND;
+    let mut last = table.progress_stats();
+    loop {
+        thread::sleep(Duration::from_millis(50));
+        let now = table.progress_stats();
+        if now == last {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the thread never went quiet: {now:?}"
+        );
+        last = now;
+    }
+}
+
+/// A table with a progress thread serving `count` connections whose users never call
+/// `progress`: once every client has sent a message, and half the users have left
+/// theirs untaken, the thread looks at no connection and sleeps; a message from a peer
+/// wakes it, and it delivers that message.
+fn a_progress_thread_sleeps_over_idle_connections_and_wakes_for_a_peer<P: PairProvider>(
+    count: usize,
+) {
+    let provider = P::make();
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let (mut clients, mut served) = (Vec::new(), Vec::new());
+    for _ in 0..count {
+        let (client, server) = connections(&provider, preset("patent"));
+        clients.push(client);
+        served.push(table.insert(server));
+    }
+    let next_delivered = |index: usize| {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let delivered = served[index].lock().unwrap().next_delivered();
+            if let Some(message) = delivered {
+                return message;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "connection {index}'s message lost"
+            );
+            thread::yield_now();
+        }
+    };
+    for (index, client) in clients.iter_mut().enumerate() {
+        client.send(&[index as u8; 100]).unwrap();
+        client.flush().unwrap();
+        if index % 2 == 0 {
+            assert_eq!(next_delivered(index)[..], [index as u8; 100]);
+        }
+    }
+    let settled = quiet(&table);
+    // Quiet means quiet: no look at any connection, untaken messages and all.
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(table.progress_stats(), settled);
+    for index in (1..count).step_by(2) {
+        assert_eq!(next_delivered(index)[..], [index as u8; 100]);
+    }
+    // A peer's message wakes the sleeping thread (nobody here touches the connection
+    // until the thread has looked at it).
+    let settled = quiet(&table);
+    clients[count / 3].send(b"wake up").unwrap();
+    let deadline = Instant::now() + BOUND;
+    while table.progress_stats().progressed == settled.progressed {
+        assert!(Instant::now() < deadline, "the peer's wake was lost");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(&next_delivered(count / 3)[..], b"wake up");
+    drop(clients);
+}
+
+/// A connection its user holds, with a wake from its peer that nobody can take while
+/// it is held, is looked at once per polling sleep (1 ms), not spun on; once released,
+/// the thread delivers the message.
+fn a_held_connection_with_a_wake_waiting_is_polled_not_spun_on<P: PairProvider>() {
+    let provider = P::make();
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let (mut client, server) = connections(&provider, preset("patent"));
+    let served = table.insert(server);
+    quiet(&table);
+    let held = served.lock().unwrap();
+    let (before, started) = (table.progress_stats(), Instant::now());
+    client.send(b"while held").unwrap();
+    thread::sleep(Duration::from_millis(100));
+    let (during, elapsed) = (table.progress_stats(), started.elapsed());
+    // About one look a millisecond (twice that, for a timer's rounding, and a few for the
+    // wakes themselves); spinning makes tens of thousands.
+    let polls = during.parks - before.parks;
+    assert!(
+        polls <= 2 * elapsed.as_millis() as u64 + 10,
+        "{polls} sleeps in {elapsed:?}: the thread spun on the held connection"
+    );
+    assert!(during.skipped_busy > before.skipped_busy, "{during:?}");
+    drop(held);
+    let deadline = Instant::now() + BOUND;
+    let message = loop {
+        let delivered = served.lock().unwrap().next_delivered();
+        if let Some(message) = delivered {
+            break message;
+        }
+        assert!(Instant::now() < deadline, "the message was lost");
+        thread::yield_now();
+    };
+    assert_eq!(&message[..], b"while held");
+}
+
 macro_rules! on_each_provider {
     ($($test:ident $(($arg:expr))?),* $(,)?) => {
         mod loopback {
@@ -286,6 +399,8 @@ on_each_provider!(
     a_flush_that_takes_its_last_completion_does_not_sleep_after_it,
     wait_ready_hands_out_the_busy_connection_only(300),
     tables_echo_through_promotions_and_demotions(200),
+    a_progress_thread_sleeps_over_idle_connections_and_wakes_for_a_peer(400),
+    a_held_connection_with_a_wake_waiting_is_polled_not_spun_on,
 );
 
 /// Offers the rest of `pending`'s message without blocking; whether all of it went.

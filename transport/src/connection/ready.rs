@@ -3,6 +3,12 @@
 //! work, so that a table of thousands of idle connections costs nothing while they stay
 //! idle. `docs/connection.md` ("Waiting on many connections") gives the design.
 //!
+//! A table has up to two ready sets: one for the users' waits
+//! ([`ConnectionTable::wait_ready`](super::ConnectionTable::wait_ready)), and one for its
+//! progress thread. Each connection has a [`Doorway`] into each, and its waker
+//! ([`Doorways`]) queues it in both; its descriptor is registered in both `epoll` sets.
+//! The invariants below hold for each set on its own.
+//!
 //! # Invariants
 //!
 //! - **Every connection is armed or queued.** Outside a look, a connection in the table
@@ -21,21 +27,28 @@
 //!   never sleeps with an id queued and no doorbell rung.
 //! - **Each id is queued once.** `queued` is set by whoever pushes the id and cleared by
 //!   the look that pops it, before it looks: a wake during the look queues it again.
-//! - **Timers are kept.** After a connection is armed, its next timer (a promotion that
-//!   may time out, a demotion falling due) goes into `timers`; the sleep ends at the
-//!   earliest, and a due timer queues its connection. Entries of connections that have
-//!   moved on are harmless: the look finds nothing to do and re-arms. A timer already
-//!   past when it is added (one the look's progress did not move) is put a
-//!   [`POLLING_SLEEP`] ahead, so a connection whose timer does not move is polled, not
-//!   spun on.
+//! - **Timers are kept, once per connection.** After a connection is armed, its next
+//!   timer (a promotion that may time out, a demotion falling due) goes into `timers`;
+//!   the sleep ends at the earliest, and a due timer queues its connection. A timer is
+//!   kept only if it falls before the one the connection has pending already (the look
+//!   that one causes keeps the next), so a busy connection, looked at thousands of times
+//!   a second with a demotion a minute ahead, holds one entry, not one per look. Entries
+//!   of connections that have moved on are harmless: the look finds nothing to do and
+//!   re-arms. A timer already past when it is added (one the look's progress did not
+//!   move) is put a [`POLLING_SLEEP`] ahead, so a connection whose timer does not move is
+//!   polled, not spun on.
 //! - **Wakes are never starved.** Every wait reads the `epoll` set, without waiting when
 //!   connections are queued already, so a queue that refills itself (timers due back to
-//!   back) cannot keep a descriptor's wake unread. Registration is level-triggered: a
-//!   descriptor still readable is reported again, so a look that could not drain it
-//!   (its connection held by a user) loses nothing.
+//!   back) cannot keep a descriptor's wake unread.
+//! - **A wake the look could not take is not lost.** In the waiters' set descriptors are
+//!   level-triggered: one still readable is reported again. In the progress thread's set
+//!   they are edge-triggered, so that a connection its user holds, whose wake record
+//!   stays unread, does not make the thread spin: each new record is reported once, and
+//!   a look that finds the connection held queues it for after a polling sleep; the
+//!   user's unlock queues it too.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -66,18 +79,25 @@ struct Descriptors {
     doorbell: OwnedFd,
 }
 
-/// What a table's waiters and its connections' wakers share.
+/// The connections' timers in one ready set (module invariants).
+#[derive(Debug, Default)]
+struct Timers {
+    by_time: BinaryHeap<Reverse<(Instant, ConnectionId)>>,
+    /// Each connection's earliest timer in `by_time`.
+    pending: HashMap<ConnectionId, Instant>,
+}
+
+/// What a table's waiters (or its progress thread) and its connections' wakers share.
 #[derive(Debug, Default)]
 pub(super) struct ReadySet {
     descriptors: OnceLock<Descriptors>,
+    /// Whether descriptors are registered edge-triggered (module invariants).
+    edge_triggered: bool,
     /// Connections to look at in the next wait.
     look: SegQueue<ConnectionId>,
-    /// Connections to look at again after a short sleep: held by somebody, or with work
-    /// pending that no wake announces.
-    later: SegQueue<ConnectionId>,
     /// Set while a waiter sleeps (or is about to).
     sleeping: AtomicBool,
-    timers: Mutex<BinaryHeap<Reverse<(Instant, ConnectionId)>>>,
+    timers: Mutex<Timers>,
 }
 
 /// One connection's place in the ready set: its id, whether it is queued, and the waker
@@ -110,14 +130,35 @@ impl Doorway {
         self.queued.store(false, Ordering::Release);
     }
 
-    /// Queues the connection for a look after the next short sleep (at most
-    /// [`POLLING_SLEEP`]). A wake meanwhile queues it at once as well.
+    /// Queues the connection for a look [`POLLING_SLEEP`] from now, as a timer: held by
+    /// somebody, or with work pending that no wake announces. A wake meanwhile queues it
+    /// at once as well.
     pub(super) fn queue_later(&self) {
-        self.ready.later.push(self.id);
+        let now = Instant::now();
+        self.ready.add_timer(now, now, self.id);
     }
 }
 
-impl Wake for Doorway {
+/// One connection's doorways into its table's ready sets: the waiters' and, while the
+/// table has a progress thread, the thread's. It is the waker the connection is armed
+/// with, so every event queues the connection in both.
+#[derive(Debug)]
+pub(super) struct Doorways {
+    pub(super) waiter: Doorway,
+    pub(super) progress: Option<Doorway>,
+}
+
+impl Doorways {
+    /// Queues the connection in every set.
+    pub(super) fn queue(&self) {
+        self.waiter.queue();
+        if let Some(progress) = &self.progress {
+            progress.queue();
+        }
+    }
+}
+
+impl Wake for Doorways {
     fn wake(self: Arc<Self>) {
         self.queue();
     }
@@ -135,13 +176,33 @@ pub(super) struct Woken {
 }
 
 impl ReadySet {
+    /// The set of a table's progress thread, with its descriptors made: they register
+    /// edge-triggered (module invariants).
+    ///
+    /// # Errors
+    ///
+    /// The operating system's, when it cannot make them (its limit of open files).
+    pub(super) fn for_progress_thread() -> std::io::Result<ReadySet> {
+        let set = ReadySet {
+            edge_triggered: true,
+            ..ReadySet::default()
+        };
+        set.descriptors()?;
+        Ok(set)
+    }
+
     /// Pushes `id` and rings the doorbell if a waiter sleeps (module invariants).
     fn push(&self, id: ConnectionId) {
         self.look.push(id);
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed)
-            && let Some(descriptors) = self.descriptors.get()
-        {
+        if self.sleeping.load(Ordering::Relaxed) {
+            self.ring();
+        }
+    }
+
+    /// Rings the doorbell: a sleeper wakes (now, or at once when it next sleeps).
+    pub(super) fn ring(&self) {
+        if let Some(descriptors) = self.descriptors.get() {
             // A doorbell already rung stays readable; a full counter is rung enough.
             let _rung_or_full = rustix::io::write(&descriptors.doorbell, &1u64.to_ne_bytes());
         }
@@ -155,17 +216,6 @@ impl ReadySet {
     /// Queues a connection that cannot wake anybody, for this wait's look.
     pub(super) fn push_polled(&self, id: ConnectionId) {
         self.look.push(id);
-    }
-
-    /// Moves the connections queued for later into the look queue; returns whether there
-    /// were any.
-    pub(super) fn requeue_later(&self) -> bool {
-        let mut any = false;
-        while let Some(id) = self.later.pop() {
-            self.look.push(id);
-            any = true;
-        }
-        any
     }
 
     /// The `epoll` set and doorbell, made at the first call.
@@ -197,7 +247,10 @@ impl ReadySet {
         let Some(descriptors) = self.descriptors.get() else {
             return Ok(());
         };
-        let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
+        let mut flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
+        if self.edge_triggered {
+            flags |= epoll::EventFlags::ET;
+        }
         match epoll::add(
             &descriptors.epoll,
             fd,
@@ -221,43 +274,68 @@ impl ReadySet {
     /// Keeps `at` as a time to look at `id` again; a time already past (a timer the
     /// look just made did not move) counts as [`POLLING_SLEEP`] from `now`, so that such
     /// a connection is polled, not spun on.
+    /// Kept only if it falls before the connection's pending timer (module invariants).
     pub(super) fn add_timer(&self, at: Instant, now: Instant, id: ConnectionId) {
         let at = if at <= now { now + POLLING_SLEEP } else { at };
+        let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+        if timers
+            .pending
+            .get(&id)
+            .is_some_and(|&pending| pending <= at)
+        {
+            return;
+        }
+        timers.pending.insert(id, at);
+        timers.by_time.push(Reverse((at, id)));
+    }
+
+    /// How many timers the set keeps.
+    #[cfg(test)]
+    fn timers_kept(&self) -> usize {
         self.timers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(Reverse((at, id)));
+            .by_time
+            .len()
     }
 
     /// Queues the connections whose timers are due by `now`; returns the earliest timer
     /// left.
     fn queue_due_timers(&self, now: Instant) -> Option<Instant> {
         let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(&Reverse((at, id))) = timers.peek() {
+        while let Some(&Reverse((at, id))) = timers.by_time.peek() {
             if at > now {
                 return Some(at);
             }
-            timers.pop();
+            timers.by_time.pop();
+            // A later entry of a connection that has an earlier one pending is stale.
+            if timers.pending.get(&id) == Some(&at) {
+                timers.pending.remove(&id);
+            }
             self.look.push(id);
         }
         None
     }
 
     /// Sleeps until a wake, a due timer, or `until`, unless a connection is queued
-    /// already; queues the connections whose descriptors fired. `polling` caps the sleep
-    /// at [`POLLING_SLEEP`].
+    /// already; queues the connections whose descriptors fired. `poll_within` caps the
+    /// sleep while some connection must be polled.
     ///
     /// # Errors
     ///
     /// The operating system's, from `epoll_wait`.
-    pub(super) fn sleep(&self, until: Instant, polling: bool) -> std::io::Result<Woken> {
+    pub(super) fn sleep(
+        &self,
+        until: Instant,
+        poll_within: Option<Duration>,
+    ) -> std::io::Result<Woken> {
         let now = Instant::now();
         let mut wake_at = until;
         if let Some(timer) = self.queue_due_timers(now) {
             wake_at = wake_at.min(timer);
         }
-        if polling {
-            wake_at = wake_at.min(now + POLLING_SLEEP);
+        if let Some(poll_within) = poll_within {
+            wake_at = wake_at.min(now + poll_within);
         }
         let descriptors = self
             .descriptors
@@ -295,7 +373,73 @@ impl ReadySet {
                 id => self.look.push(ConnectionId::new(id)),
             }
         }
-        let timed_out = events.is_empty() && self.look.is_empty() && Instant::now() >= until;
+        // The timers that fell due during the sleep: their connections are looked at now.
+        let now = Instant::now();
+        self.queue_due_timers(now);
+        let timed_out = events.is_empty() && self.look.is_empty() && now >= until;
         Ok(Woken { timed_out })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    const ID: ConnectionId = ConnectionId::new(7);
+
+    /// Sleeps on `set` for at most 20 ms; returns the connections queued.
+    fn queued_after_sleep(set: &ReadySet) -> Vec<ConnectionId> {
+        set.sleep(Instant::now() + Duration::from_millis(20), None)
+            .expect("epoll_wait");
+        std::iter::from_fn(|| set.pop()).collect()
+    }
+
+    #[test]
+    fn a_busy_connection_keeps_one_timer_however_often_it_is_looked_at() {
+        let set = ReadySet::default();
+        let now = Instant::now();
+        // A look a microsecond apart, each with the demotion a minute ahead.
+        for look in 0..10_000u64 {
+            let at = now + Duration::from_secs(60) + Duration::from_micros(look);
+            set.add_timer(at, now, ID);
+        }
+        assert_eq!(set.timers_kept(), 1);
+        // An earlier timer (a promotion that may time out) is kept beside it, and falls
+        // due first.
+        set.add_timer(now + Duration::from_millis(1), now, ID);
+        assert_eq!(set.timers_kept(), 2);
+        let later = now + Duration::from_millis(2);
+        assert_eq!(
+            set.queue_due_timers(later),
+            Some(now + Duration::from_secs(60))
+        );
+        assert_eq!(set.pop(), Some(ID));
+        // Once it fell due, the look it caused keeps the next timer.
+        set.add_timer(now + Duration::from_secs(61), later, ID);
+        assert_eq!(set.timers_kept(), 2);
+    }
+
+    #[test]
+    fn an_unread_wake_is_reported_again_to_waiters_and_once_to_the_progress_thread() {
+        let (mut peer, wake) = UnixStream::pair().expect("a socket pair");
+        let waiters = ReadySet::default();
+        waiters.descriptors().expect("epoll");
+        let progress = ReadySet::for_progress_thread().expect("epoll");
+        for set in [&waiters, &progress] {
+            set.register(ID, wake.as_fd()).expect("registered");
+        }
+        peer.write_all(&[1]).expect("a wake record");
+        assert_eq!(queued_after_sleep(&waiters), [ID]);
+        assert_eq!(queued_after_sleep(&progress), [ID]);
+        // Nobody read the record (its connection was held).
+        assert_eq!(queued_after_sleep(&waiters), [ID], "level-triggered");
+        assert_eq!(queued_after_sleep(&progress), [], "edge-triggered");
+        // A new record is a new edge.
+        peer.write_all(&[1]).expect("a wake record");
+        assert_eq!(queued_after_sleep(&progress), [ID]);
     }
 }

@@ -1,14 +1,15 @@
 //! [`ConnectionTable`]: connections kept by id in a concurrent map (`dashmap`), and an
-//! optional progress thread that sweeps them, so that every connection makes progress
-//! even when its owner does not call it. `docs/connection.md` ("Connection tables and the
-//! progress thread") gives the design.
+//! optional progress thread that looks at those that had an event, so that every
+//! connection makes progress even when its owner does not call it, and idle connections
+//! cost nothing. `docs/connection.md` ("Connection tables and the progress thread") gives
+//! the design.
 //!
 //! # Invariants
 //!
 //! - Each connection sits in its own entry behind its own mutex. Users lock it
-//!   ([`SharedConnection::lock`]); the progress thread only ever *tries* the lock and skips
-//!   a connection that is held, so it never waits on a user, and a user waits on it for at
-//!   most one [`Connection::progress`] of that one connection.
+//!   ([`SharedConnection::lock`]); the progress thread and the waits only ever *try* the
+//!   lock and pass over a connection that is held, so they never wait on a user, and a
+//!   user waits on them for at most one look at that one connection.
 //! - A map shard's lock is held only to insert, look up or remove an entry, or to copy
 //!   the handles of the entries; never while a connection makes progress, and never
 //!   while a connection's mutex is taken. So no lock is ever taken under another and
@@ -18,35 +19,33 @@
 //!   registered byte goes back to the budget, except receive slots still held by
 //!   undropped messages, which go back when those are dropped. Handles to a removed
 //!   connection report [`TableError::Closed`].
-//! - A wake is never lost: a waker that sets `pending` (from clear) unparks the progress
-//!   thread, and `std::thread`'s park token makes a park that comes after that unpark
-//!   return at once; the thread takes `pending` before each sweep, so the sweep after the
-//!   wake sees the work. `pending` only spares the unpark of wakes that come while one is
-//!   already pending, and the park of a thread that is already woken. Sleeps are bounded
-//!   all the same
-//!   ([`ProgressConfig::with_max_park`]): work also arrives from peers, which cannot wake
-//!   this process's thread.
+//! - The progress thread is driven by readiness, as the waits are: it sleeps on its own
+//!   ready set (module `ready`, whose invariants make sure no wake is lost) and looks
+//!   only at the connections queued there. A look that made progress queues the
+//!   connection for the waiters too, since its user may have work now; the thread then
+//!   arms it again, whatever its user has left untaken, so a connection whose messages
+//!   wait for their user costs the thread nothing.
 //! - Stopping the thread ([`ConnectionTable::shutdown`], or dropping the table) sets
-//!   `stop`, wakes the thread and joins it; it touches nothing of the table afterwards.
-//! - Readiness ([`ConnectionTable::wait_ready`]) keeps its own invariants (module
-//!   `ready`); the table's part is to queue a connection for a look whenever it may have
-//!   changed outside a look: when it is inserted, when a user's guard is dropped, when a
-//!   sweep did work on it, and when the last wait handed it out.
+//!   `stop`, rings the thread's doorbell and joins it; it touches nothing of the table
+//!   afterwards.
+//! - The table's part in readiness is to queue a connection for a look in both sets
+//!   whenever it may have changed outside a look: when it is inserted, when a user's
+//!   guard is dropped, and when a sweep ([`ConnectionTable::sweep`]) did work on it; and
+//!   in the waiters' set when the last wait handed it out.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::task::Waker;
-use std::thread::{self, JoinHandle, Thread};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
 use dashmap::DashMap;
 
 use super::driver::Connection;
-use super::ready::{Doorway, ReadySet};
+use super::ready::{Doorway, Doorways, POLLING_SLEEP, ReadySet};
 use crate::provider::{Armed, Endpoint, Readiness};
 
 /// The name of a connection in its [`ConnectionTable`]; a table never gives one out
@@ -98,16 +97,21 @@ pub enum TableError {
         /// The panic's message.
         message: String,
     },
+    /// The progress thread could not wait on its ready set (`epoll_wait` failed) and
+    /// stopped; the table has no progress thread any more.
+    #[error("the progress thread stopped: waiting for ready connections failed")]
+    ProgressThreadFailed(#[source] std::io::Error),
     /// Making or waiting on the readiness set (`epoll`, `eventfd`) failed: a limit of
     /// this process (open files) or of the system.
     #[error("waiting for ready connections failed")]
     Readiness(#[source] std::io::Error),
 }
 
-/// How the progress thread backs off when a sweep finds nothing to do: it spins, then
-/// yields (crossbeam's `Backoff`, sweeping again after each step), then sleeps for
-/// `first_park`, doubling each time up to `max_park`, until it is woken or a sweep finds
-/// work.
+/// How the progress thread sleeps. It sleeps until a connection has an event (a frame
+/// from its peer, a message dropped, a user's unlock) or a timer of one falls due, and
+/// then looks only at those. While some connection cannot wake it (an endpoint that
+/// must be polled, such as verbs) or was held by its user when the thread came to it,
+/// it sleeps at most `max_park` at a time.
 ///
 /// ```
 /// use std::time::Duration;
@@ -118,79 +122,45 @@ pub enum TableError {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProgressConfig {
-    first_park: Duration,
     max_park: Duration,
 }
 
 impl Default for ProgressConfig {
-    /// Sleeps from 20 µs up to 1 ms.
+    /// Polls at most a millisecond apart.
     fn default() -> ProgressConfig {
         ProgressConfig {
-            first_park: Duration::from_micros(20),
-            max_park: Duration::from_millis(1),
+            max_park: POLLING_SLEEP,
         }
     }
 }
 
 impl ProgressConfig {
-    /// Sets the longest sleep: how late, at worst, an idle table notices work that nothing
-    /// in this process announced (a message from a peer, a timer).
+    /// Sets the longest sleep while some connection must be polled: how late, at worst,
+    /// the thread notices the work of a connection that cannot wake it.
     pub fn with_max_park(mut self, max_park: Duration) -> ProgressConfig {
         self.max_park = max_park;
-        self.first_park = self.first_park.min(max_park);
         self
     }
 
-    /// The longest sleep.
+    /// The longest sleep while some connection must be polled.
     pub fn max_park(&self) -> Duration {
         self.max_park
     }
 }
 
-/// Counters of a table's sweeps, by its progress thread or by [`ConnectionTable::sweep`].
+/// Counters of a table's progress: its progress thread's looks, and the sweeps by
+/// [`ConnectionTable::sweep`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProgressStats {
-    /// Sweeps over the whole table completed.
+    /// Sweeps over the whole table by [`ConnectionTable::sweep`] (the progress thread
+    /// does not sweep: it looks at the connections that had an event).
     pub sweeps: u64,
-    /// Connections a sweep made progress on.
+    /// Connections a sweep or the progress thread made progress on.
     pub progressed: u64,
-    /// Connections a sweep skipped because a user held them.
+    /// Connections a sweep or the progress thread passed over because a user held them.
     pub skipped_busy: u64,
-    /// Times the progress thread went to sleep after finding no work.
+    /// Times the progress thread went to sleep: once per round of looks.
     pub parks: u64,
-}
-
-/// Wakes the progress thread and tells it to stop.
-#[derive(Debug, Default)]
-struct ProgressSignal {
-    /// Set by wakers, taken by the thread before each sweep.
-    pending: AtomicBool,
-    stop: AtomicBool,
-    /// The progress thread, once started.
-    thread: OnceLock<Thread>,
-}
-
-impl ProgressSignal {
-    /// Tells the progress thread there may be work, waking it if it sleeps.
-    fn wake(&self) {
-        if !self.pending.swap(true, Ordering::AcqRel)
-            && let Some(thread) = self.thread.get()
-        {
-            thread.unpark();
-        }
-    }
-
-    /// Whether a wake came since the last call.
-    fn take_pending(&self) -> bool {
-        self.pending.swap(false, Ordering::AcqRel)
-    }
-
-    /// Sleeps for at most `timeout`, unless a wake or a stop came first.
-    fn sleep(&self, timeout: Duration) {
-        if !self.pending.load(Ordering::Acquire) && !self.stop.load(Ordering::SeqCst) {
-            thread::park_timeout(timeout);
-        }
-    }
 }
 
 /// One connection of a table.
@@ -198,16 +168,15 @@ struct Entry<E: Endpoint> {
     id: ConnectionId,
     /// `None` once removed from the table.
     connection: Mutex<Option<Connection<E>>>,
-    signal: Arc<ProgressSignal>,
-    doorway: Arc<Doorway>,
-    /// The waker its endpoint calls: queues it for a look.
+    doorways: Arc<Doorways>,
+    /// The waker its endpoint calls: `doorways`, queueing it in every ready set.
     waker: Waker,
 }
 
 impl<E: Endpoint> Entry<E> {
     /// Takes the connection out and drops it, closing it and releasing its buffers; its
-    /// wake descriptor leaves `ready` first.
-    fn close(&self, ready: &ReadySet) {
+    /// wake descriptor leaves the ready sets first.
+    fn close(&self, waiters: &ReadySet, progress: Option<&ReadySet>) {
         let connection = self
             .connection
             .lock()
@@ -216,7 +185,10 @@ impl<E: Endpoint> Entry<E> {
         if let Some(connection) = &connection
             && let Readiness::Fd(fd) = connection.endpoint().readiness()
         {
-            ready.deregister(fd);
+            waiters.deregister(fd);
+            if let Some(progress) = progress {
+                progress.deregister(fd);
+            }
         }
         drop(connection);
     }
@@ -230,13 +202,31 @@ struct Counters {
     parks: AtomicU64,
 }
 
+/// Who looks at a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Looker {
+    /// A user's [`ConnectionTable::wait_ready`]: hands out connections with work for
+    /// their users.
+    Waiter,
+    /// The progress thread: makes progress, and tells the waiters where it did.
+    ProgressThread,
+}
+
+/// The progress thread's ready set and its stop flag.
+struct ProgressSet {
+    ready: Arc<ReadySet>,
+    stop: AtomicBool,
+}
+
 /// What the table and its progress thread share.
 struct Shared<E: Endpoint> {
     connections: DashMap<ConnectionId, Arc<Entry<E>>>,
     next_id: AtomicU64,
-    signal: Arc<ProgressSignal>,
     counters: Counters,
+    /// The waiters' ready set.
     ready: Arc<ReadySet>,
+    /// The progress thread's, while the table has one.
+    progress: Option<Arc<ProgressSet>>,
     /// Connections that cannot wake a waiter: looked at by every wait.
     polled: Mutex<HashSet<ConnectionId>>,
     /// Connections the last wait handed out, queued again by the next.
@@ -252,6 +242,8 @@ enum Look {
     Later,
     /// Nothing to do: armed to wake a waiter.
     Armed,
+    /// Progress made and more pending: queued again at once (the progress thread's).
+    Busy,
 }
 
 impl<E: Endpoint> Shared<E> {
@@ -275,11 +267,18 @@ impl<E: Endpoint> Shared<E> {
             .collect()
     }
 
-    /// Queues connection `id` for a look, if it is still in the table.
-    fn queue(&self, id: ConnectionId) {
+    /// Queues connection `id` for a waiter's look, if it is still in the table.
+    fn queue_for_waiters(&self, id: ConnectionId) {
         if let Some(entry) = self.connections.get(&id) {
-            entry.doorway.queue();
+            entry.doorways.waiter.queue();
         }
+    }
+
+    /// The entry of connection `id`, if it is still in the table.
+    fn entry(&self, id: ConnectionId) -> Option<Arc<Entry<E>>> {
+        self.connections
+            .get(&id)
+            .map(|entry| Arc::clone(entry.value()))
     }
 
     /// Registers the descriptor of a connection inserted before the readiness set was
@@ -297,16 +296,29 @@ impl<E: Endpoint> Shared<E> {
         }
     }
 
-    /// Looks at one connection: disarms it, makes progress, and hands it out if it has
-    /// work for its user, else arms it again (module `ready`).
-    fn look(&self, entry: &Entry<E>) -> Look {
-        entry.doorway.take();
+    /// Looks at one connection for `looker`: disarms it, makes progress, and arms it
+    /// again (module `ready`). A waiter's look hands it out instead if it has work for
+    /// its user; the progress thread's queues it for the waiters when it made progress,
+    /// and goes on.
+    fn look(&self, entry: &Entry<E>, looker: Looker, set: &ReadySet) -> Look {
+        let doorway = match looker {
+            Looker::Waiter => &entry.doorways.waiter,
+            Looker::ProgressThread => entry
+                .doorways
+                .progress
+                .as_ref()
+                .expect("the progress thread looks at connections with its doorway"),
+        };
+        doorway.take();
         let mut guard = match entry.connection.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::WouldBlock) => {
-                // Looked at again after a short sleep: the holder may be the progress
-                // thread, whose unlock queues nothing when it found nothing to do.
-                entry.doorway.queue_later();
+                // Looked at again after a short sleep: the holder may be another looker,
+                // whose unlock queues nothing here when it found nothing to do.
+                doorway.queue_later();
+                if looker == Looker::ProgressThread {
+                    self.counters.skipped_busy.fetch_add(1, Ordering::Relaxed);
+                }
                 return Look::Later;
             }
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -314,36 +326,45 @@ impl<E: Endpoint> Shared<E> {
         let Some(connection) = guard.as_mut() else {
             return Look::Armed;
         };
+        if looker == Looker::ProgressThread {
+            self.counters.progressed.fetch_add(1, Ordering::Relaxed);
+        }
         // Work that lands between the progress and the arm makes the arm pending: a few
         // more passes take it, before the connection is left for a later look.
+        let mut progressed = false;
         for _ in 0..Shared::<E>::PASSES_PER_LOOK {
             connection.disarm();
             let did = connection.progress_counted();
-            if !matches!(did, Ok(0)) || connection.has_delivered() {
-                return Look::Ready;
+            let changed = !matches!(did, Ok(0));
+            progressed |= changed;
+            match looker {
+                Looker::Waiter if changed || connection.has_delivered() => return Look::Ready,
+                Looker::ProgressThread if changed => entry.doorways.waiter.queue(),
+                _ => {}
             }
             if connection.arm(&entry.waker) == Armed::Parked {
                 if let Some(at) = connection.next_timer() {
-                    self.ready.add_timer(at, Instant::now(), entry.id);
+                    set.add_timer(at, Instant::now(), entry.id);
                 }
                 return Look::Armed;
             }
         }
         connection.disarm();
-        entry.doorway.queue_later();
-        Look::Later
+        if progressed {
+            // Still busy: looked at again in the next round, without a sleep.
+            doorway.queue();
+            Look::Busy
+        } else {
+            doorway.queue_later();
+            Look::Later
+        }
     }
 
     /// Tries every connection once; returns how much the progress calls did (completions
-    /// taken plus work requests posted). `entries` is scratch space, left empty.
-    fn sweep(&self, entries: &mut Vec<Arc<Entry<E>>>) -> usize {
-        entries.extend(
-            self.connections
-                .iter()
-                .map(|entry| Arc::clone(entry.value())),
-        );
+    /// taken plus work requests posted).
+    fn sweep(&self) -> usize {
         let (mut done, mut progressed, mut skipped_busy) = (0, 0, 0);
-        for entry in entries.drain(..) {
+        for entry in self.entries() {
             let mut guard = match entry.connection.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::WouldBlock) => {
@@ -357,7 +378,7 @@ impl<E: Endpoint> Shared<E> {
                 // A failed connection keeps its error for its users, and is looked at.
                 let did = connection.progress_counted().unwrap_or(1);
                 if did > 0 {
-                    entry.doorway.queue();
+                    entry.doorways.queue();
                 }
                 done += did;
             }
@@ -371,29 +392,42 @@ impl<E: Endpoint> Shared<E> {
         done
     }
 
-    /// The progress thread: sweeps until stopped, backing off while sweeps find nothing.
-    fn run_progress(&self, config: ProgressConfig) {
-        let backoff = Backoff::new();
-        let mut park = config.first_park;
-        let mut entries = Vec::new();
-        while !self.signal.stop.load(Ordering::SeqCst) {
-            let woken = self.signal.take_pending();
-            if self.sweep(&mut entries) > 0 || woken {
-                backoff.reset();
-                park = config.first_park;
-            } else if !backoff.is_completed() {
-                backoff.snooze();
-            } else {
-                self.counters.parks.fetch_add(1, Ordering::Relaxed);
-                self.signal.sleep(park);
-                park = (park * 2).min(config.max_park);
+    /// The progress thread: looks at the connections queued in its set, then sleeps
+    /// until more are, until stopped.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's, from `epoll_wait`.
+    fn run_progress(&self, progress: &ProgressSet, config: ProgressConfig) -> std::io::Result<()> {
+        /// How far ahead an idle thread's sleep ends (it is woken for any work sooner).
+        const IDLE_SLEEP: Duration = Duration::from_secs(3600);
+        let set = &*progress.ready;
+        let mut round = Vec::new();
+        while !progress.stop.load(Ordering::SeqCst) {
+            for id in self.polled().iter().copied() {
+                set.push_polled(id);
             }
+            // A round takes what is queued now: a connection that queues itself again
+            // (still busy) waits for the next, after the `epoll` set is read.
+            round.extend(std::iter::from_fn(|| set.pop()));
+            for id in round.drain(..) {
+                if let Some(entry) = self.entry(id) {
+                    self.look(&entry, Looker::ProgressThread, set);
+                }
+            }
+            let polling = !self.polled().is_empty();
+            self.counters.parks.fetch_add(1, Ordering::Relaxed);
+            set.sleep(
+                Instant::now() + IDLE_SLEEP,
+                polling.then_some(config.max_park),
+            )?;
         }
+        Ok(())
     }
 }
 
 /// Connections by id, over endpoints of type `E`, optionally with a progress thread that
-/// sweeps them.
+/// serves them as they have events.
 ///
 /// Users [`insert`](ConnectionTable::insert) connections and get a [`SharedConnection`]
 /// handle back, which any thread can [`lock`](SharedConnection::lock) to use the
@@ -445,7 +479,7 @@ impl<E: Endpoint> Shared<E> {
 /// ```
 pub struct ConnectionTable<E: Endpoint + 'static> {
     shared: Arc<Shared<E>>,
-    progress: Option<JoinHandle<()>>,
+    progress: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl<E: Endpoint + 'static> Default for ConnectionTable<E> {
@@ -466,13 +500,17 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
     /// assert_eq!(table.sweep(), 0);
     /// ```
     pub fn new() -> ConnectionTable<E> {
+        ConnectionTable::with_progress_set(None)
+    }
+
+    fn with_progress_set(progress: Option<Arc<ProgressSet>>) -> ConnectionTable<E> {
         ConnectionTable {
             shared: Arc::new(Shared {
                 connections: DashMap::new(),
                 next_id: AtomicU64::new(1),
-                signal: Arc::default(),
                 counters: Counters::default(),
                 ready: Arc::default(),
+                progress,
                 polled: Mutex::default(),
                 handed_out: Mutex::default(),
             }),
@@ -480,8 +518,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         }
     }
 
-    /// An empty table with a progress thread that sweeps its connections, backing off as
-    /// `config` says while there is nothing to do.
+    /// An empty table with a progress thread that makes progress on its connections as
+    /// they have events, sleeping as `config` says while none has.
     ///
     /// ```
     /// use tierbuf_transport::LoopbackEndpoint;
@@ -492,17 +530,35 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
     /// assert!(!table.has_progress_thread());
     /// # Ok::<(), tierbuf_transport::connection::TableError>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TableError::Readiness`] when the thread's `epoll` set cannot be made,
+    /// [`TableError::Spawn`] when the thread cannot be started.
     pub fn with_progress_thread(config: ProgressConfig) -> Result<ConnectionTable<E>, TableError> {
-        let mut table = ConnectionTable::new();
+        let progress = Arc::new(ProgressSet {
+            ready: Arc::new(ReadySet::for_progress_thread().map_err(TableError::Readiness)?),
+            stop: AtomicBool::new(false),
+        });
+        let mut table = ConnectionTable::with_progress_set(Some(Arc::clone(&progress)));
         let shared = Arc::clone(&table.shared);
         let handle = thread::Builder::new()
             .name("tierbuf-progress".into())
-            .spawn(move || shared.run_progress(config))
+            .spawn(move || {
+                let ran = shared.run_progress(&progress, config);
+                // Stopped for good: connections inserted from now on skip its set.
+                progress.stop.store(true, Ordering::SeqCst);
+                ran
+            })
             .map_err(TableError::Spawn)?;
-        // Wakes before this are not lost: they leave `pending` set for the first sweep.
-        let _ = table.shared.signal.thread.set(handle.thread().clone());
         table.progress = Some(handle);
         Ok(table)
+    }
+
+    /// The progress thread's set, while it runs.
+    fn running_progress_set(&self) -> Option<&Arc<ReadySet>> {
+        let progress = self.shared.progress.as_ref()?;
+        (!progress.stop.load(Ordering::SeqCst)).then_some(&progress.ready)
     }
 
     /// Adds `connection` under a new id and returns its handle.
@@ -510,9 +566,16 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
     /// See [`ConnectionTable`] for an example.
     pub fn insert(&self, connection: Connection<E>) -> SharedConnection<E> {
         let id = ConnectionId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
-        let doorway = Arc::new(Doorway::new(id, Arc::clone(&self.shared.ready)));
+        let progress = self.running_progress_set();
+        let doorways = Arc::new(Doorways {
+            waiter: Doorway::new(id, Arc::clone(&self.shared.ready)),
+            progress: progress.map(|set| Doorway::new(id, Arc::clone(set))),
+        });
         let polled = match connection.endpoint().readiness() {
-            Readiness::Fd(fd) => self.shared.ready.register(id, fd).is_err(),
+            Readiness::Fd(fd) => {
+                self.shared.ready.register(id, fd).is_err()
+                    || progress.is_some_and(|set| set.register(id, fd).is_err())
+            }
             Readiness::Waker => false,
             _ => true,
         };
@@ -522,13 +585,11 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         let entry = Arc::new(Entry {
             id,
             connection: Mutex::new(Some(connection)),
-            signal: Arc::clone(&self.shared.signal),
-            waker: Waker::from(Arc::clone(&doorway)),
-            doorway,
+            waker: Waker::from(Arc::clone(&doorways)),
+            doorways,
         });
         self.shared.connections.insert(id, Arc::clone(&entry));
-        self.shared.signal.wake();
-        entry.doorway.queue();
+        entry.doorways.queue();
         SharedConnection { entry }
     }
 
@@ -598,25 +659,22 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
             // The set is new: every connection's descriptor goes in, and each is looked at.
             for entry in shared.entries() {
                 shared.register_existing(&entry);
-                entry.doorway.queue();
+                entry.doorways.waiter.queue();
             }
         }
         for id in std::mem::take(&mut *shared.handed_out()) {
-            shared.queue(id);
+            shared.queue_for_waiters(id);
         }
         loop {
             for id in shared.polled().iter().copied() {
                 shared.ready.push_polled(id);
             }
-            let mut later = shared.ready.requeue_later();
             while let Some(id) = shared.ready.pop() {
-                let Some(entry) = shared.connections.get(&id).map(|e| Arc::clone(e.value())) else {
+                let Some(entry) = shared.entry(id) else {
                     continue;
                 };
-                match shared.look(&entry) {
-                    Look::Ready => ready.push(SharedConnection { entry }),
-                    Look::Later => later = true,
-                    Look::Armed => {}
+                if let Look::Ready = shared.look(&entry, Looker::Waiter, &shared.ready) {
+                    ready.push(SharedConnection { entry });
                 }
             }
             if !ready.is_empty() {
@@ -625,10 +683,10 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
                     .extend(ready.iter().map(SharedConnection::id));
                 return Ok(ready.len());
             }
-            let polling = later || !shared.polled().is_empty();
+            let polling = !shared.polled().is_empty();
             let woken = shared
                 .ready
-                .sleep(until, polling)
+                .sleep(until, polling.then_some(POLLING_SLEEP))
                 .map_err(TableError::Readiness)?;
             if woken.timed_out || Instant::now() >= until {
                 return Ok(0);
@@ -660,7 +718,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         match removed {
             Some((_, entry)) => {
                 self.shared.polled().remove(&id);
-                entry.close(&self.shared.ready);
+                let progress = self.shared.progress.as_ref().map(|set| &*set.ready);
+                entry.close(&self.shared.ready, progress);
                 true
             }
             None => false,
@@ -721,15 +780,15 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
     }
 
     /// Makes progress on every connection no one holds locked, once, on the calling
-    /// thread: what the progress thread does in each sweep. Returns how much it did
+    /// thread: for a table without a progress thread. Returns how much it did
     /// (completions taken plus work requests posted); 0 means there was nothing to do.
     ///
     /// See [`ConnectionTable::new`] for an example.
     pub fn sweep(&self) -> usize {
-        self.shared.sweep(&mut Vec::new())
+        self.shared.sweep()
     }
 
-    /// Counters of the sweeps so far.
+    /// Counters of the sweeps and of the progress thread's looks so far.
     ///
     /// ```
     /// use tierbuf_transport::LoopbackEndpoint;
@@ -755,17 +814,19 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
         self.progress.is_some()
     }
 
-    /// Stops the progress thread, if one runs, and waits for it to finish its sweep. The
-    /// connections stay in the table and progress when their users call them. Reports a
-    /// panic of the thread.
+    /// Stops the progress thread, if one runs, and waits for it to finish its round of
+    /// looks. The connections stay in the table and progress when their users call them.
+    /// Reports a panic of the thread, or the failure that stopped it.
     ///
     /// See [`ConnectionTable::with_progress_thread`] for an example.
     pub fn shutdown(&mut self) -> Result<(), TableError> {
         let Some(handle) = self.progress.take() else {
             return Ok(());
         };
-        self.shared.signal.stop.store(true, Ordering::SeqCst);
-        handle.thread().unpark();
+        if let Some(progress) = &self.shared.progress {
+            progress.stop.store(true, Ordering::SeqCst);
+            progress.ready.ring();
+        }
         handle
             .join()
             .map_err(|payload| TableError::ProgressThreadPanicked {
@@ -774,7 +835,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
                     .cloned()
                     .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "a non-string panic".to_string()),
-            })
+            })?
+            .map_err(TableError::ProgressThreadFailed)
     }
 }
 
@@ -880,8 +942,7 @@ impl<E: Endpoint> DerefMut for ConnectionGuard<'_, E> {
 impl<E: Endpoint> Drop for ConnectionGuard<'_, E> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        self.entry.signal.wake();
-        self.entry.doorway.queue();
+        self.entry.doorways.queue();
     }
 }
 
