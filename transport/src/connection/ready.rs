@@ -373,10 +373,13 @@ impl ReadySet {
                 id => self.look.push(ConnectionId::new(id)),
             }
         }
-        // The timers that fell due during the sleep: their connections are looked at now.
-        let now = Instant::now();
-        self.queue_due_timers(now);
-        let timed_out = events.is_empty() && self.look.is_empty() && now >= until;
+        // A sleep that no wake ended ended for a timer (or `until`): the connections whose
+        // timers fell due are looked at now. After a wake, the next sleep queues them.
+        let timed_out = events.is_empty() && {
+            let now = Instant::now();
+            self.queue_due_timers(now);
+            self.look.is_empty() && now >= until
+        };
         Ok(Woken { timed_out })
     }
 }
