@@ -1,6 +1,7 @@
 //! Models of the `transport` crate's connections, shared by the clean and the planted-bug
 //! test binaries: the receive slots that delivered messages give back across threads,
-//! a sender's queue across a tier swap, and the async connection's one spin at a time.
+//! a sender's queue across a tier swap, the async connection's one spin at a time, and
+//! a connection table's sleeper against the wakers that queue connections for it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +10,9 @@ use loom::thread;
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::connection::sleep_handshake::SleepHandshake;
 use tierbuf_transport::connection::spin_claim::SpinWord;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, ConnectionId};
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
 /// Receives each side posts: the model's one tier has this many slots, enough for the
@@ -191,4 +193,24 @@ pub fn giving_up_a_lapsed_claim_keeps_the_next() {
             "a lapsed claim given up cleared the claim in force"
         );
     }
+}
+
+/// A connection table's waker queues a connection while the table's sleeper (a waiter or
+/// the progress thread) prepares to sleep: the sleeper must find the connection queued,
+/// or the waker must ring its doorbell. loom reports a sleep with a connection queued and
+/// no ring.
+pub fn a_queued_connection_is_never_slept_through() {
+    let handshake = Arc::new(SleepHandshake::new());
+    let waker = {
+        let handshake = Arc::clone(&handshake);
+        thread::spawn(move || handshake.queue(ConnectionId::new(1)))
+    };
+    let sleeps = handshake.begin_sleep();
+    let rang = waker.join().unwrap();
+    assert!(
+        !sleeps || rang,
+        "the sleeper slept with a connection queued and no ring"
+    );
+    handshake.end_sleep();
+    assert_eq!(handshake.pop(), Some(ConnectionId::new(1)));
 }

@@ -25,3 +25,8 @@ fn one_spin_at_a_time() {
 fn giving_up_a_lapsed_claim_keeps_the_next() {
     loom::model(tierbuf_loom_tests::connection_models::giving_up_a_lapsed_claim_keeps_the_next);
 }
+
+#[test]
+fn a_queued_connection_is_never_slept_through() {
+    loom::model(tierbuf_loom_tests::connection_models::a_queued_connection_is_never_slept_through);
+}

@@ -137,3 +137,15 @@ fn send_queue_wake_before_push_is_caught() {
     );
     assert!(message.contains("did not wake it"), "{message}");
 }
+
+#[test]
+fn ready_queue_look_before_push_is_caught() {
+    let message = expect_caught(
+        Bug::ReadyQueueLookBeforePush,
+        tierbuf_loom_tests::connection_models::a_queued_connection_is_never_slept_through,
+    );
+    assert!(
+        message.contains("slept with a connection queued"),
+        "{message}"
+    );
+}

@@ -92,6 +92,10 @@ pub mod planted {
         /// store, so a reservation that made a smaller total can overwrite the peak a
         /// concurrent one made.
         BudgetPeakLoadThenStore = 15,
+        /// A connection table's queuer looks at whether the sleeper sleeps before it
+        /// queues the connection instead of after, so a sleeper that begins its sleep in
+        /// between sleeps through the connection (`tierbuf-transport`).
+        ReadyQueueLookBeforePush = 16,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -18,6 +18,9 @@ mod receive;
 mod reserve;
 mod returns;
 mod send;
+// Public for the loom model of a table's sleeper and its queuers.
+#[doc(hidden)]
+pub mod sleep_handshake;
 // Public for the loom models' `SendQueue`; `Sender` is re-exported below.
 #[doc(hidden)]
 pub mod senders;

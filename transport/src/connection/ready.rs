@@ -19,12 +19,11 @@
 //!   again when the arm finds work pending. So no event of any connection goes unseen by
 //!   the next wait.
 //! - **A wake reaches the sleeper.** An endpoint's wake comes through its descriptor
-//!   (registered level-triggered in the table's `epoll` set, with the connection's id as
-//!   its token) or through the connection's waker, which queues the id and rings the
-//!   doorbell (an `eventfd` in the same set) if a waiter is sleeping. A queuer pushes the
-//!   id, fences (`SeqCst`) and then looks at `sleeping`; a waiter sets `sleeping`,
-//!   fences, and then looks at the queue: one of the two sees the other, so the waiter
-//!   never sleeps with an id queued and no doorbell rung.
+//!   (registered in the set's `epoll` instance, with the connection's id as its token)
+//!   or through the connection's waker, which queues the id and rings the doorbell (an
+//!   `eventfd` in the same set) if a waiter is sleeping. Whether to ring, and whether to
+//!   sleep, is the [`SleepHandshake`]'s (its module's invariants, and its loom model), so
+//!   the waiter never sleeps with an id queued and no doorbell rung.
 //! - **Each id is queued once.** `queued` is set by whoever pushes the id and cleared by
 //!   the look that pops it, before it looks: a wake during the look queues it again.
 //! - **Timers are kept, once per connection.** After a connection is armed, its next
@@ -50,15 +49,15 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Wake;
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::SegQueue;
 use rustix::event::epoll;
 use rustix::event::{EventfdFlags, Timespec};
 
+use super::sleep_handshake::SleepHandshake;
 use super::table::ConnectionId;
 
 /// The token of the doorbell in the `epoll` set; connection ids start at 1.
@@ -93,10 +92,8 @@ pub(super) struct ReadySet {
     descriptors: OnceLock<Descriptors>,
     /// Whether descriptors are registered edge-triggered (module invariants).
     edge_triggered: bool,
-    /// Connections to look at in the next wait.
-    look: SegQueue<ConnectionId>,
-    /// Set while a waiter sleeps (or is about to).
-    sleeping: AtomicBool,
+    /// Connections to look at in the next wait, and whether a waiter sleeps.
+    look: SleepHandshake,
     timers: Mutex<Timers>,
 }
 
@@ -193,9 +190,7 @@ impl ReadySet {
 
     /// Pushes `id` and rings the doorbell if a waiter sleeps (module invariants).
     fn push(&self, id: ConnectionId) {
-        self.look.push(id);
-        fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
+        if self.look.queue(id) {
             self.ring();
         }
     }
@@ -215,7 +210,7 @@ impl ReadySet {
 
     /// Queues a connection that cannot wake anybody, for this wait's look.
     pub(super) fn push_polled(&self, id: ConnectionId) {
-        self.look.push(id);
+        self.look.queue_awake(id);
     }
 
     /// The `epoll` set and doorbell, made at the first call.
@@ -312,7 +307,7 @@ impl ReadySet {
             if timers.pending.get(&id) == Some(&at) {
                 timers.pending.remove(&id);
             }
-            self.look.push(id);
+            self.look.queue_awake(id);
         }
         None
     }
@@ -341,12 +336,10 @@ impl ReadySet {
             .descriptors
             .get()
             .expect("a waiter makes the descriptors before it sleeps");
-        self.sleeping.store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
         // With connections queued already the set is still read, without waiting: a
         // queue that never empties (timers falling due back to back) must not starve the
         // descriptors' wakes.
-        let timeout = if self.look.is_empty() {
+        let timeout = if self.look.begin_sleep() {
             wake_at.saturating_duration_since(now)
         } else {
             Duration::ZERO
@@ -358,7 +351,7 @@ impl ReadySet {
             rustix::buffer::spare_capacity(&mut events),
             Some(&timeout),
         );
-        self.sleeping.store(false, Ordering::Relaxed);
+        self.look.end_sleep();
         match waited {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(errno) => return Err(errno.into()),
@@ -370,7 +363,7 @@ impl ReadySet {
                     // Read to quiet it; nothing to learn from the count.
                     let _ = rustix::io::read(descriptors.doorbell.as_fd(), &mut count);
                 }
-                id => self.look.push(ConnectionId::new(id)),
+                id => self.look.queue_awake(ConnectionId::new(id)),
             }
         }
         // A sleep that no wake ended ended for a timer (or `until`): the connections whose
