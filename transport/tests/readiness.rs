@@ -377,6 +377,27 @@ fn a_held_connection_with_a_wake_waiting_is_polled_not_spun_on<P: PairProvider>(
     assert_eq!(&message[..], b"while held");
 }
 
+/// A connection whose peer has gone is failed for good: the progress thread tells the
+/// waiters once and then leaves it to its user, instead of looking at it again and again.
+fn a_connection_whose_peer_left_costs_the_progress_thread_nothing<P: PairProvider>() {
+    let provider = P::make();
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
+    let (client, server) = connections(&provider, preset("patent"));
+    let served = table.insert(server);
+    quiet(&table);
+    drop(client);
+    let settled = quiet(&table);
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(table.progress_stats(), settled);
+    let mut ready = Vec::new();
+    assert_eq!(
+        table.wait_ready(&mut ready, BOUND).unwrap(),
+        1,
+        "handed out to its user"
+    );
+    assert!(served.lock().unwrap().try_recv().is_err(), "the peer left");
+}
+
 macro_rules! on_each_provider {
     ($($test:ident $(($arg:expr))?),* $(,)?) => {
         mod loopback {
@@ -401,6 +422,7 @@ on_each_provider!(
     tables_echo_through_promotions_and_demotions(200),
     a_progress_thread_sleeps_over_idle_connections_and_wakes_for_a_peer(400),
     a_held_connection_with_a_wake_waiting_is_polled_not_spun_on,
+    a_connection_whose_peer_left_costs_the_progress_thread_nothing,
 );
 
 /// Offers the rest of `pending`'s message without blocking; whether all of it went.

@@ -235,7 +235,8 @@ struct Shared<E: Endpoint> {
 
 /// What a look at one connection found (module `ready`).
 enum Look {
-    /// It may have work for its user: hand it out.
+    /// It may have work for its user, or failed: a waiter hands it out; the progress
+    /// thread has queued it for the waiters and leaves it.
     Ready,
     /// Held by somebody, or with work no wake announces: looked at again after a short
     /// sleep.
@@ -334,8 +335,15 @@ impl<E: Endpoint> Shared<E> {
         let mut progressed = false;
         for _ in 0..Shared::<E>::PASSES_PER_LOOK {
             connection.disarm();
-            let did = connection.progress_counted();
-            let changed = !matches!(did, Ok(0));
+            let Ok(did) = connection.progress_counted() else {
+                // Failed for good: the error is its user's. The thread has nothing more
+                // to do on it until the user acts, and the user's unlock queues it.
+                if looker == Looker::ProgressThread {
+                    entry.doorways.waiter.queue();
+                }
+                return Look::Ready;
+            };
+            let changed = did > 0;
             progressed |= changed;
             match looker {
                 Looker::Waiter if changed || connection.has_delivered() => return Look::Ready,
