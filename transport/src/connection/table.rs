@@ -789,7 +789,8 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
 
     /// Makes progress on every connection no one holds locked, once, on the calling
     /// thread: for a table without a progress thread. Returns how much it did
-    /// (completions taken plus work requests posted); 0 means there was nothing to do.
+    /// (completions taken plus work requests posted, and one for each failed connection,
+    /// whose user has an error to take); 0 means there was nothing to do.
     ///
     /// See [`ConnectionTable::new`] for an example.
     pub fn sweep(&self) -> usize {
