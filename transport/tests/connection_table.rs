@@ -285,19 +285,21 @@ fn the_progress_thread_passes_over_a_connection_its_user_holds_and_serves_the_ot
     let (a, b) = pairs.pop().unwrap();
     let held = a.lock().unwrap();
     let before = table.progress_stats();
+    // A message for `a` wakes the thread, which finds `a` held and comes back to it after
+    // each polling sleep.
+    try_send_until_accepted(&b, b"while held");
     // While `a` is held, the other pair still gets its messages through the thread.
     for round in 0..20u64 {
         exchange(&c, &d, &pattern(100, round));
     }
-    // The held connection was queued by its insert; the thread comes back to it after
-    // each polling sleep.
     wait_until(
         "the thread to find the held connection held ten times",
         || table.progress_stats().skipped_busy >= before.skipped_busy + 10,
     );
-    assert_eq!(held.stats().messages_sent, 0);
+    assert_eq!(held.stats().messages_received, 0, "nothing moved `a`");
     drop(held);
-    // Released, it is looked at (the unlock queued it) and works through the thread.
+    // Released, it is looked at and works through the thread.
+    assert_eq!(&next_message(&a)[..], b"while held");
     exchange(&a, &b, b"after the release");
     // Nothing is held any more: no look finds a connection held.
     let settled = table.progress_stats();

@@ -101,7 +101,7 @@ pub(super) struct ReadySet {
 /// its endpoint calls.
 #[derive(Debug)]
 pub(super) struct Doorway {
-    pub(super) id: ConnectionId,
+    id: ConnectionId,
     queued: AtomicBool,
     ready: Arc<ReadySet>,
 }
