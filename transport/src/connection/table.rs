@@ -110,8 +110,9 @@ pub enum TableError {
 /// How the progress thread sleeps. It sleeps until a connection has an event (a frame
 /// from its peer, a message dropped, a user's unlock) or a timer of one falls due, and
 /// then looks only at those. While some connection cannot wake it (an endpoint that
-/// must be polled, such as verbs) or was held by its user when the thread came to it,
-/// it sleeps at most `max_park` at a time.
+/// must be polled, such as verbs), it sleeps at most `max_park` at a time. A connection
+/// its user held when the thread came to it is looked at again a millisecond later (and
+/// when the user unlocks it), whatever `max_park` says.
 ///
 /// ```
 /// use std::time::Duration;
