@@ -13,11 +13,13 @@
 //!
 //! - **Every connection is armed or queued.** Outside a look, a connection in the table
 //!   is armed ([`Endpoint::arm`] said it parked, so its next event wakes it), queued in
-//!   `look` (so the next wait looks at it), held by a user (whose guard queues it when
-//!   dropped), or was handed out ready by the last wait (which queues it again at the
-//!   next). A look disarms, progresses and re-arms it, or hands it out, or queues it
-//!   again when the arm finds work pending. So no event of any connection goes unseen by
-//!   the next wait.
+//!   `look` (so the next wait looks at it), due to be looked at by a timer a polling
+//!   sleep ahead, held by a user (whose guard queues it when dropped), or was handed out
+//!   by the last wait (which queues it again at the next; in the progress thread's set,
+//!   handed to the waiters because it failed, and queued again by its user's unlock). A
+//!   look disarms, progresses and re-arms it, or hands it out, or, when the arm finds
+//!   work pending, queues it again: at once if its progress moved something, else by
+//!   a timer. So no event of any connection goes unseen by the next wait.
 //! - **A wake reaches the sleeper.** An endpoint's wake comes through its descriptor
 //!   (registered in the set's `epoll` instance, with the connection's id as its token)
 //!   or through the connection's waker, which queues the id and rings the doorbell (an
