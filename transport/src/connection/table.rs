@@ -234,20 +234,6 @@ struct Shared<E: Endpoint> {
     handed_out: Mutex<Vec<ConnectionId>>,
 }
 
-/// What a look at one connection found (module `ready`).
-enum Look {
-    /// It may have work for its user, or failed: a waiter hands it out; the progress
-    /// thread has queued it for the waiters and leaves it.
-    Ready,
-    /// Held by somebody, or with work no wake announces: looked at again after a short
-    /// sleep.
-    Later,
-    /// Nothing to do: armed to wake a waiter.
-    Armed,
-    /// Progress made and more pending: queued again at once (the progress thread's).
-    Busy,
-}
-
 impl<E: Endpoint> Shared<E> {
     /// Progress passes one look makes at most while arming finds work pending.
     const PASSES_PER_LOOK: usize = 3;
@@ -301,8 +287,11 @@ impl<E: Endpoint> Shared<E> {
     /// Looks at one connection for `looker`: disarms it, makes progress, and arms it
     /// again (module `ready`). A waiter's look hands it out instead if it has work for
     /// its user; the progress thread's queues it for the waiters when it made progress,
-    /// and goes on.
-    fn look(&self, entry: &Entry<E>, looker: Looker, set: &ReadySet) -> Look {
+    /// and goes on. Returns whether the connection may have work for its user, or
+    /// failed: a waiter hands it out (the progress thread has queued it for the waiters
+    /// already). Otherwise it is armed, or queued to be looked at again: at once if it is
+    /// still busy, after a polling sleep if it is held or has work no wake announces.
+    fn look(&self, entry: &Entry<E>, looker: Looker, set: &ReadySet) -> bool {
         let doorway = match looker {
             Looker::Waiter => &entry.doorways.waiter,
             Looker::ProgressThread => entry
@@ -321,12 +310,12 @@ impl<E: Endpoint> Shared<E> {
                 if looker == Looker::ProgressThread {
                     self.counters.skipped_busy.fetch_add(1, Ordering::Relaxed);
                 }
-                return Look::Later;
+                return false;
             }
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         };
         let Some(connection) = guard.as_mut() else {
-            return Look::Armed;
+            return false;
         };
         if looker == Looker::ProgressThread {
             self.counters.progressed.fetch_add(1, Ordering::Relaxed);
@@ -342,12 +331,12 @@ impl<E: Endpoint> Shared<E> {
                 if looker == Looker::ProgressThread {
                     entry.doorways.waiter.queue();
                 }
-                return Look::Ready;
+                return true;
             };
             let changed = did > 0;
             progressed |= changed;
             match looker {
-                Looker::Waiter if changed || connection.has_delivered() => return Look::Ready,
+                Looker::Waiter if changed || connection.has_delivered() => return true,
                 Looker::ProgressThread if changed => entry.doorways.waiter.queue(),
                 _ => {}
             }
@@ -355,18 +344,17 @@ impl<E: Endpoint> Shared<E> {
                 if let Some(at) = connection.next_timer() {
                     set.add_timer(at, Instant::now(), entry.id);
                 }
-                return Look::Armed;
+                return false;
             }
         }
         connection.disarm();
         if progressed {
             // Still busy: looked at again in the next round, without a sleep.
             doorway.queue();
-            Look::Busy
         } else {
             doorway.queue_later();
-            Look::Later
         }
+        false
     }
 
     /// Tries every connection once; returns how much the progress calls did (completions
@@ -682,7 +670,7 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
                 let Some(entry) = shared.entry(id) else {
                     continue;
                 };
-                if let Look::Ready = shared.look(&entry, Looker::Waiter, &shared.ready) {
+                if shared.look(&entry, Looker::Waiter, &shared.ready) {
                     ready.push(SharedConnection { entry });
                 }
             }
