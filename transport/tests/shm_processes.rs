@@ -5,6 +5,9 @@
 //! - random sizes from empty to four times the top tier, across promotions, demotions
 //!   and segmentation, echoed back: every message arrives once, in order, byte for byte;
 //! - a peer whose budget refuses promotion (a nack): messages still arrive, segmented;
+//! - a table's progress thread driving 16 connections to the peer process, four
+//!   messages in flight on each, its users calling only `try_send` and `next_delivered`:
+//!   every echo arrives in order, byte for byte, and every registered byte comes back;
 //! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
 //! - a message longer than the posted receive: an error on both sides, nothing written;
 //! - a process at its limit of open files, handed a memory file by its peer (a region
@@ -15,6 +18,7 @@ mod errors;
 mod traffic;
 
 use errors::chain;
+use std::io::IoSlice;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -26,7 +30,9 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use tierbuf_pool::{MemoryBudget, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::connection::{
+    Connection, ConnectionConfig, ConnectionCore, ConnectionTable, ProgressConfig, SendError,
+};
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Provider,
     ShmEndpoint, ShmProvider, TransportError,
@@ -50,6 +56,10 @@ fn main() {
         Trial::test(
             "a_peer_that_refuses_promotion_still_gets_every_message",
             a_peer_that_refuses_promotion_still_gets_every_message,
+        ),
+        Trial::test(
+            "a_progress_thread_serves_many_connections_to_another_process",
+            a_progress_thread_serves_many_connections_to_another_process,
         ),
         Trial::test(
             "a_peer_that_dies_mid_promotion_is_reported",
@@ -76,6 +86,7 @@ fn run_peer(role: &str, socket: &Path) {
     match role {
         "echo" => echo(socket, 64 << 20),
         "echo-small-budget" => echo(socket, SMALL_BUDGET),
+        "echo-many" => echo_many(socket),
         "die-mid-promotion" => die_mid_promotion(socket),
         "short-receive" => short_receive(socket),
         "send-out-of-files" => send_out_of_files(socket),
@@ -156,8 +167,13 @@ impl Session {
 fn echo(socket: &Path, budget: u64) {
     let provider = ShmProvider::new(MemoryBudget::with_cap(budget));
     let endpoint = provider.connect(socket, 32, 32).expect("connect");
-    let mut connection = connection(&provider, endpoint);
-    for (index, &len) in sizes(MESSAGES, 65536).iter().enumerate() {
+    echo_on(connection(&provider, endpoint), MESSAGES);
+}
+
+/// Echoes `count` messages of `sizes(count, 65536)` on `connection`, then waits for the
+/// parent's goodbye and close.
+fn echo_on(mut connection: Connection<ShmEndpoint>, count: usize) {
+    for (index, &len) in sizes(count, 65536).iter().enumerate() {
         let message = connection.recv().expect("a message");
         assert_eq!(message.len(), len, "message {index}");
         assert!(
@@ -174,6 +190,75 @@ fn echo(socket: &Path, budget: u64) {
     assert_eq!(connection.recv().expect("goodbye").len(), 0);
     while connection.progress().is_ok() {}
     assert_eq!(connection.endpoint().state(), EndpointState::PeerClosed);
+}
+
+/// Connections the progress-thread test opens, and messages each one echoes.
+const MANY_CONNECTIONS: usize = 16;
+const MANY_MESSAGES: usize = 100;
+const IN_FLIGHT: usize = 4;
+
+/// `MANY_CONNECTIONS` connections, each echoed on a thread of its own.
+fn echo_many(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(256 << 20));
+    let echoes: Vec<_> = (0..MANY_CONNECTIONS)
+        .map(|_| {
+            let endpoint = provider.connect(socket, 32, 32).expect("connect");
+            let connection = connection(&provider, endpoint);
+            std::thread::spawn(move || echo_on(connection, MANY_MESSAGES))
+        })
+        .collect();
+    for echo in echoes {
+        echo.join().expect("an echo thread");
+    }
+}
+
+fn a_progress_thread_serves_many_connections_to_another_process() -> Result<(), Failed> {
+    let session = Session::start("echo-many", 256 << 20);
+    let table = ConnectionTable::with_progress_thread(ProgressConfig::default())
+        .map_err(|e| e.to_string())?;
+    let served: Vec<_> = (0..MANY_CONNECTIONS)
+        .map(|_| table.insert(connection(&session.provider, session.accept())))
+        .collect();
+    let sizes = sizes(MANY_MESSAGES, 65536);
+    let (mut sent, mut received) = (vec![0; MANY_CONNECTIONS], vec![0; MANY_CONNECTIONS]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received.iter().any(|&count| count < MANY_MESSAGES) {
+        if Instant::now() > deadline {
+            return Err(format!("stalled: sent {sent:?}, received {received:?}").into());
+        }
+        for (index, shared) in served.iter().enumerate() {
+            // Only `try_send` and `next_delivered`: the table's thread does the progress.
+            let mut connection = shared.lock().map_err(|e| e.to_string())?;
+            while sent[index] < MANY_MESSAGES && sent[index] - received[index] < IN_FLIGHT {
+                let message = pattern(sizes[sent[index]], sent[index] as u64);
+                match connection.try_send(&[IoSlice::new(&message)]) {
+                    Ok(_) => sent[index] += 1,
+                    Err(SendError::WouldBlock(_)) => break,
+                    Err(error) => return Err(chain(&error).into()),
+                }
+            }
+            while let Some(echoed) = connection.next_delivered() {
+                let at = received[index];
+                if echoed[..] != pattern(sizes[at], at as u64)[..] {
+                    return Err(format!("connection {index}: echo {at} differs").into());
+                }
+                received[index] += 1;
+            }
+        }
+        std::thread::yield_now();
+    }
+    for shared in &served {
+        let mut connection = shared.lock().map_err(|e| e.to_string())?;
+        connection.send(&[]).map_err(|e| e.to_string())?;
+        connection.flush().map_err(|e| e.to_string())?;
+    }
+    let budget = session.provider.registrar().budget().clone();
+    drop((served, table));
+    session.finish(true)?;
+    if budget.in_use() != 0 {
+        return Err(format!("{} registered bytes left", budget.in_use()).into());
+    }
+    Ok(())
 }
 
 fn exchange(session: &Session) -> Result<Connection<ShmEndpoint>, Failed> {
