@@ -282,11 +282,42 @@ impl Reception {
                     }
                 }
             },
+            FrameKind::Packed => match packed_messages(payload, header.message_len) {
+                Some(messages)
+                    if self.open.is_none()
+                        && messages
+                            .iter()
+                            .all(|message| message.len() as u64 <= MAX_MESSAGE_LEN) =>
+                {
+                    self.made.extend(messages);
+                    Verdict::Taken
+                }
+                _ => Verdict::Refused,
+            },
             FrameKind::Control => Verdict::Control,
             FrameKind::Credit | FrameKind::Drain => Verdict::Taken,
         };
         (verdict, grant)
     }
+}
+
+/// The messages of a packed frame's payload, if it is exactly `count` entries as
+/// `docs/protocol.md` lays them out: a length (`u32`, little endian), four zero bytes, the
+/// message, zeros to the next multiple of eight.
+fn packed_messages(payload: &[u8], count: u64) -> Option<Vec<Vec<u8>>> {
+    let mut messages = Vec::new();
+    let mut rest = payload;
+    for _ in 0..count {
+        let head = rest.get(..8)?;
+        let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
+        if head[4..] != [0; 4] {
+            return None;
+        }
+        let padded = len.checked_next_multiple_of(8)?;
+        messages.push(rest.get(8..8 + len)?.to_vec());
+        rest = rest.get(8 + padded..)?;
+    }
+    rest.is_empty().then_some(messages)
 }
 
 /// Whether two buffers share a byte.
@@ -665,6 +696,19 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let last = frame(FrameKind::Last, (0, 1), 0, &[3; 50]);
     let credit = frame(FrameKind::Credit, (0, 3), 0, &[]);
     let drain = frame(FrameKind::Drain, (0, 1), 0, &[]);
+    // Three messages of 3, 0 and 9 bytes in one packed frame, then one whose second
+    // entry runs past the frame.
+    let mut entries = Vec::new();
+    for message in [&b"abc"[..], b"", b"123456789"] {
+        entries.extend_from_slice(&(message.len() as u32).to_le_bytes());
+        entries.extend_from_slice(&[0; 4]);
+        entries.extend_from_slice(message);
+        entries.resize(entries.len().next_multiple_of(8), 0);
+    }
+    let packed = frame(FrameKind::Packed, (0, 1), 3, &entries);
+    let mut past_frame = entries.clone();
+    past_frame[16] = 200;
+    let packed_past_frame = frame(FrameKind::Packed, (0, 1), 3, &past_frame);
     let request = |epoch, tier, current| Op::Control {
         grant: (0, 1),
         message: ControlMessage::Request {
@@ -841,6 +885,26 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     },
                 ],
             ),
+        ),
+        (
+            "packed",
+            input(
+                0,
+                &[
+                    deliver(&packed),
+                    Op::Recv { hold: true },
+                    Op::Recv { hold: false },
+                    Op::Recv { hold: true },
+                    Op::Progress,
+                    Op::DropHeld,
+                    Op::Progress,
+                    Op::CompleteSends(4),
+                ],
+            ),
+        ),
+        (
+            "packed_past_frame",
+            input(0, &[deliver(&packed_past_frame)]),
         ),
         ("unknown_kind", input(0, &[deliver(&unknown_kind)])),
         ("grant_beyond_ladder", input(0, &[deliver(&beyond_ladder)])),

@@ -1039,6 +1039,47 @@ fn users_that_send_at_once_without_reading_still_get_everything() {
     assert!(copied > 0, "the queued messages were copied out");
 }
 
+/// As above, with batches of small messages that share packed frames: the messages of
+/// one frame share its receive slot, which relief frees only by copying all of them out
+/// of it; both sides still get every message.
+#[test]
+fn users_that_send_batches_at_once_without_reading_still_get_everything() {
+    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    pair.sides[0].not_reading = true;
+    pair.sides[1].not_reading = true;
+    let outgoing = |side: usize| (0..96u8).map(move |i| pattern(20 + 4 * side, i));
+    let mut queues: [Vec<Vec<u8>>; 2] = [outgoing(0).collect(), outgoing(1).collect()];
+    for _ in 0..10_000 {
+        for (side, queue) in queues.iter_mut().enumerate() {
+            let batch: Vec<&[u8]> = queue.iter().take(8).map(Vec::as_slice).collect();
+            if batch.is_empty() {
+                continue;
+            }
+            let now = pair.now;
+            match pair.sides[side].core.try_send_batch(now, &batch) {
+                Ok(taken) => drop(queue.drain(..taken)),
+                Err(SendError::WouldBlock(_)) => {}
+                Err(other) => panic!("side {side}: {other}"),
+            }
+        }
+        if queues.iter().all(Vec::is_empty) {
+            break;
+        }
+        pair.step();
+    }
+    assert!(queues.iter().all(Vec::is_empty), "both sends finished");
+    pair.sides[0].not_reading = false;
+    pair.sides[1].not_reading = false;
+    pair.settle();
+    for side in 0..2 {
+        let expected: Vec<Vec<u8>> = outgoing(1 - side).collect();
+        assert_eq!(pair.sides[side].received, expected, "side {side}");
+        let stats = pair.sides[side].core.stats();
+        assert!(stats.messages_packed > 80, "side {side}: {stats:?}");
+        assert!(stats.messages_copied_to_keep_receives > 0, "{stats:?}");
+    }
+}
+
 /// A peer that sends and sends while it never reads, and so never gives this side a
 /// credit back: this side's user, blocked in its own send, reads nothing either. Relief
 /// copies queued messages out of their slots only up to the unread-copy limit, so the

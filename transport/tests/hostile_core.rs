@@ -383,3 +383,91 @@ fn a_peer_granting_a_tier_this_side_does_not_send_on_gets_a_bounded_number_of_dr
         "{error:?}"
     );
 }
+
+/// A packed frame's payload of `entries`, each `(length in its head, reserved, bytes)`.
+fn packed_payload(entries: &[(u32, u32, &[u8])]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (len, reserved, bytes) in entries {
+        payload.extend_from_slice(&len.to_le_bytes());
+        payload.extend_from_slice(&reserved.to_le_bytes());
+        payload.extend_from_slice(bytes);
+        payload.resize(payload.len().next_multiple_of(8), 0);
+    }
+    payload
+}
+
+/// A well-formed packed frame delivers each of its messages; one that breaks the entry
+/// format, in any of the ways a peer can, fails the connection as the peer's fault and
+/// delivers none of its messages, not even those before the bad entry.
+#[test]
+fn malformed_packed_frames_deliver_nothing_and_blame_the_peer() {
+    let mut victim = Victim::new();
+    let good = packed_payload(&[(3, 0, b"abc"), (0, 0, b""), (8, 0, b"12345678")]);
+    victim
+        .deliver(&frame(FrameKind::Packed, (0, 0), &good, 3))
+        .expect("a well-formed packed frame");
+    let delivered: Vec<Vec<u8>> = std::iter::from_fn(|| victim.core.try_recv())
+        .map(|message| message.to_vec())
+        .collect();
+    assert_eq!(delivered, [&b"abc"[..], b"", b"12345678"]);
+
+    let past = packed_payload(&[(3, 0, b"abc"), (300, 0, b"xyz")]);
+    let reserved = packed_payload(&[(3, 0, b"abc"), (3, 7, b"xyz")]);
+    let trailing = packed_payload(&[(3, 0, b"abc"), (3, 0, b"xyz")]);
+    for (payload, count, what) in [
+        (&past, 2, "an entry past the frame"),
+        (&reserved, 2, "reserved bytes set"),
+        (&trailing, 1, "bytes after the counted entries"),
+        (&trailing, 3, "fewer entries than counted"),
+    ] {
+        let mut victim = Victim::new();
+        let error = victim
+            .deliver(&frame(FrameKind::Packed, (0, 0), payload, count))
+            .expect_err(what);
+        assert_eq!(error.fault(), Fault::Peer, "{what}: {error}");
+        assert!(
+            matches!(
+                &*error,
+                ConnectionError::PeerProtocol(PeerViolation::Packed(_))
+            ),
+            "{what}: {error:?}"
+        );
+        assert!(
+            victim.core.try_recv().is_none(),
+            "{what}: nothing delivered"
+        );
+    }
+    // A count the payload cannot hold is refused by the header.
+    let mut victim = Victim::new();
+    let error = victim
+        .deliver(&frame(FrameKind::Packed, (0, 0), &trailing, 5))
+        .expect_err("five entries in 24 bytes");
+    assert!(
+        matches!(
+            &*error,
+            ConnectionError::PeerProtocol(PeerViolation::Header(_))
+        ),
+        "{error:?}"
+    );
+}
+
+/// A packed frame in the middle of a segmented message is out of order, as a whole one is.
+#[test]
+fn a_packed_frame_inside_a_segmented_message_is_refused() {
+    let mut victim = Victim::new();
+    victim
+        .deliver(&frame(FrameKind::First, (0, 0), &[1; 100], 1000))
+        .expect("a first segment");
+    let payload = packed_payload(&[(3, 0, b"abc")]);
+    let error = victim
+        .deliver(&frame(FrameKind::Packed, (0, 0), &payload, 1))
+        .expect_err("out of order");
+    assert!(
+        matches!(
+            &*error,
+            ConnectionError::PeerProtocol(PeerViolation::Reassembly(_))
+        ),
+        "{error:?}"
+    );
+    assert!(victim.core.try_recv().is_none());
+}

@@ -86,7 +86,7 @@ fn control_message() -> impl Strategy<Value = ControlMessage> {
 
 fn frame() -> impl Strategy<Value = Frame> {
     let raw = (
-        prop_oneof![4 => 1u8..=7, 1 => any::<u8>()],
+        prop_oneof![4 => 1u8..=8, 1 => any::<u8>()],
         prop_oneof![4 => 0u8..3, 1 => any::<u8>()],
         prop_oneof![4 => 0u16..4, 1 => any::<u16>()],
         prop_oneof![4 => Just(None), 1 => any::<u32>().prop_map(Some)],

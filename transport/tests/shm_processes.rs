@@ -8,6 +8,8 @@
 //! - a table's progress thread driving 16 connections to the peer process, four
 //!   messages in flight on each, its users calling only `try_send` and `next_delivered`:
 //!   every echo arrives in order, byte for byte, and every registered byte comes back;
+//! - batches of messages (`send_batch`, `try_send_batch`) both ways, up to 64 in flight,
+//!   small ones sharing packed frames: every echo arrives once, in order, byte for byte;
 //! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
 //! - a message longer than the posted receive: an error on both sides, nothing written;
 //! - a process at its limit of open files, handed a memory file by its peer (a region
@@ -62,6 +64,10 @@ fn main() {
             a_progress_thread_serves_many_connections_to_another_process,
         ),
         Trial::test(
+            "batches_in_flight_both_ways_arrive_once_in_order",
+            batches_in_flight_both_ways_arrive_once_in_order,
+        ),
+        Trial::test(
             "a_peer_that_dies_mid_promotion_is_reported",
             a_peer_that_dies_mid_promotion_is_reported,
         ),
@@ -87,6 +93,7 @@ fn run_peer(role: &str, socket: &Path) {
         "echo" => echo(socket, 64 << 20),
         "echo-small-budget" => echo(socket, SMALL_BUDGET),
         "echo-many" => echo_many(socket),
+        "echo-batched" => echo_batched(socket),
         "die-mid-promotion" => die_mid_promotion(socket),
         "short-receive" => short_receive(socket),
         "send-out-of-files" => send_out_of_files(socket),
@@ -254,6 +261,86 @@ fn a_progress_thread_serves_many_connections_to_another_process() -> Result<(), 
     }
     let budget = session.provider.registrar().budget().clone();
     drop((served, table));
+    session.finish(true)?;
+    if budget.in_use() != 0 {
+        return Err(format!("{} registered bytes left", budget.in_use()).into());
+    }
+    Ok(())
+}
+
+/// Echoes `MESSAGES` messages of `sizes(MESSAGES, 65536)`, each batch of them that has
+/// arrived sent back with one `send_batch`; then waits for the goodbye and the close.
+fn echo_batched(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+    let endpoint = provider.connect(socket, 32, 32).expect("connect");
+    let mut connection = connection(&provider, endpoint);
+    let sizes = sizes(MESSAGES, 65536);
+    let mut index = 0;
+    while index < MESSAGES {
+        let mut batch = vec![connection.recv().expect("a message").to_vec()];
+        while index + batch.len() < MESSAGES {
+            match connection.next_delivered() {
+                Some(message) => batch.push(message.to_vec()),
+                None => break,
+            }
+        }
+        for message in &batch {
+            assert!(
+                message[..] == pattern(sizes[index], index as u64)[..],
+                "message {index} differs"
+            );
+            index += 1;
+        }
+        let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+        connection.send_batch(&refs).expect("echo the batch");
+    }
+    connection.flush().expect("flush");
+    assert_eq!(connection.recv().expect("goodbye").len(), 0);
+    while connection.progress().is_ok() {}
+    assert_eq!(connection.endpoint().state(), EndpointState::PeerClosed);
+}
+
+/// Messages the parent lets be in flight in the batch test.
+const BATCH_WINDOW: usize = 64;
+
+fn batches_in_flight_both_ways_arrive_once_in_order() -> Result<(), Failed> {
+    let session = Session::start("echo-batched", 64 << 20);
+    let mut connection = connection(&session.provider, session.accept());
+    let messages: Vec<Vec<u8>> = sizes(MESSAGES, 65536)
+        .into_iter()
+        .enumerate()
+        .map(|(index, len)| pattern(len, index as u64))
+        .collect();
+    let (mut sent, mut received) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received < MESSAGES {
+        if Instant::now() > deadline {
+            return Err(format!("stalled: sent {sent}, received {received}").into());
+        }
+        let end = MESSAGES.min(received + BATCH_WINDOW);
+        if sent < end {
+            let batch: Vec<&[u8]> = messages[sent..end].iter().map(Vec::as_slice).collect();
+            match connection.try_send_batch(&batch) {
+                Ok(taken) => sent += taken,
+                Err(SendError::WouldBlock(_)) => {}
+                Err(error) => return Err(chain(&error).into()),
+            }
+        }
+        while let Some(echoed) = connection.try_recv().map_err(|e| chain(&*e))? {
+            if echoed[..] != messages[received][..] {
+                return Err(format!("echo {received} differs").into());
+            }
+            received += 1;
+        }
+    }
+    let stats = connection.stats();
+    if stats.messages_packed == 0 {
+        return Err(format!("no message shared a frame: {stats:?}").into());
+    }
+    connection.send(&[]).map_err(|e| e.to_string())?;
+    connection.flush().map_err(|e| e.to_string())?;
+    drop(connection);
+    let budget = session.provider.registrar().budget().clone();
     session.finish(true)?;
     if budget.in_use() != 0 {
         return Err(format!("{} registered bytes left", budget.in_use()).into());

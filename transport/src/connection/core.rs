@@ -146,6 +146,9 @@ pub struct ConnectionStats {
     pub bytes_sent: u64,
     /// Messages accepted and sent in segments.
     pub messages_segmented: u64,
+    /// Messages accepted and sent in a packed frame with others
+    /// ([`ConnectionCore::try_send_batch`]).
+    pub messages_packed: u64,
     /// Messages delivered.
     pub messages_received: u64,
     /// Messages handed over as a copy rather than in their receive slot, because the user

@@ -361,6 +361,90 @@ impl<E: Endpoint> Connection<E> {
         self.posted(accepted)
     }
 
+    /// Offers several messages at once without blocking, each to arrive as a message of
+    /// its own; returns how many of them, from the first, were taken. Small messages given
+    /// together share frames ([`ConnectionCore::try_send_batch`]), so the peer takes many
+    /// for the price of one receive: for a stream of small messages, hand over what is at
+    /// hand in one call rather than one call each.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use tierbuf_pool::MemoryBudget;
+    /// # use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+    /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+    /// # use tierbuf_transport::{LoopbackProvider, Provider};
+    /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+    /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
+    /// # let connect = |endpoint| {
+    /// #     let core = ConnectionCore::new(
+    /// #         Arc::clone(&config), Arc::clone(&reservoir), Arc::clone(&reservoir), Instant::now(),
+    /// #     )?;
+    /// #     Ok::<_, Box<dyn std::error::Error>>(Connection::new(core, endpoint)?)
+    /// # };
+    /// # let (mut a, mut b) = (connect(a)?, connect(b)?);
+    /// let batch: [&[u8]; 3] = [b"one", b"two", b"three"];
+    /// let taken = a.try_send_batch(&batch)?;
+    /// assert_eq!(taken, 3);
+    /// assert_eq!(a.stats().frames_sent, 1, "one frame carried all three");
+    /// for expected in batch {
+    ///     assert_eq!(&b.recv()?[..], expected);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::try_send`], for the first message; an error met after it is the
+    /// next call's to report.
+    pub fn try_send_batch(&mut self, messages: &[&[u8]]) -> Result<usize, SendError> {
+        let longest = messages.iter().map(|message| message.len()).max();
+        let now = self.clock_for(longest.unwrap_or(0));
+        let accepted = self.core.try_send_batch(now, messages);
+        self.post_work();
+        self.posted(accepted)
+    }
+
+    /// Sends every one of `messages`, each as a message of its own, making progress until
+    /// all are taken ([`Connection::try_send_batch`]). Lengths are checked first: one past
+    /// [`ConnectionConfig::max_message_len`](super::ConnectionConfig::max_message_len)
+    /// fails the call before anything is sent.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::TooLong`] before anything is sent; [`SendError::Failed`] when the
+    /// connection fails, after which nothing more can be sent on it (the messages taken
+    /// before the failure were posted, and each reaches the peer or is lost with it).
+    pub fn send_batch(&mut self, messages: &[&[u8]]) -> Result<(), SendError> {
+        let max = self.core.config.max_message_len();
+        if let Some(long) = messages.iter().find(|message| message.len() as u64 > max) {
+            return Err(SendError::TooLong {
+                len: long.len() as u64,
+                max,
+            });
+        }
+        let mut waiter = Waiter::new(None);
+        let mut sent = 0;
+        while sent < messages.len() {
+            match self.try_send_batch(&messages[sent..]) {
+                Ok(taken) => {
+                    sent += taken;
+                    waiter.reset();
+                }
+                Err(SendError::WouldBlock(reason)) => self
+                    .wait(&mut waiter)
+                    .map_err(|Expired| SendError::TimedOut(reason))?,
+                Err(other) => return Err(other),
+            }
+            if sent < messages.len() {
+                self.progress().map_err(SendError::Failed)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Sends one message given in parts, as one message whatever its parts, making
     /// progress until it is taken. It is copied if it has to be segmented.
     ///

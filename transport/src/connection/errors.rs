@@ -7,6 +7,7 @@ use tierbuf_tiers::policy::CapacityError;
 use tierbuf_tiers::{TierError, negotiation::ConfigError};
 
 use super::header::HeaderError;
+use super::packed::PackedError;
 use super::reassembly::ReassemblyError;
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::CompletionStatus;
@@ -143,6 +144,9 @@ pub enum PeerViolation {
     /// Segments out of order or with wrong lengths.
     #[error("malformed segmented message")]
     Reassembly(#[source] ReassemblyError),
+    /// A packed frame whose entries break the format.
+    #[error("malformed packed frame")]
+    Packed(#[source] PackedError),
     /// Receives granted of a tier past the ladder.
     #[error("the peer granted receives of tier {tier}, past the ladder's {len} tiers")]
     GrantBeyondLadder {

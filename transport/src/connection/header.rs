@@ -4,11 +4,18 @@
 //!
 //! - [`FrameHeader::decode`] accepts only what [`FrameHeader::encode`] can produce: a known
 //!   kind, a message length only on the kinds that carry one, a whole-message length that
-//!   equals the payload, and a payload that fits the bytes received. Everything else is a
-//!   [`HeaderError`], never a panic.
+//!   equals the payload, a packed frame's count of messages that its payload can hold
+//!   (at least one, and no more than one per [`PACKED_ENTRY_HEAD`] bytes), and a payload
+//!   that fits the bytes received. Everything else is a [`HeaderError`], never a panic.
+//!   A packed frame's entries are checked by `packed.rs`.
 
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 16;
+
+/// Bytes of the head of each entry of a packed frame: the message's length (`u32`, little
+/// endian) and four zero bytes. A message's bytes follow it, padded with zeros to a
+/// multiple of eight, so every message in a packed frame starts 8-byte aligned.
+pub const PACKED_ENTRY_HEAD: usize = 8;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +35,9 @@ pub enum FrameKind {
     Credit = 6,
     /// Consumes an old tier's receive after a switch; only the grant in the header.
     Drain = 7,
+    /// Several whole messages, each in an entry of its own (`docs/protocol.md`); the
+    /// header's message length is their count.
+    Packed = 8,
 }
 
 impl FrameKind {
@@ -35,7 +45,11 @@ impl FrameKind {
     pub(super) fn carries_data(self) -> bool {
         matches!(
             self,
-            FrameKind::Whole | FrameKind::First | FrameKind::Middle | FrameKind::Last
+            FrameKind::Whole
+                | FrameKind::First
+                | FrameKind::Middle
+                | FrameKind::Last
+                | FrameKind::Packed
         )
     }
 
@@ -48,6 +62,7 @@ impl FrameKind {
             5 => FrameKind::Control,
             6 => FrameKind::Credit,
             7 => FrameKind::Drain,
+            8 => FrameKind::Packed,
             _ => return None,
         })
     }
@@ -101,8 +116,8 @@ pub enum HeaderError {
         /// Bytes after the header.
         available: usize,
     },
-    /// A message length on a kind that carries none, or a whole message whose length is not
-    /// its payload's.
+    /// A message length on a kind that carries none, a whole message whose length is not
+    /// its payload's, or a packed frame whose count of messages its payload cannot hold.
     #[error("{kind:?} frame with message length {message_len} and payload {payload_len}")]
     InconsistentLength {
         /// The frame's kind.
@@ -148,6 +163,11 @@ impl FrameHeader {
         } else {
             FrameHeader::ungranted(FrameKind::Middle, chunk, 0)
         }
+    }
+
+    /// A packed frame of `count` messages in `len` bytes of entries.
+    pub(super) const fn packed(len: usize, count: usize) -> FrameHeader {
+        FrameHeader::ungranted(FrameKind::Packed, len, count)
     }
 
     /// A control frame of `len` encoded bytes.
@@ -203,6 +223,9 @@ impl FrameHeader {
         let inconsistent = match kind {
             FrameKind::Whole => message_len != u64::from(payload_len),
             FrameKind::First => message_len <= u64::from(payload_len),
+            FrameKind::Packed => {
+                message_len == 0 || message_len > u64::from(payload_len) / PACKED_ENTRY_HEAD as u64
+            }
             _ => message_len != 0,
         };
         if inconsistent {
@@ -258,6 +281,7 @@ mod tests {
             header(FrameKind::Control, 45, 0),
             header(FrameKind::Credit, 0, 0),
             header(FrameKind::Drain, 0, 0),
+            header(FrameKind::Packed, 16, 2),
         ] {
             assert_eq!(FrameHeader::decode(&frame(&header, 7)), Ok(header));
         }
@@ -289,6 +313,8 @@ mod tests {
             header(FrameKind::First, 10, 10),
             header(FrameKind::Middle, 10, 5),
             header(FrameKind::Control, 10, 1),
+            header(FrameKind::Packed, 16, 0),
+            header(FrameKind::Packed, 16, 3),
         ] {
             assert!(matches!(
                 FrameHeader::decode(&frame(&bad, 0)),

@@ -12,6 +12,7 @@ mod driver;
 mod errors;
 // Crate-visible for the `fuzzing` module's frame-header wrappers.
 pub(crate) mod header;
+mod packed;
 mod ready;
 mod reassembly;
 mod receive;
@@ -41,7 +42,8 @@ pub use config::ConnectionConfig;
 pub use core::{ConnectionCore, ConnectionStats, CopiedFrame, WorkRequest};
 pub use driver::{Connection, SendBuffer};
 pub use errors::{ConnectionError, Fault, PeerViolation, SendError, WorkKind, WouldBlock};
-pub use header::{FrameKind, HEADER_LEN, HeaderError};
+pub use header::{FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD};
+pub use packed::PackedError;
 pub use reassembly::ReassemblyError;
 pub use receive::Message;
 pub use senders::Sender;

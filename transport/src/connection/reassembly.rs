@@ -68,11 +68,12 @@ impl Reassembly {
             .map(|(expected, received)| expected.saturating_sub(received.len() as u64))
     }
 
-    /// Checks that a `Whole` frame of `len` bytes may be delivered now.
-    pub(super) fn check_whole(&self, len: u64) -> Result<(), ReassemblyError> {
+    /// Checks that a whole message of `len` bytes, in a frame of `kind` (`Whole` or
+    /// `Packed`), may be delivered now.
+    pub(super) fn check_whole(&self, kind: FrameKind, len: u64) -> Result<(), ReassemblyError> {
         if let Some((expected, _)) = &self.open {
             return Err(ReassemblyError::MessageStillOpen {
-                kind: FrameKind::Whole,
+                kind,
                 expected: *expected,
             });
         }
@@ -147,7 +148,10 @@ mod tests {
             reassembly.segment(FrameKind::First, 10, b"abcd", Vec::with_capacity),
             Ok(None)
         );
-        assert!(reassembly.check_whole(3).is_err(), "a message is open");
+        assert!(
+            reassembly.check_whole(FrameKind::Whole, 3).is_err(),
+            "a message is open"
+        );
         assert_eq!(
             reassembly.segment(FrameKind::Middle, 0, b"efg", Vec::with_capacity),
             Ok(None)
@@ -156,7 +160,11 @@ mod tests {
             reassembly.segment(FrameKind::Last, 0, b"hij", Vec::with_capacity),
             Ok(Some(b"abcdefghij".to_vec()))
         );
-        assert_eq!(reassembly.check_whole(3), Ok(()), "nothing left open");
+        assert_eq!(
+            reassembly.check_whole(FrameKind::Whole, 3),
+            Ok(()),
+            "nothing left open"
+        );
     }
 
     #[test]
@@ -170,7 +178,7 @@ mod tests {
             reassembly.segment(FrameKind::First, 101, b"x", Vec::with_capacity),
             Err(ReassemblyError::TooLong { len: 101, max: 100 })
         ));
-        assert!(reassembly.check_whole(101).is_err());
+        assert!(reassembly.check_whole(FrameKind::Whole, 101).is_err());
         reassembly
             .segment(FrameKind::First, 5, b"ab", Vec::with_capacity)
             .unwrap();
@@ -186,7 +194,7 @@ mod tests {
             })
         ));
         assert_eq!(
-            reassembly.check_whole(1),
+            reassembly.check_whole(FrameKind::Whole, 1),
             Ok(()),
             "a broken message is dropped whole"
         );

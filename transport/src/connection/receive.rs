@@ -35,8 +35,10 @@ impl ConnectionCore {
     /// both peers too few credits to send data, and they would wait for each other.
     pub fn try_recv(&mut self) -> Option<Message> {
         let message = self.delivered.pop_front()?;
-        let Body::Slot { slot, .. } = &message.body else {
-            return Some(message);
+        let slot = match &message.body {
+            Body::Slot { slot, .. } => slot,
+            Body::Shared { slot, .. } => &**slot,
+            Body::Copied(_) => return Some(message),
         };
         let slots = slot
             .tier()
@@ -49,7 +51,7 @@ impl ConnectionCore {
             let queued = self
                 .delivered
                 .iter()
-                .filter(|queued| queued.is_zero_copy())
+                .filter(|queued| queued.lends_its_slot())
                 .count();
             let held = lent_now - queued - 1;
             if held + 1 + MIN_POSTED as usize > slots {
@@ -91,7 +93,7 @@ impl ConnectionCore {
                 break;
             }
             if message.is_zero_copy() {
-                freed += 1;
+                freed += usize::from(message.holds_slot_alone());
                 self.stats.messages_copied_to_keep_receives += 1;
                 // Replacing the message drops its slot, which goes back to be posted.
                 *message = Message::copy_of(message, &self.returned);
@@ -258,7 +260,7 @@ impl ConnectionCore {
         match header.kind {
             FrameKind::Whole => {
                 self.reassembly
-                    .check_whole(header.message_len)
+                    .check_whole(FrameKind::Whole, header.message_len)
                     .map_err(|error| peer(PeerViolation::Reassembly(error)))?;
                 self.stats.messages_received += 1;
                 self.stats.bytes_received += payload_len as u64;
@@ -275,6 +277,7 @@ impl ConnectionCore {
                 });
                 return Ok(());
             }
+            FrameKind::Packed => return self.receive_packed(header, slot),
             FrameKind::First | FrameKind::Middle | FrameKind::Last => {
                 self.segmented_at = Some(now);
                 let returned = &self.returned;
@@ -314,11 +317,76 @@ impl ConnectionCore {
     }
 }
 
+impl ConnectionCore {
+    /// Delivers the messages of a packed frame, each a view onto the one receive slot
+    /// they share, which goes back to be posted once the last of them is dropped. A frame
+    /// with a malformed entry delivers none of them.
+    fn receive_packed(
+        &mut self,
+        header: FrameHeader,
+        slot: OwnedTierSlot,
+    ) -> Result<(), ConnectionError> {
+        let peer = ConnectionError::PeerProtocol;
+        let returns = self
+            .returns_to_lend
+            .pop()
+            .expect("a reference to lend for every posted receive");
+        self.lent += 1;
+        let shared = Arc::new(ReturnedSlots::lend(returns, slot));
+        let payload = &shared[HEADER_LEN..HEADER_LEN + header.payload_len as usize];
+        let queued = self.delivered.len();
+        let mut first = true;
+        let mut refused = None;
+        let mut bytes = 0;
+        let read = super::packed::read_entries(payload, header.message_len, |range| {
+            if refused.is_some() {
+                return;
+            }
+            if let Err(error) = self
+                .reassembly
+                .check_whole(FrameKind::Packed, range.len() as u64)
+            {
+                refused = Some(error);
+                return;
+            }
+            bytes += range.len() as u64;
+            self.delivered.push_back(Message {
+                body: Body::Shared {
+                    slot: Arc::clone(&shared),
+                    range: HEADER_LEN + range.start..HEADER_LEN + range.end,
+                    first,
+                },
+            });
+            first = false;
+        });
+        let outcome = match (read, refused) {
+            (Err(error), _) => Err(peer(PeerViolation::Packed(error))),
+            (Ok(()), Some(error)) => Err(peer(PeerViolation::Reassembly(error))),
+            (Ok(()), None) => Ok(()),
+        };
+        if outcome.is_err() {
+            self.delivered.truncate(queued);
+        } else {
+            self.stats.messages_received += header.message_len;
+            self.stats.bytes_received += bytes;
+        }
+        outcome
+    }
+}
+
 enum Body {
     /// The payload's `len` bytes after the header, in the receive slot it landed in.
     Slot {
         slot: LentSlot,
         len: usize,
+    },
+    /// The bytes at `range` of a packed frame's receive slot, which the frame's other
+    /// messages share; `first` for the frame's first message, which alone counts the slot
+    /// as lent while queued.
+    Shared {
+        slot: Arc<LentSlot>,
+        range: std::ops::Range<usize>,
+        first: bool,
     },
     Copied(LentBuffer),
 }
@@ -343,7 +411,27 @@ impl Message {
 
     /// Whether the bytes are still in the registered receive slot (not copied).
     pub fn is_zero_copy(&self) -> bool {
-        matches!(self.body, Body::Slot { .. })
+        matches!(self.body, Body::Slot { .. } | Body::Shared { .. })
+    }
+
+    /// Whether this message, queued for the user, holds a receive slot that no message
+    /// before it in the queue holds: a zero-copy message of its own frame, or the first
+    /// of a packed frame's.
+    fn lends_its_slot(&self) -> bool {
+        match &self.body {
+            Body::Slot { .. } => true,
+            Body::Shared { first, .. } => *first,
+            Body::Copied(_) => false,
+        }
+    }
+
+    /// Whether copying this message gives its receive slot back: it alone holds it.
+    fn holds_slot_alone(&self) -> bool {
+        match &self.body {
+            Body::Slot { .. } => true,
+            Body::Shared { slot, .. } => Arc::strong_count(slot) == 1,
+            Body::Copied(_) => false,
+        }
     }
 }
 
@@ -353,6 +441,7 @@ impl Deref for Message {
     fn deref(&self) -> &[u8] {
         match &self.body {
             Body::Slot { slot, len } => &slot[HEADER_LEN..HEADER_LEN + len],
+            Body::Shared { slot, range, .. } => &slot[range.clone()],
             Body::Copied(bytes) => bytes,
         }
     }

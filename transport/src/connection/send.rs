@@ -84,6 +84,8 @@ pub(super) enum Payload<'m> {
     Bytes(&'m [u8]),
     /// Parts to copy into the send slot, one after another.
     Parts(&'m [IoSlice<'m>]),
+    /// Whole messages to write as the entries of a packed frame.
+    Packed(&'m [&'m [u8]]),
     /// The frame's bytes at `at` of the caller's `message`: copied by the provider from
     /// there when `copies` takes the frame's length, else into the send slot.
     Caller {
@@ -123,6 +125,87 @@ impl ConnectionCore {
         parts: &[IoSlice<'_>],
     ) -> Result<usize, SendError> {
         self.offer(now, Source::Copy(parts), false)
+    }
+
+    /// Offers several messages at once, without blocking, each to arrive as a message of
+    /// its own, in order; returns how many of them, from the first, were accepted. Runs of
+    /// small messages (those the smallest tier carries whole) share frames: as many as
+    /// the next credit's receive holds go into one packed frame, so the peer takes them for
+    /// the price of one receive. A message that shares no frame is offered alone, as
+    /// [`ConnectionCore::try_send_gather`] offers it (whole, or in segments while a larger
+    /// tier is asked for, which ends the call). A message sent alone is not delayed to
+    /// wait for others: packing only gathers what is given at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConnectionCore::try_send`], for the first message: once one message is
+    /// accepted, what stops the call is the next call's to report.
+    pub fn try_send_batch(&mut self, now: Instant, messages: &[&[u8]]) -> Result<usize, SendError> {
+        self.check_failed()?;
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        if self.outbox.is_some() {
+            self.relieve_receives();
+            return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        if self.tiers.has_transmit() {
+            self.pump_control(now);
+            self.check_failed()?;
+        }
+        let mut taken = 0;
+        while taken < messages.len() && self.outbox.is_none() {
+            let rest = &messages[taken..];
+            let sent = match self.pack_room() {
+                Some(room) => {
+                    match super::packed::pack(rest, room, |len| !self.tiers.needs_clock(len)) {
+                        (count @ 2.., bytes) => self.send_packed(&rest[..count], bytes),
+                        _ => self.send_one(now, rest[0]),
+                    }
+                }
+                None => self.send_one(now, rest[0]),
+            };
+            match sent {
+                Ok(count) => taken += count,
+                Err(error) if taken == 0 => return Err(error),
+                Err(_) => break,
+            }
+        }
+        Ok(taken)
+    }
+
+    /// The payload bytes a packed frame may take now: what the next credit's receive and
+    /// this side's send slot both hold; none without a credit.
+    fn pack_room(&mut self) -> Option<usize> {
+        let credit_tier = self.credits.next_tier()?;
+        let capacity = self.config.capacity();
+        let own_slot = capacity.frame(self.tiers.send_buffers_tier()).unwrap_or(0);
+        let room = capacity
+            .frame(tierbuf_tiers::TierIndex::new(credit_tier))
+            .unwrap_or(0);
+        Some(room.min(own_slot))
+    }
+
+    /// Posts `messages` as one packed frame of `bytes` payload bytes; returns their count.
+    fn send_packed(&mut self, messages: &[&[u8]], bytes: usize) -> Result<usize, SendError> {
+        let header = FrameHeader::packed(bytes, messages.len());
+        if !self.post_frame(header, Payload::Packed(messages), true) {
+            self.relieve_receives();
+            return Err(SendError::WouldBlock(WouldBlock::NoCredit));
+        }
+        self.stats.messages_sent += messages.len() as u64;
+        self.stats.messages_packed += messages.len() as u64;
+        self.stats.bytes_sent += messages
+            .iter()
+            .map(|message| message.len() as u64)
+            .sum::<u64>();
+        Ok(messages.len())
+    }
+
+    /// Offers one message of a batch alone; returns 1 once it is accepted.
+    fn send_one(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
+        self.offer(now, Source::Copy(&[IoSlice::new(message)]), false)
+            .map(|_| 1)
     }
 
     /// [`ConnectionCore::try_send_gather`] for a message in one slice that is not copied if
@@ -391,6 +474,7 @@ impl ConnectionCore {
                     at += part.len();
                 }
             }
+            Payload::Packed(messages) => super::packed::write_entries(body, messages),
             Payload::Caller { at, copies, .. } if copies.takes(HEADER_LEN + len) => {
                 self.post_copied(header, slot, at);
                 return true;
