@@ -30,6 +30,11 @@
 //!   64 bytes (which control and command frames may have used meanwhile) and restamps
 //!   the sequence number, leaving the rest as it stands, as an MPI or UCX bandwidth bench
 //!   sends an unchanged buffer. The peer checks every message as in `stream/shm`.
+//!   `transport/stream/shm_batched` and `transport/stream_consumed/shm_batched` (64 B)
+//!   send the same messages 64 at a time with one `Connection::send_batch`, as Open MPI's
+//!   bandwidth bench posts a window of 64 `MPI_Isend`s before it waits: the messages of
+//!   a call share packed frames (`docs/connection.md`, rule 12), and the peer still
+//!   receives and checks each one as a message of its own.
 //! - `transport/pingpong_consumed` and `transport/stream_consumed`: the same as
 //!   `transport/pingpong` and `transport/stream`, but every receiver reads every byte of
 //!   every message (sums it as 64-bit words and compares the sum with the sender's), so
@@ -106,6 +111,14 @@ use tierbuf_transport::{
 };
 
 const SIZES: [usize; 5] = [64, 1024, 8 * 1024, 64 * 1024, 1024 * 1024];
+
+/// Messages a `shm_batched` stream hands over in one `send_batch`: the window of Open
+/// MPI's bandwidth bench (`MPI_Isend`s posted before it waits).
+const BATCH_WINDOW: usize = 64;
+
+/// The largest size of `shm_batched`: messages whose entries, two or more, fit a tier-0
+/// frame of the bench ladder (480 bytes), so that they share frames.
+const BATCHED_MAX: usize = 232;
 
 /// The sizes of `transport/pingpong_endpoint`.
 const ENDPOINT_SIZES: [usize; 2] = [64, 64 * 1024];
@@ -457,21 +470,34 @@ fn stream_reading(c: &mut Criterion, name: &str, reading: Reading) {
         let mut session = ShmSession::new(size);
         group.bench_function(BenchmarkId::new("shm", size), |bench| {
             bench.iter_custom(|iters| {
-                let first = session.start_batch(PeerCommand::Sink(reading), iters);
-                let ShmSession {
-                    connection,
-                    outgoing,
-                    ..
-                } = &mut session;
-                let start = monotonic_now();
-                for seq in first..first + iters {
-                    stamp(outgoing, seq);
-                    connection.send(outgoing).expect("send");
-                }
-                let done = session.report().clock;
-                done - start
+                session.time_sink(reading, iters, |connection, outgoing, seqs| {
+                    for seq in seqs {
+                        stamp(outgoing, seq);
+                        connection.send(outgoing).expect("send");
+                    }
+                })
             })
         });
+        if size <= BATCHED_MAX {
+            let mut window = vec![session.outgoing.clone(); BATCH_WINDOW];
+            group.bench_function(BenchmarkId::new("shm_batched", size), |bench| {
+                bench.iter_custom(|iters| {
+                    session.time_sink(reading, iters, |connection, _, mut seqs| {
+                        while !seqs.is_empty() {
+                            let count = BATCH_WINDOW.min((seqs.end - seqs.start) as usize);
+                            for (message, seq) in window[..count].iter_mut().zip(seqs.by_ref()) {
+                                stamp(message, seq);
+                            }
+                            let batch: [&[u8]; BATCH_WINDOW] =
+                                std::array::from_fn(|k| &window[k][..]);
+                            connection
+                                .send_batch(&batch[..count])
+                                .expect("send a batch");
+                        }
+                    })
+                })
+            });
+        }
         if reading == Reading::Spot && (IN_PLACE_MIN..=IN_PLACE_MAX).contains(&size) {
             // Messages built in their send slots: see the module documentation.
             let mut built = HashSet::new();
@@ -944,6 +970,26 @@ impl ShmSession {
     }
 
     /// Waits for the peer's next report.
+    /// The time to send `count` messages to the peer, which takes them as `reading`
+    /// says: `send` gets the connection, the outgoing message and the messages' sequence
+    /// numbers; the time runs from before its first send to the peer's clock after the
+    /// last message arrived.
+    fn time_sink(
+        &mut self,
+        reading: Reading,
+        count: u64,
+        send: impl FnOnce(&mut Shm, &mut Vec<u8>, std::ops::Range<u64>),
+    ) -> Duration {
+        let first = self.start_batch(PeerCommand::Sink(reading), count);
+        let start = monotonic_now();
+        send(
+            &mut self.connection,
+            &mut self.outgoing,
+            first..first + count,
+        );
+        self.report().clock - start
+    }
+
     fn report(&mut self) -> PeerReport {
         PeerReport::decode(&self.connection.recv().expect("the peer's report"))
     }
