@@ -1122,6 +1122,37 @@ fn relief_queues_a_bounded_number_of_copies_for_a_peer_that_never_reads() {
     );
 }
 
+/// As above, with a peer that sends empty messages, 14 to a packed frame: copies of
+/// empty messages hold no bytes, but each is a message queued for the user, and the
+/// limit counts it so; relief stops and the peer is held back.
+#[test]
+fn relief_bounds_the_copies_of_empty_messages_too() {
+    let config = ConnectionConfig::new(ladder())
+        .unwrap()
+        .with_unread_copy_limit(400);
+    let mut pair = Pair::with_config([1 << 20, 1 << 20], config);
+    pair.sides[0].not_reading = true;
+    pair.sides[1].not_reading = true;
+    let empties = [&[][..]; 14];
+    for _ in 0..2_000 {
+        let now = pair.now;
+        let _ = pair.sides[0]
+            .core
+            .try_send(now, &[IoSlice::new(&pattern(60, 0))]);
+        let _ = pair.sides[1].core.try_send_batch(now, &empties);
+        pair.step();
+    }
+    // Each copy counts its place in the queue (a `Message`), so 400 bytes hold a few,
+    // and the pass that reaches the limit may copy the rest of one frame's 14; the four
+    // slots of tier 0 hold 14 more each, zero-copy.
+    let copies = 400 / std::mem::size_of::<Message>() + 1 + 14;
+    let queued = pair.sides[0].core.stats().messages_received;
+    assert!(
+        queued <= (copies + 4 * 14) as u64,
+        "{queued} messages queued for a user that reads none"
+    );
+}
+
 /// Found by `copied_sends_arrive_once_in_order_whether_taken_or_not`: both sides spent
 /// their last credits at once on control frames that granted nothing, and each was left
 /// with none, holding receives it could never grant.

@@ -112,7 +112,8 @@ impl ConnectionConfig {
     /// send into while this side's user is busy sending (`docs/connection.md`, rule 8).
     /// Past it the peer waits for the user to read, as a socket's peer waits on a full
     /// buffer; so it also bounds what a peer that never gives credits back can make this
-    /// side copy. Default 4 MiB.
+    /// side copy. Each copy counts its bytes and the size of a [`Message`](super::Message),
+    /// so that a peer sending empty messages is bounded too. Default 4 MiB.
     pub fn with_unread_copy_limit(mut self, bytes: usize) -> ConnectionConfig {
         self.unread_copy_limit = bytes;
         self

@@ -35,7 +35,7 @@ pub enum FrameKind {
     Credit = 6,
     /// Consumes an old tier's receive after a switch; only the grant in the header.
     Drain = 7,
-    /// Several whole messages, each in an entry of its own (`docs/protocol.md`); the
+    /// Several whole messages, each in an entry of its own (`docs/connection.md`); the
     /// header's message length is their count.
     Packed = 8,
 }

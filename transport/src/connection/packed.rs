@@ -1,5 +1,5 @@
-//! Packed frames: several small whole messages in one frame (`docs/protocol.md`,
-//! "Packed frames"), so a receiver takes a batch for the price of one receive.
+//! Packed frames: several small whole messages in one frame (`docs/connection.md`,
+//! "Frame header", and rule 12), so a receiver takes a batch for the price of one receive.
 //!
 //! # Invariants
 //!

@@ -82,7 +82,8 @@ impl ConnectionCore {
             .delivered
             .iter()
             .filter(|message| !message.is_zero_copy())
-            .map(|message| message.len())
+            // Each with its place in the queue, so that copies of empty messages count.
+            .map(|message| message.len() + std::mem::size_of::<Message>())
             .sum();
         if unread_copies >= self.config.unread_copy_limit() {
             return;
