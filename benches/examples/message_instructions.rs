@@ -11,13 +11,17 @@
 //! bytes travels in segments every time, as in `transport/promotion/segmented`;
 //! `stream` sends batches of eight messages one way, as `transport/stream` sends them,
 //! each batch taken whole on the other side (`ROUNDS` counts batches there, so divide by
-//! `8 × ROUNDS` for a message); `sum` times the benches' word sum alone. It prints the
+//! `8 × ROUNDS` for a message); `batched` sends batches of 64 with one `try_send_batch`
+//! each, as `transport/stream/shm_batched` sends them (small messages share packed
+//! frames), each batch taken whole on the other side (divide by `64 × ROUNDS`); `sum`
+//! times the benches' word sum alone. It prints the
 //! time a round trip (a batch, a sum) took, which is only worth comparing between runs
 //! made in the same minutes.
 //!
 //! `cargo build --profile bench -p tierbuf-benches --example message_instructions`, then
 //! `valgrind --tool=callgrind target/release/examples/message_instructions MODE ROUNDS
-//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `stream`, `sum`; `SIZE` in bytes,
+//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `stream`, `batched`, `sum`;
+//! `SIZE` in bytes,
 //! 64 unless given. See `docs/transport.md`, "What the consumed figures are made of".
 
 use std::sync::Arc;
@@ -42,7 +46,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args
         .next()
-        .expect("a mode: endpoint, spot, whole, segmented, stream or sum");
+        .expect("a mode: endpoint, spot, whole, segmented, stream, batched or sum");
     let rounds: u64 = args.next().map_or(100_000, |n| n.parse().expect("a count"));
     let size: usize = args.next().map_or(64, |n| n.parse().expect("a size"));
     let (elapsed, round) = match mode.as_str() {
@@ -51,6 +55,7 @@ fn main() {
         "whole" => (connection(rounds, size, true, false), "a round trip"),
         "segmented" => (connection(rounds, size, false, true), "a round trip"),
         "stream" => (stream(rounds, size), "a batch of 8"),
+        "batched" => (batched(rounds, size), "a batch of 64"),
         "sum" => {
             let bytes = message(size);
             let mut total = 0u64;
@@ -156,6 +161,43 @@ fn stream(rounds: u64, size: usize) -> Duration {
             Reading::Spot.check(&recv(&mut b, &mut a), at, &expected, rest);
         }
         seq += STREAM_BATCH;
+    }
+    start.elapsed()
+}
+
+/// Messages a `batched` round sends with one `try_send_batch` call after another.
+const BATCH_WINDOW: u64 = 64;
+
+/// `rounds` batches of [`BATCH_WINDOW`] messages one way, as
+/// `transport/stream/shm_batched` sends them, each taken whole on the other side.
+fn batched(rounds: u64, size: usize) -> Duration {
+    let (mut a, mut b) = connection_pair(false);
+    let expected = message(size);
+    let rest = rest_sum(&expected);
+    let mut window = vec![expected.clone(); BATCH_WINDOW as usize];
+    let mut seq: u64 = 0;
+    let mut start = Instant::now();
+    for round in 0..WARM + rounds {
+        if round == WARM {
+            start = Instant::now();
+        }
+        for (message, at) in window.iter_mut().zip(seq..) {
+            message[..8].copy_from_slice(&at.to_le_bytes());
+        }
+        let batch: Vec<&[u8]> = window.iter().map(Vec::as_slice).collect();
+        let mut sent = 0;
+        while sent < batch.len() {
+            match a.try_send_batch(&batch[sent..]) {
+                Ok(taken) => sent += taken,
+                Err(SendError::WouldBlock(_)) => b.progress().expect("progress"),
+                Err(error) => panic!("send failed: {error}"),
+            }
+            a.progress().expect("progress");
+        }
+        for at in seq..seq + BATCH_WINDOW {
+            Reading::Spot.check(&recv(&mut b, &mut a), at, &expected, rest);
+        }
+        seq += BATCH_WINDOW;
     }
     start.elapsed()
 }

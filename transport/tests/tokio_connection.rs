@@ -146,6 +146,35 @@ async fn a_send_dropped_halfway_fails_the_connection<P: PairProvider>() {
     drop(receiver);
 }
 
+/// Batches of 1 to 40 messages of every size, sent with `send_batch` while the
+/// receiver's stream takes them: each arrives once, in order; small ones shared frames.
+async fn batches_arrive_message_by_message<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "storage");
+    const COUNT: usize = 600;
+    let sending = tokio::spawn(async move {
+        let mut start = 0;
+        while start < COUNT {
+            let end = COUNT.min(start + 1 + start % 40);
+            let batch: Vec<Vec<u8>> = (start..end).map(message).collect();
+            let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+            sender.send_batch(&refs).await.unwrap();
+            start = end;
+        }
+        sender.flush().await.unwrap();
+        sender.get_mut().stats()
+    });
+    for index in 0..COUNT {
+        let received = receiver.next().await.unwrap().unwrap();
+        assert!(received[..] == message(index)[..], "message {index}");
+    }
+    let stats = sending.await.unwrap();
+    assert!(
+        stats.messages_packed > 0,
+        "small messages shared frames: {stats:?}"
+    );
+}
+
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -308,6 +337,7 @@ on_each_provider!(
     many_connections_at_once,
     a_send_dropped_halfway_fails_the_connection,
     one_task_reads_and_writes_with_four_in_flight,
+    batches_arrive_message_by_message,
 );
 
 #[test]

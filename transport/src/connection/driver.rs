@@ -418,13 +418,7 @@ impl<E: Endpoint> Connection<E> {
     /// connection fails, after which nothing more can be sent on it (the messages taken
     /// before the failure were posted, and each reaches the peer or is lost with it).
     pub fn send_batch(&mut self, messages: &[&[u8]]) -> Result<(), SendError> {
-        let max = self.core.config.max_message_len();
-        if let Some(long) = messages.iter().find(|message| message.len() as u64 > max) {
-            return Err(SendError::TooLong {
-                len: long.len() as u64,
-                max,
-            });
-        }
+        self.check_batch_lengths(messages)?;
         let mut waiter = Waiter::new(None);
         let mut sent = 0;
         while sent < messages.len() {
@@ -443,6 +437,18 @@ impl<E: Endpoint> Connection<E> {
             }
         }
         Ok(())
+    }
+
+    /// [`SendError::TooLong`] for the first of `messages` past the configured maximum.
+    pub(crate) fn check_batch_lengths(&self, messages: &[&[u8]]) -> Result<(), SendError> {
+        let max = self.core.config.max_message_len();
+        match messages.iter().find(|message| message.len() as u64 > max) {
+            Some(long) => Err(SendError::TooLong {
+                len: long.len() as u64,
+                max,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Sends one message given in parts, as one message whatever its parts, making

@@ -84,12 +84,14 @@ pub(super) fn write_entries(out: &mut [u8], messages: &[&[u8]]) {
     let mut at = 0;
     for message in messages {
         let len = u32::try_from(message.len()).expect("a packed message is under 4 GiB");
-        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
-        out[at + 4..at + PACKED_ENTRY_HEAD].fill(0);
+        // The length and the four zero bytes after it, in one store.
+        out[at..at + PACKED_ENTRY_HEAD].copy_from_slice(&u64::from(len).to_le_bytes());
         let start = at + PACKED_ENTRY_HEAD;
         out[start..start + message.len()].copy_from_slice(message);
         let end = at + entry_len(message.len());
-        out[start + message.len()..end].fill(0);
+        for pad in &mut out[start + message.len()..end] {
+            *pad = 0;
+        }
         at = end;
     }
     assert_eq!(at, out.len(), "the frame is as long as its entries");

@@ -283,6 +283,26 @@ impl<E: Endpoint> AsyncConnection<E> {
         .await
     }
 
+    /// Sends every one of `messages`, each as a message of its own, waiting for credits
+    /// without blocking the thread; small ones given together share frames
+    /// ([`Connection::send_batch`]). Every message it takes is the connection's to send
+    /// (one that must be segmented is copied), so dropping the future leaves a prefix of
+    /// the batch sent and nothing half-sent.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send_batch`].
+    pub async fn send_batch(&mut self, messages: &[&[u8]]) -> Result<(), SendError> {
+        self.connection.check_batch_lengths(messages)?;
+        let mut sent = 0;
+        poll_fn(|cx| {
+            self.keeping_armed(cx, Call::Send, |connection, cx| {
+                connection.poll_send_batch(cx, messages, &mut sent)
+            })
+        })
+        .await
+    }
+
     /// The next message.
     ///
     /// # Errors
@@ -393,6 +413,26 @@ impl<E: Endpoint> AsyncConnection<E> {
                     *offset = message.len();
                     return Poll::Ready(Err(error));
                 }
+            }
+        }
+    }
+
+    /// Posts `messages` from `sent` on, advancing `sent`.
+    fn poll_send_batch(
+        &mut self,
+        cx: &mut Context<'_>,
+        messages: &[&[u8]],
+        sent: &mut usize,
+    ) -> Poll<Result<(), SendError>> {
+        loop {
+            self.disarm();
+            if *sent == messages.len() {
+                return Poll::Ready(Ok(()));
+            }
+            match self.connection.try_send_batch(&messages[*sent..]) {
+                Ok(taken) => *sent += taken,
+                Err(SendError::WouldBlock(_)) => ready!(self.poll_event(cx)),
+                Err(error) => return Poll::Ready(Err(error)),
             }
         }
     }
