@@ -9,7 +9,7 @@ mod traffic;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use pairs::{PairProvider, connections};
+use pairs::{PairProvider, connections, demoting_ladder};
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, Message, SendError};
 use tierbuf_transport::{LoopbackProvider, ShmProvider};
@@ -207,4 +207,62 @@ fn a_batch_past_the_credits_is_taken_in_part_and_a_long_message_refused_whole() 
         b.try_recv().expect("no failure").is_none(),
         "nothing of it sent"
     );
+}
+
+/// Batches of 64 small messages are more than a 512-byte frame holds: the connection asks
+/// for the 8 KiB tier, as it would for one message of the batch's packed length, and its
+/// frames then carry whole batches. Once batches stop it steps down again.
+fn large_batches_move_to_a_larger_tier<P: PairProvider>() {
+    let provider = P::make();
+    let (a, b) = connections(&provider, demoting_ladder(Duration::from_millis(50)));
+    let messages: Vec<Vec<u8>> = (0..64 * 40).map(|index| pattern(64, index)).collect();
+    let sent = std::thread::scope(|scope| {
+        let sender = scope.spawn(move || {
+            let mut a = a;
+            for batch in messages.chunks(64) {
+                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                a.send_batch(&refs).expect("send a batch");
+            }
+            a.flush().expect("flush");
+            a
+        });
+        let mut b = b;
+        for index in 0..64 * 40 {
+            let message = b.recv().expect("a message");
+            assert!(
+                message[..] == pattern(64, index as u64)[..],
+                "message {index}"
+            );
+        }
+        let a = sender.join().expect("the sender");
+        (a, b)
+    });
+    let (mut a, mut b) = sent;
+    let stats = a.stats();
+    assert_eq!((stats.promotions, stats.send_tier), (1, 1), "{stats:?}");
+    assert!(
+        stats.frames_sent < 64 * 40 / 20,
+        "most frames carried a whole batch: {stats:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.stats().send_tier != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "never stepped down: {:?}",
+            a.stats()
+        );
+        a.progress().expect("progress");
+        b.progress().expect("progress");
+    }
+    assert_eq!(a.stats().demotions, 1);
+}
+
+#[test]
+fn large_batches_move_to_a_larger_tier_over_loopback() {
+    large_batches_move_to_a_larger_tier::<LoopbackProvider>();
+}
+
+#[test]
+fn large_batches_move_to_a_larger_tier_over_shm() {
+    large_batches_move_to_a_larger_tier::<ShmProvider>();
 }

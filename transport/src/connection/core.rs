@@ -130,11 +130,13 @@ pub struct ConnectionStats {
     pub send_buffers_refused: u64,
     /// Times this side's budget refused receive buffers the peer asked for (it was nacked).
     pub recv_buffers_refused: u64,
-    /// Messages that needed a larger tier and were segmented on the tier in force without
-    /// asking, because a refusal of that tier held its back-off (see
+    /// Messages (and runs of a batch, [`ConnectionCore::try_send_batch`]) that needed a
+    /// larger tier and were sent on the tier in force without asking, because a refusal
+    /// of that tier held its back-off (see
     /// [`ControllerStats::held_back_by_refusal`](tierbuf_tiers::controller::ControllerStats)).
     pub held_back_by_refusal: u64,
-    /// Messages that needed a larger tier while this side's demotion was pending (see
+    /// Messages (and runs of a batch) that needed a larger tier while this side's
+    /// demotion was pending (see
     /// [`ControllerStats::held_back_by_demotion`](tierbuf_tiers::controller::ControllerStats)).
     pub held_back_by_demotion: u64,
     /// The peer's tier requests answered `Busy` because a receive tier they replaced was

@@ -400,8 +400,13 @@ impl<E: Endpoint> Connection<E> {
     /// As [`Connection::try_send`], for the first message; an error met after it is the
     /// next call's to report.
     pub fn try_send_batch(&mut self, messages: &[&[u8]]) -> Result<usize, SendError> {
-        let longest = messages.iter().map(|message| message.len()).max();
-        let now = self.clock_for(longest.unwrap_or(0));
+        // As long as the largest need it may plan: its longest message, or all of them in
+        // one packed run.
+        let need = messages
+            .iter()
+            .map(|message| super::packed::entry_len(message.len()))
+            .sum();
+        let now = self.clock_for(need);
         let accepted = self.core.try_send_batch(now, messages);
         self.post_work();
         self.posted(accepted)

@@ -75,6 +75,16 @@ pub(super) fn pack(
     (count, bytes)
 }
 
+/// The payload bytes of the leading run of `messages` that `packs` admits, were they all
+/// in one packed frame.
+pub(super) fn run_len(messages: &[&[u8]], packs: impl Fn(usize) -> bool) -> usize {
+    messages
+        .iter()
+        .take_while(|message| packs(message.len()))
+        .map(|message| entry_len(message.len()))
+        .sum()
+}
+
 /// Writes `messages` as entries into `out`, which is exactly as long as they take.
 ///
 /// # Panics
@@ -177,6 +187,14 @@ mod tests {
         assert_eq!(pack(&messages, 72 + 16 + 207, |_| true), (2, 88));
         assert_eq!(pack(&messages, 1000, |len| len < 100), (2, 88));
         assert_eq!(pack(&messages, 71, |_| true), (0, 0));
+    }
+
+    #[test]
+    fn a_run_ends_at_the_first_message_that_does_not_pack() {
+        let messages: [&[u8]; 4] = [&[1; 64], &[2; 1], &[3; 900], &[4; 8]];
+        assert_eq!(run_len(&messages, |len| len < 500), 72 + 16);
+        assert_eq!(run_len(&messages, |_| true), 72 + 16 + 912 + 16);
+        assert_eq!(run_len(&messages, |_| false), 0);
     }
 
     #[test]

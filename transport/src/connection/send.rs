@@ -131,7 +131,10 @@ impl ConnectionCore {
     /// its own, in order; returns how many of them, from the first, were accepted. Runs of
     /// small messages (those the smallest tier carries whole) share frames: as many as
     /// the next credit's receive holds go into one packed frame, so the peer takes them for
-    /// the price of one receive. A message that shares no frame is offered alone, as
+    /// the price of one receive. The tier controller plans the leading run as one message
+    /// of its packed length: a run longer than the smallest tier holds asks for the tier
+    /// that holds it (and tells the demotion tracker it is needed), so a caller that keeps
+    /// handing over large batches gets larger frames, and more messages a frame. A message that shares no frame is offered alone, as
     /// [`ConnectionCore::try_send_gather`] offers it (whole, or in segments while a larger
     /// tier is asked for, which ends the call). A message sent alone is not delayed to
     /// wait for others: packing only gathers what is given at once.
@@ -148,6 +151,15 @@ impl ConnectionCore {
         if self.outbox.is_some() {
             self.relieve_receives();
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
+        }
+        // The leading run of small messages is one need of the tier controller, as one
+        // message of its packed length would be: it asks for a larger tier where the run
+        // does not fit the smallest tier whole, and keeps it while such runs come.
+        let run = super::packed::run_len(messages, |len| !self.tiers.needs_clock(len));
+        if self.tiers.needs_clock(run) {
+            self.tiers
+                .plan_message(now, run)
+                .map_err(|error| self.fail_send(ConnectionError::of_controller(error)))?;
         }
         if self.tiers.has_transmit() {
             self.pump_control(now);
