@@ -15,7 +15,7 @@
 //!   refused as `PayloadPastFrame`.
 
 use tierbuf_tiers::wire::{ControlMessage, Epoch};
-use tierbuf_transport::connection::{FrameKind, HEADER_LEN, HeaderError};
+use tierbuf_transport::connection::{FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD};
 use tierbuf_transport::fuzzing::{FrameHeaderFields, decode_frame_header, encode_frame_header};
 
 use crate::reader::{Reader, padded};
@@ -27,13 +27,15 @@ pub fn run(data: &[u8]) {
 }
 
 /// Whether a header keeps the rules of its kind: a whole message's length is its
-/// payload's, a first segment's is longer than its payload, other kinds carry no message
-/// length, and credit and drain frames carry no payload.
+/// payload's, a first segment's is longer than its payload, a packed frame counts at least
+/// one message and no more than one per entry head its payload could hold, other kinds
+/// carry no message length, and credit and drain frames carry no payload.
 pub(crate) fn keeps_the_rules(header: &FrameHeaderFields) -> bool {
     let payload = u64::from(header.payload_len);
     let length_ok = match header.kind {
         FrameKind::Whole => header.message_len == payload,
         FrameKind::First => header.message_len > payload,
+        FrameKind::Packed => (1..=payload / PACKED_ENTRY_HEAD as u64).contains(&header.message_len),
         _ => header.message_len == 0,
     };
     let payload_ok = !matches!(header.kind, FrameKind::Credit | FrameKind::Drain) || payload == 0;
@@ -58,7 +60,7 @@ fn check_received(frame: &[u8]) {
         }
         Err(HeaderError::UnknownKind { kind }) => {
             assert_eq!(kind, head[0]);
-            assert!(!(1..=7).contains(&kind));
+            assert!(!(1..=8).contains(&kind));
         }
         Err(HeaderError::PayloadPastFrame {
             payload_len,
@@ -103,7 +105,7 @@ fn assert_breaks_the_rules(
 }
 
 /// The frame kinds, in the order [`read_fields`] numbers them.
-const KINDS: [FrameKind; 7] = [
+const KINDS: [FrameKind; 8] = [
     FrameKind::Whole,
     FrameKind::First,
     FrameKind::Middle,
@@ -111,6 +113,7 @@ const KINDS: [FrameKind; 7] = [
     FrameKind::Control,
     FrameKind::Credit,
     FrameKind::Drain,
+    FrameKind::Packed,
 ];
 
 /// The longest run of bytes [`read_fields`] reads.
@@ -118,17 +121,20 @@ const FIELDS_LEN: usize = 1 + 1 + 2 + 2 + 1 + 8;
 
 /// Header fields read from an input: the kind, the grant's tier and count, a payload
 /// length of at most `u16::MAX`, and a message length chosen by a mode byte among those
-/// the kinds' rules turn on (the payload's, none, past the payload) and any other.
+/// the kinds' rules turn on (the payload's, none, past the payload, a count of packed
+/// entries near the most the payload holds) and any other.
 pub(crate) fn read_fields(fields: &mut Reader<'_>) -> Option<FrameHeaderFields> {
     let kind = KINDS[usize::from(fields.u8()?) % KINDS.len()];
     let grant_tier = fields.u8()?;
     let grant_count = fields.u16()?;
     let payload_len = u32::from(fields.u16()?);
-    let message_len = match fields.u8()? % 4 {
+    let message_len = match fields.u8()? % 5 {
         0 => u64::from(payload_len),
         1 => 0,
         2 => u64::from(payload_len) + 1 + u64::from(fields.u8()?),
-        _ => fields.u64()?,
+        3 => fields.u64()?,
+        _ => (u64::from(payload_len) / PACKED_ENTRY_HEAD as u64 + 1)
+            .saturating_sub(u64::from(fields.u8()? % 4)),
     };
     Some(FrameHeaderFields {
         kind,
@@ -209,5 +215,6 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("control", frame(FrameKind::Control, (0, 1), 0, &control)),
         ("credit", frame(FrameKind::Credit, (2, 4), 0, &[])),
         ("drain", frame(FrameKind::Drain, (0, 0), 0, &[])),
+        ("packed", frame(FrameKind::Packed, (0, 1), 2, &[0; 24])),
     ]
 }
