@@ -159,7 +159,7 @@ pub struct ConnectionStats {
     pub messages_copied_to_keep_receives: u64,
     /// Bytes of delivered messages.
     pub bytes_received: u64,
-    /// Frames posted (data, control, credit and drain).
+    /// Frames posted (data, packed, control, credit and drain).
     pub frames_sent: u64,
     /// Bytes registered for this side's send and receive regions now.
     pub registered_bytes: u64,
