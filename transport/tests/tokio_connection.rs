@@ -175,6 +175,38 @@ async fn batches_arrive_message_by_message<P: PairProvider>() {
     );
 }
 
+/// A sink fed small messages while its peer reads nothing keeps those that wait for
+/// credit (up to its bound) and, once credits come back, posts them together: they
+/// share packed frames, and each still arrives once, in order.
+async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
+    let provider = P::make();
+    // Tier 0 of 16 receives: the peer's credits run out long before 60 messages.
+    let (mut sender, mut receiver) = pair(&provider, "patent");
+    const COUNT: usize = 600;
+    let (fed, start_reading) = tokio::sync::oneshot::channel();
+    let sending = tokio::spawn(async move {
+        let mut fed = Some(fed);
+        for index in 0..COUNT {
+            sender.feed(patterned(index, 40)).await.unwrap();
+            if index == 60 {
+                fed.take().unwrap().send(()).unwrap();
+            }
+        }
+        sender.flush().await.unwrap();
+        sender.get_mut().stats()
+    });
+    start_reading.await.unwrap();
+    for index in 0..COUNT {
+        let received = receiver.next().await.unwrap().unwrap();
+        assert!(received[..] == patterned(index, 40)[..], "message {index}");
+    }
+    let stats = sending.await.unwrap();
+    assert!(
+        stats.messages_packed >= 40,
+        "what waited shared frames: {stats:?}"
+    );
+}
+
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -338,6 +370,7 @@ on_each_provider!(
     a_send_dropped_halfway_fails_the_connection,
     one_task_reads_and_writes_with_four_in_flight,
     batches_arrive_message_by_message,
+    the_sink_packs_what_waits_for_credit,
 );
 
 #[test]

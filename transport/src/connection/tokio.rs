@@ -45,6 +45,15 @@
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
 //!   ([`ConnectionError::AbandonedMidMessage`]), and one dropped before withdraws it.
+//! - The sink takes a message at once when it can post it; while earlier ones wait for
+//!   credit it keeps a copy behind them, up to [`Sinking::MAX_MESSAGES`] messages or
+//!   [`Sinking::MAX_BYTES`] bytes, and `poll_ready` waits past that. What it keeps is
+//!   posted oldest first: a front that was offered already as `send` offers it (the core
+//!   may hold it as a message begun), the rest with one `try_send_batch`, so small
+//!   messages that waited together share packed frames. `poll_flush`, `poll_close`, and
+//!   every send call ([`AsyncConnection::send`], [`AsyncConnection::send_batch`], the byte
+//!   stream's writes) post all of it first, so messages leave in the order they were
+//!   given.
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
@@ -134,8 +143,8 @@ pub struct AsyncConnection<E: Endpoint> {
     polling: Option<Pin<Box<Sleep>>>,
     /// How long the next such sleep lasts.
     polling_sleep: Duration,
-    /// The rest of the message the sink took and has not posted all of.
-    sinking: Option<Vec<u8>>,
+    /// What the sink took and has not posted, oldest first (module invariants).
+    sinking: Sinking,
     /// Whether a receive returned `Pending` and none has been polled since.
     recv_waits: bool,
     /// Whether a send, the sink's readiness or a flush returned `Pending` and none of
@@ -207,7 +216,7 @@ impl<E: Endpoint> AsyncConnection<E> {
             timer: None,
             polling: None,
             polling_sleep: Waiter::FIRST_SLEEP,
-            sinking: None,
+            sinking: Sinking::default(),
             waiting_since: None,
             spin: SPIN,
             spin_pays: true,
@@ -267,6 +276,11 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// As [`Connection::send`]. Dropping the future after part of the message was posted
     /// fails the connection (module invariants).
     pub async fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        // What the sink took goes first (module invariants), before this message is
+        // offered: a drop while it waits has nothing of this message to abandon.
+        poll_fn(|cx| self.keeping_armed(cx, Call::Send, Self::poll_sinking))
+            .await
+            .map_err(SendError::Failed)?;
         let mut sending = Sending {
             connection: self,
             len: message.len(),
@@ -424,6 +438,7 @@ impl<E: Endpoint> AsyncConnection<E> {
         messages: &[&[u8]],
         sent: &mut usize,
     ) -> Poll<Result<(), SendError>> {
+        ready!(self.poll_sinking(cx)).map_err(SendError::Failed)?;
         loop {
             self.disarm();
             if *sent == messages.len() {
@@ -447,21 +462,47 @@ impl<E: Endpoint> AsyncConnection<E> {
         }
     }
 
-    /// Posts the rest of the message the sink took, if any.
+    /// Posts everything the sink took, waiting for credits as it must.
     fn poll_sinking(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Arc<ConnectionError>>> {
         loop {
             self.disarm();
-            let Some(rest) = self.sinking.take() else {
+            if self.post_sunk().map_err(failure_of)? {
                 return Poll::Ready(Ok(()));
+            }
+            ready!(self.poll_event(cx));
+        }
+    }
+
+    /// Posts what it can of what the sink took, oldest first: the rest of a message begun
+    /// as `send` posts it, the messages after it with one `try_send_batch` (so small ones
+    /// share frames). Returns whether all of it is posted.
+    fn post_sunk(&mut self) -> Result<bool, SendError> {
+        loop {
+            let Some(front) = self.sinking.messages.front() else {
+                return Ok(true);
             };
-            match self.connection.try_send_some(&rest) {
-                Ok(taken) if taken == rest.len() => {}
-                Ok(taken) => self.sinking = Some(rest[taken..].to_vec()),
-                Err(SendError::WouldBlock(_)) => {
-                    self.sinking = Some(rest);
-                    ready!(self.poll_event(cx));
+            if self.sinking.begun || self.sinking.messages.len() == 1 {
+                match self.connection.try_send_some(front) {
+                    Ok(taken) if taken == front.len() => self.sinking.pop(1),
+                    Ok(taken) => {
+                        let rest = front[taken..].to_vec();
+                        self.sinking.replace_front(rest);
+                    }
+                    Err(SendError::WouldBlock(_)) => {
+                        // The core may hold it as begun with nothing posted: it is
+                        // offered the same way again.
+                        self.sinking.begun = true;
+                        return Ok(false);
+                    }
+                    Err(error) => return Err(error),
                 }
-                Err(error) => return Poll::Ready(Err(failure_of(error))),
+            } else {
+                let batch: Vec<&[u8]> = self.sinking.messages.iter().map(Vec::as_slice).collect();
+                match self.connection.try_send_batch(&batch) {
+                    Ok(taken) => self.sinking.pop(taken),
+                    Err(SendError::WouldBlock(_)) => return Ok(false),
+                    Err(error) => return Err(error),
+                }
             }
         }
     }
@@ -469,15 +510,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     fn poll_flushed(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Arc<ConnectionError>>> {
         loop {
             self.disarm();
-            if let Some(rest) = self.sinking.take() {
-                match self.connection.try_send_some(&rest) {
-                    Ok(taken) if taken == rest.len() => {}
-                    Ok(taken) => self.sinking = Some(rest[taken..].to_vec()),
-                    Err(SendError::WouldBlock(_)) => self.sinking = Some(rest),
-                    Err(error) => return Poll::Ready(Err(failure_of(error))),
-                }
-            }
-            if self.sinking.is_none() {
+            if self.post_sunk().map_err(failure_of)? {
                 let progressed = self.connection.progress();
                 // Everything accepted reached the peer, even if it closed since.
                 if self.connection.is_flushed() {
@@ -634,6 +667,60 @@ impl<E: Endpoint> Drop for Sending<'_, E> {
     }
 }
 
+/// What the sink took and has not posted, oldest first (module invariants).
+#[derive(Default)]
+struct Sinking {
+    messages: std::collections::VecDeque<Vec<u8>>,
+    /// Bytes of `messages`.
+    bytes: usize,
+    /// Whether the front was offered with `try_send_some` and may be held by the core as
+    /// a message begun: it is offered the same way until it is all posted.
+    begun: bool,
+}
+
+impl std::fmt::Debug for Sinking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sinking")
+            .field("messages", &self.messages.len())
+            .field("bytes", &self.bytes)
+            .field("begun", &self.begun)
+            .finish()
+    }
+}
+
+impl Sinking {
+    /// Bytes past which the sink takes nothing more until what it holds is posted.
+    const MAX_BYTES: usize = 64 << 10;
+    /// Messages past which the sink takes nothing more until what it holds is posted.
+    const MAX_MESSAGES: usize = 64;
+
+    fn has_room(&self) -> bool {
+        self.bytes < Sinking::MAX_BYTES && self.messages.len() < Sinking::MAX_MESSAGES
+    }
+
+    fn push(&mut self, message: Vec<u8>) {
+        self.bytes += message.len();
+        self.messages.push_back(message);
+    }
+
+    /// Drops the `count` oldest messages, all posted.
+    fn pop(&mut self, count: usize) {
+        for message in self.messages.drain(..count) {
+            self.bytes -= message.len();
+        }
+        self.begun = false;
+    }
+
+    /// Replaces the front message by `rest`, what is left of it to post.
+    fn replace_front(&mut self, rest: Vec<u8>) {
+        if let Some(front) = self.messages.front_mut() {
+            self.bytes = self.bytes - front.len() + rest.len();
+            *front = rest;
+        }
+        self.begun = true;
+    }
+}
+
 /// The connection's failure behind a send's error; a send refused for its own sake
 /// (too long, say) counts as the connection's misuse.
 fn failure_of(error: SendError) -> Arc<ConnectionError> {
@@ -664,19 +751,37 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     type Error = Arc<ConnectionError>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut()
-            .keeping_armed(cx, Call::Send, Self::poll_sinking)
+        self.get_mut().keeping_armed(cx, Call::Send, |this, cx| {
+            loop {
+                this.disarm();
+                if this.post_sunk().map_err(failure_of)? || this.sinking.has_room() {
+                    return Poll::Ready(Ok(()));
+                }
+                ready!(this.poll_event(cx));
+            }
+        })
     }
 
     fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
         let this = self.get_mut();
         let message = item.as_ref();
-        debug_assert!(this.sinking.is_none(), "start_send without poll_ready");
+        if !this.sinking.messages.is_empty() {
+            // Behind messages waiting for credit: it waits with them, to share their
+            // frames if it is small.
+            this.sinking.push(message.to_vec());
+            return Ok(());
+        }
         match this.connection.try_send_some(message) {
             Ok(taken) if taken == message.len() => {}
-            Ok(taken) => this.sinking = Some(message[taken..].to_vec()),
+            Ok(taken) => {
+                this.sinking.push(message[taken..].to_vec());
+                this.sinking.begun = true;
+            }
             // Not taken, or taken on with nothing posted: offered whole again either way.
-            Err(SendError::WouldBlock(_)) => this.sinking = Some(message.to_vec()),
+            Err(SendError::WouldBlock(_)) => {
+                this.sinking.push(message.to_vec());
+                this.sinking.begun = true;
+            }
             Err(error) => return Err(failure_of(error)),
         }
         Ok(())
