@@ -257,12 +257,14 @@ impl<E: Endpoint> AsyncConnection<E> {
         self.spin
     }
 
-    /// The connection, for its stats and non-blocking calls.
+    /// The connection, for its stats and non-blocking calls. A message sent through it
+    /// goes ahead of any the sink still holds: flush the sink first to keep their order.
     pub fn get_mut(&mut self) -> &mut Connection<E> {
         &mut self.connection
     }
 
-    /// The connection back, leaving tokio.
+    /// The connection back, leaving tokio. What the sink took and has not posted is
+    /// dropped with it, as a `Sink` may drop what was never flushed: flush first.
     pub fn into_inner(mut self) -> Connection<E> {
         self.disarm();
         self.connection
