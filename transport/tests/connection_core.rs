@@ -1000,37 +1000,10 @@ fn users_that_hold_every_message_while_sending_both_ways_still_get_everything() 
 /// out of credits copies them out of their slots, so the peer gets receives to send into.
 #[test]
 fn users_that_send_at_once_without_reading_still_get_everything() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
-    pair.sides[0].not_reading = true;
-    pair.sides[1].not_reading = true;
-    let outgoing = |side: usize| (0..12u8).map(move |i| pattern(60 + 10 * side, i));
-    let mut queues: [Vec<Vec<u8>>; 2] = [outgoing(0).collect(), outgoing(1).collect()];
-    for _ in 0..10_000 {
-        for (side, queue) in queues.iter_mut().enumerate() {
-            if let Some(next) = queue.first() {
-                let now = pair.now;
-                match pair.sides[side].core.try_send(now, &[IoSlice::new(next)]) {
-                    Ok(_) => {
-                        queue.remove(0);
-                    }
-                    Err(SendError::WouldBlock(_)) => {}
-                    Err(other) => panic!("side {side}: {other}"),
-                }
-            }
-        }
-        if queues.iter().all(Vec::is_empty) {
-            break;
-        }
-        pair.step();
-    }
-    assert!(queues.iter().all(Vec::is_empty), "both sends finished");
-    pair.sides[0].not_reading = false;
-    pair.sides[1].not_reading = false;
-    pair.settle();
-    for side in 0..2 {
-        let expected: Vec<Vec<u8>> = outgoing(1 - side).collect();
-        assert_eq!(pair.sides[side].received, expected, "side {side}");
-    }
+    let outgoing = |side: usize| (0..12u8).map(|i| pattern(60 + 10 * side, i)).collect();
+    let pair = sent_both_ways_without_reading(outgoing, |core, now, queue| {
+        core.try_send(now, &[IoSlice::new(&queue[0])]).map(|_| 1)
+    });
     let copied: u64 = pair
         .sides
         .iter()
@@ -1044,19 +1017,36 @@ fn users_that_send_at_once_without_reading_still_get_everything() {
 /// of it; both sides still get every message.
 #[test]
 fn users_that_send_batches_at_once_without_reading_still_get_everything() {
+    let outgoing = |side: usize| (0..96u8).map(|i| pattern(20 + 4 * side, i)).collect();
+    let pair = sent_both_ways_without_reading(outgoing, |core, now, queue| {
+        let batch: Vec<&[u8]> = queue.iter().take(8).map(Vec::as_slice).collect();
+        core.try_send_batch(now, &batch)
+    });
+    for side in &pair.sides {
+        let stats = side.core.stats();
+        assert!(stats.messages_packed > 80, "{stats:?}");
+        assert!(stats.messages_copied_to_keep_receives > 0, "{stats:?}");
+    }
+}
+
+/// A pair whose users both send their `outgoing(side)` messages without reading, each
+/// step offering the front of its queue with `offer` (which returns how many messages it
+/// took), until both queues are empty; then both read, and each side must have the
+/// other's messages, in order.
+fn sent_both_ways_without_reading(
+    outgoing: impl Fn(usize) -> Vec<Vec<u8>>,
+    offer: impl Fn(&mut ConnectionCore, Instant, &[Vec<u8>]) -> Result<usize, SendError>,
+) -> Pair {
     let mut pair = Pair::new([1 << 20, 1 << 20]);
     pair.sides[0].not_reading = true;
     pair.sides[1].not_reading = true;
-    let outgoing = |side: usize| (0..96u8).map(move |i| pattern(20 + 4 * side, i));
-    let mut queues: [Vec<Vec<u8>>; 2] = [outgoing(0).collect(), outgoing(1).collect()];
+    let mut queues = [outgoing(0), outgoing(1)];
     for _ in 0..10_000 {
         for (side, queue) in queues.iter_mut().enumerate() {
-            let batch: Vec<&[u8]> = queue.iter().take(8).map(Vec::as_slice).collect();
-            if batch.is_empty() {
+            if queue.is_empty() {
                 continue;
             }
-            let now = pair.now;
-            match pair.sides[side].core.try_send_batch(now, &batch) {
+            match offer(&mut pair.sides[side].core, pair.now, queue) {
                 Ok(taken) => drop(queue.drain(..taken)),
                 Err(SendError::WouldBlock(_)) => {}
                 Err(other) => panic!("side {side}: {other}"),
@@ -1072,12 +1062,9 @@ fn users_that_send_batches_at_once_without_reading_still_get_everything() {
     pair.sides[1].not_reading = false;
     pair.settle();
     for side in 0..2 {
-        let expected: Vec<Vec<u8>> = outgoing(1 - side).collect();
-        assert_eq!(pair.sides[side].received, expected, "side {side}");
-        let stats = pair.sides[side].core.stats();
-        assert!(stats.messages_packed > 80, "side {side}: {stats:?}");
-        assert!(stats.messages_copied_to_keep_receives > 0, "{stats:?}");
+        assert_eq!(pair.sides[side].received, outgoing(1 - side), "side {side}");
     }
+    pair
 }
 
 /// A peer that sends and sends while it never reads, and so never gives this side a

@@ -191,9 +191,13 @@ fn echo_on(mut connection: Connection<ShmEndpoint>, count: usize) {
         drop(message);
         connection.send(&copy).expect("echo");
     }
+    flush_until_goodbye(connection);
+}
+
+/// Flushes the echoes, then waits for the parent's goodbye (an empty message) and its
+/// close: the parent closes first, so that no echo is cut off by this side's close.
+fn flush_until_goodbye(mut connection: Connection<ShmEndpoint>) {
     connection.flush().expect("flush");
-    // The parent says goodbye with an empty message and closes first, so that no echo
-    // is cut off by this side's close.
     assert_eq!(connection.recv().expect("goodbye").len(), 0);
     while connection.progress().is_ok() {}
     assert_eq!(connection.endpoint().state(), EndpointState::PeerClosed);
@@ -294,10 +298,7 @@ fn echo_batched(socket: &Path) {
         let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
         connection.send_batch(&refs).expect("echo the batch");
     }
-    connection.flush().expect("flush");
-    assert_eq!(connection.recv().expect("goodbye").len(), 0);
-    while connection.progress().is_ok() {}
-    assert_eq!(connection.endpoint().state(), EndpointState::PeerClosed);
+    flush_until_goodbye(connection);
 }
 
 /// Messages the parent lets be in flight in the batch test.

@@ -168,7 +168,7 @@ impl ConnectionCore {
         let mut taken = 0;
         while taken < messages.len() && self.outbox.is_none() {
             let rest = &messages[taken..];
-            let sent = match self.pack_room() {
+            let sent = match self.frame_room() {
                 Some(room) => {
                     match super::packed::pack(rest, room, |len| !self.tiers.needs_clock(len)) {
                         (count @ 2.., bytes) => self.send_packed(&rest[..count], bytes),
@@ -186,9 +186,9 @@ impl ConnectionCore {
         Ok(taken)
     }
 
-    /// The payload bytes a packed frame may take now: what the next credit's receive and
-    /// this side's send slot both hold; none without a credit.
-    fn pack_room(&mut self) -> Option<usize> {
+    /// The payload bytes the next frame may take: what the next credit's receive and this
+    /// side's send slot both hold; none without a credit.
+    fn frame_room(&mut self) -> Option<usize> {
         let credit_tier = self.credits.next_tier()?;
         let capacity = self.config.capacity();
         let own_slot = capacity.frame(self.tiers.send_buffers_tier()).unwrap_or(0);
@@ -680,17 +680,11 @@ impl ConnectionCore {
         total: usize,
         copies: CallerCopies,
     ) -> usize {
-        let capacity = std::sync::Arc::clone(self.config.capacity());
         let mut posted = 0;
         while sent + posted < total {
-            let Some(credit_tier) = self.credits.next_tier() else {
+            let Some(room) = self.frame_room() else {
                 break;
             };
-            let own_slot = capacity.frame(self.tiers.send_buffers_tier()).unwrap_or(0);
-            let room = capacity
-                .frame(tierbuf_tiers::TierIndex::new(credit_tier))
-                .unwrap_or(0)
-                .min(own_slot);
             let remaining = total - sent - posted;
             // A first segment leaves at least one byte for a later one: a message that
             // fits one frame goes out whole, never as a lone first segment.
