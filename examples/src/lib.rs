@@ -20,3 +20,34 @@ pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+/// An error said with what was being done when it came: the error itself stays its
+/// [`source`](std::error::Error::source), so [`with_causes`] still reaches every cause
+/// under it (formatting it into a string of its own would drop them).
+///
+/// ```
+/// use tierbuf_examples::{Doing, with_causes};
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let error = Doing::new("connection 0 to the peer process", refused);
+/// assert_eq!(with_causes(&error), "connection 0 to the peer process: connection refused");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct Doing {
+    what: String,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl Doing {
+    /// `source`, which came while doing `what`.
+    pub fn new(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Doing {
+        Doing {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+}

@@ -35,6 +35,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use tierbuf_examples::Doing;
 use tierbuf_examples::process::ChildProcess;
 use tierbuf_transport::Transport;
 
@@ -75,7 +76,7 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let mut clients = Side::connect(args.connections, |index| {
         transport
             .connect(&socket)
-            .map_err(|e| format!("connection {index} to the peer process: {e}").into())
+            .map_err(|e| Doing::new(format!("connection {index} to the peer process"), e).into())
     })?;
     // Every connection has its own socket now: with the directory gone, nothing is left
     // behind even if this process is killed.
@@ -121,7 +122,7 @@ fn peer(args: &PeerArgs) -> Result<(), DemoError> {
     let mut servers = Side::connect(demo.connections, |index| {
         listener
             .accept()
-            .map_err(|e| format!("connection {index} from the demo: {e}").into())
+            .map_err(|e| Doing::new(format!("connection {index} from the demo"), e).into())
     })?;
     drop(listener);
     remote_servers(

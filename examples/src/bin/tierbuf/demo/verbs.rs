@@ -27,6 +27,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
+use tierbuf_examples::Doing;
 use tierbuf_examples::process::read_lines;
 use tierbuf_transport::verbs::VerbsConfig;
 use tierbuf_transport::{Transport, Verbs};
@@ -132,9 +133,9 @@ fn listening_side(args: &DemoArgs, device: &str, addr: &str) -> Result<(), DemoE
     let port = listener.address().parse::<SocketAddr>()?.port();
     control.send(&format!("listening {port}"))?;
     let mut servers = Side::connect(args.connections, |index| {
-        listener
-            .accept()
-            .map_err(|e| format!("connection {index} from the client at {client}: {e}").into())
+        listener.accept().map_err(|e| {
+            Doing::new(format!("connection {index} from the client at {client}"), e).into()
+        })
     })?;
     drop(listener);
     remote_servers(
@@ -192,7 +193,11 @@ fn client_side(args: &DemoArgs, device: &str, addr: &str) -> Result<(), DemoErro
     let rdma_addr = SocketAddr::new(peer.ip(), port);
     let mut clients = Side::connect(args.connections, |index| {
         transport.connect(rdma_addr).map_err(|e| {
-            format!("connection {index} to the listening side at {rdma_addr}: {e}").into()
+            Doing::new(
+                format!("connection {index} to the listening side at {rdma_addr}"),
+                e,
+            )
+            .into()
         })
     })?;
     // Two header lines: where each side ran, then the path this side's queue pairs took.
