@@ -114,6 +114,46 @@ fn a_full_queue_refuses_and_a_closed_connection_fails_its_senders<P: PairProvide
     drop(peer);
 }
 
+fn small_messages_queued_together_share_frames<P: PairProvider>() {
+    let provider = P::make();
+    let (mut driven, mut receiving) =
+        connections(&provider, demoting_ladder(Duration::from_secs(60)));
+    let mut sender = driven.sender();
+    // Small ones around one past the smallest tier, which goes alone (through a
+    // promotion) and keeps its place.
+    let messages: Vec<Vec<u8>> = (0..30u32)
+        .map(|index| {
+            let len = if index == 12 { 3000 } else { 8 + index as usize };
+            let mut bytes = vec![index as u8; len];
+            bytes[..4].copy_from_slice(&index.to_le_bytes());
+            bytes
+        })
+        .collect();
+    // Nobody drives the connection while they are queued: they wait together.
+    for message in &messages {
+        sender.try_send(message).unwrap();
+    }
+    let deadline = Instant::now() + BOUND;
+    let mut next = 0;
+    while next < messages.len() {
+        assert!(Instant::now() < deadline, "{next} came: {:?}", driven.stats());
+        driven.progress().unwrap();
+        if let Some(received) = receiving.try_recv().unwrap() {
+            assert!(
+                received[..] == messages[next][..],
+                "message {next} is not the one that came"
+            );
+            next += 1;
+        }
+    }
+    let stats = driven.stats();
+    assert!(
+        stats.messages_packed >= 20,
+        "the small messages waiting together shared frames: {stats:?}"
+    );
+    assert_eq!(receiving.stats().messages_received, messages.len() as u64);
+}
+
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -128,6 +168,7 @@ macro_rules! on_each_provider {
 }
 
 on_each_provider!(
+    small_messages_queued_together_share_frames,
     workers_send_in_order_while_the_connection_sleeps_between,
     a_full_queue_refuses_and_a_closed_connection_fails_its_senders,
 );

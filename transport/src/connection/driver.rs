@@ -37,7 +37,7 @@ use super::errors::{ConnectionError, SendError, WorkKind, WouldBlock};
 use super::header::HEADER_LEN;
 use super::receive::Message;
 use super::reserve::FilledOutcome;
-use super::senders::{Queued, SendQueue, Sender};
+use super::senders::{Front, Held, Queued, SendQueue, Sender};
 use super::wait::{Expired, Parkable, Waiter};
 use crate::error::{PostError, QueueKind};
 use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState, Opcode};
@@ -65,8 +65,8 @@ pub struct Connection<E: Endpoint> {
     last_now: Instant,
     /// The queue of this connection's [`Sender`]s, once it has one.
     senders: Option<Arc<SendQueue<Queued>>>,
-    /// The oldest message its senders queued, while it cannot be posted yet, or not all.
-    sender_front: Option<Front>,
+    /// What it took off its senders' queue and has not posted yet.
+    held: Held,
     /// Whether a blocking call's wait makes its back-to-back passes before it sleeps
     /// (`wait.rs`, module invariants).
     spin_pays: bool,
@@ -106,7 +106,7 @@ impl<E: Endpoint> Connection<E> {
             completions: [Completion::default(); POLL_BATCH],
             last_now: Instant::now(),
             senders: None,
-            sender_front: None,
+            held: Held::default(),
             spin_pays: true,
             #[cfg(feature = "tokio")]
             progress_made: 0,
@@ -869,7 +869,9 @@ impl<E: Endpoint> Connection<E> {
 
     /// A handle that sends on this connection from another thread; see [`Sender`]. Its
     /// messages are posted by whichever thread drives this connection, at its next
-    /// progress (a blocking call or a wait of this connection wakes for them).
+    /// progress (a blocking call or a wait of this connection wakes for them); small
+    /// messages that were queued together by then share packed frames, as
+    /// [`Connection::try_send_batch`] sends them.
     pub fn sender(&mut self) -> Sender {
         let limit = self.core.config.queue_depth() as usize;
         let queue = self
@@ -882,34 +884,45 @@ impl<E: Endpoint> Connection<E> {
     }
 
     /// Posts what the senders queued, in order, while the core takes it; returns how
-    /// many messages were taken.
+    /// many messages were taken. A run of small messages held together goes out in packed
+    /// frames (`senders.rs`, module invariants).
     fn post_queued(&mut self, now: Instant) -> usize {
         let Some(queue) = self.senders.take() else {
             return 0;
         };
         let mut taken = 0;
         loop {
-            let front = match self.sender_front.take() {
-                Some(front) => front,
-                None => match queue.pop() {
-                    Some(Queued::Filled { slot, len }) => {
-                        queue.slot_taken();
-                        Front::Filled { slot, len }
+            self.held.refill(&queue);
+            let run = self.held.small_run(|len| !self.core.needs_clock(len));
+            if run >= 2 {
+                let oldest = self.held.oldest();
+                match self.core.try_send_batch(now, &oldest[..run]) {
+                    Ok(count) => {
+                        self.held.copied(count, &queue);
+                        taken += count;
+                        if count < run {
+                            break;
+                        }
+                        continue;
                     }
-                    Some(Queued::Owned(bytes)) => Front::Owned { bytes, sent: 0 },
-                    None => break,
-                },
+                    // The oldest may still go alone, from its own slot.
+                    Err(SendError::WouldBlock(_)) => {}
+                    Err(_) => break,
+                }
+            }
+            let Some(front) = self.held.take(&queue) else {
+                break;
             };
             match front {
                 Front::Filled { slot, len } => match self.core.try_post_filled(now, slot, len) {
                     FilledOutcome::Posted => taken += 1,
                     FilledOutcome::Blocked(slot) => {
-                        self.sender_front = Some(Front::Filled { slot, len });
+                        self.held.put_back(Front::Filled { slot, len }, &queue);
                         break;
                     }
                     FilledOutcome::NotOneFrame(slot) => {
                         let bytes = slot[HEADER_LEN..HEADER_LEN + len].to_vec();
-                        self.sender_front = Some(Front::Owned { bytes, sent: 0 });
+                        self.held.put_back(Front::Owned { bytes, sent: 0 }, &queue);
                     }
                     FilledOutcome::Failed => break,
                 },
@@ -918,13 +931,13 @@ impl<E: Endpoint> Connection<E> {
                     Ok(accepted) => {
                         sent += accepted;
                         if sent < bytes.len() {
-                            self.sender_front = Some(Front::Owned { bytes, sent });
+                            self.held.put_back(Front::Owned { bytes, sent }, &queue);
                             break;
                         }
                         taken += 1;
                     }
                     Err(SendError::WouldBlock(_)) => {
-                        self.sender_front = Some(Front::Owned { bytes, sent });
+                        self.held.put_back(Front::Owned { bytes, sent }, &queue);
                         break;
                     }
                     Err(_) => break,
@@ -1019,18 +1032,6 @@ impl<E: Endpoint> Connection<E> {
     pub(super) fn config(&self) -> &super::ConnectionConfig {
         &self.core.config
     }
-}
-
-/// The oldest message a connection's senders queued, being posted.
-#[derive(Debug)]
-enum Front {
-    /// Filled in place in a send slot; posted from it as one frame.
-    Filled {
-        slot: tierbuf_tiers::OwnedTierSlot,
-        len: usize,
-    },
-    /// Its bytes, `sent` of them posted.
-    Owned { bytes: Vec<u8>, sent: usize },
 }
 
 /// A registered send buffer reserved on a [`Connection`] for a message built in place:

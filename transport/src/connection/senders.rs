@@ -24,11 +24,20 @@
 //!   [`Sender::try_send`] reports [`WouldBlock::SendersQueueFull`]) until the connection
 //!   takes some, so senders faster than the peer cannot grow memory without bound.
 //! - **Senders leave the connection slots of its own.** Queued items hold at most half of
-//!   a tier's send slots (`slots_held`, counted from a sender's take to the connection's
-//!   pop); past that a sender copies its message instead. The connection needs send slots
-//!   for its control and credit frames and for the message at the front of the queue: a
-//!   queue holding every slot behind a message waiting for one would never move.
+//!   a tier's send slots (`slots_held`, counted from a sender's take until the connection
+//!   takes the item to post it, or drops it posted, out of what it [`Held`]); past that a
+//!   sender copies its message instead. The connection needs send slots for its control
+//!   and credit frames, for the packed frames it copies held messages into, and for the
+//!   message at the front of the queue: a queue holding every slot behind a message
+//!   waiting for one would never move.
+//! - **Small messages that wait together share frames.** The connection takes up to
+//!   [`MAX_HELD`] items off the queue at a time; a run of two or more small ones at the
+//!   front (those the smallest tier carries whole, none begun) goes out through
+//!   `ConnectionCore::try_send_batch`, copied into packed frames, in order, each a
+//!   message of its own at the peer. A message that waits alone is posted from its slot
+//!   as before.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Condvar, PoisonError};
 use std::task::Waker;
@@ -41,6 +50,11 @@ use super::header::HEADER_LEN;
 use crate::parker::Parker;
 use crate::provider::Armed;
 use crate::sync::{AtomicUsize, Ordering, UnboundedQueue, fence};
+
+/// The most items the connection takes off its senders' queue to hold at once: what one
+/// call of `ConnectionCore::try_send_batch` is given, as the async sink holds at most as
+/// many.
+pub(crate) const MAX_HELD: usize = 64;
 
 /// How long a sender that found the queue full waits for room before it looks again,
 /// at most: the connection's thread wakes it sooner when it takes items.
@@ -154,9 +168,15 @@ impl<T> SendQueue<T> {
         true
     }
 
-    /// The connection took a queued item that held a send slot.
-    pub(crate) fn slot_taken(&self) {
+    /// The connection took a held item that held a send slot out to post it.
+    fn slot_taken(&self) {
         self.slots_held.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The connection put an item it took out back as the oldest it holds: its slot is
+    /// counted again, as it was before it was taken.
+    fn slot_put_back(&self) {
+        self.slots_held.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Tells waiting senders that items were taken.
@@ -351,5 +371,110 @@ impl fmt::Debug for Sender {
         f.debug_struct("Sender")
             .field("queue", &self.queue)
             .finish_non_exhaustive()
+    }
+}
+
+/// A message the connection took off its senders' queue and has not posted yet.
+#[derive(Debug)]
+pub(crate) enum Front {
+    /// Filled in place in a send slot; posted from it as one frame, or copied into a
+    /// packed frame.
+    Filled {
+        /// The slot, the message after its header room.
+        slot: OwnedTierSlot,
+        /// The message's length.
+        len: usize,
+    },
+    /// Its bytes, `sent` of them posted.
+    Owned {
+        /// The message.
+        bytes: Vec<u8>,
+        /// How many of its leading bytes are posted.
+        sent: usize,
+    },
+}
+
+impl Front {
+    /// The bytes not posted yet.
+    fn rest(&self) -> &[u8] {
+        match self {
+            Front::Filled { slot, len } => &slot[HEADER_LEN..HEADER_LEN + len],
+            Front::Owned { bytes, sent } => &bytes[*sent..],
+        }
+    }
+
+    /// Whether some of it is posted: the rest of a segmented message, which nothing may
+    /// overtake.
+    fn is_begun(&self) -> bool {
+        matches!(self, Front::Owned { sent: 1.., .. })
+    }
+}
+
+/// The messages the connection took off its senders' queue and has not posted, oldest
+/// first. A held message's slot stays counted in the queue's `slots_held` until it leaves
+/// (module invariants).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    fronts: VecDeque<Front>,
+}
+
+impl Held {
+    /// Takes queued items behind those held, until [`MAX_HELD`] are held or the queue is
+    /// empty.
+    pub(crate) fn refill(&mut self, queue: &SendQueue<Queued>) {
+        while self.fronts.len() < MAX_HELD {
+            let Some(item) = queue.pop() else {
+                break;
+            };
+            self.fronts.push_back(match item {
+                Queued::Filled { slot, len } => Front::Filled { slot, len },
+                Queued::Owned(bytes) => Front::Owned { bytes, sent: 0 },
+            });
+        }
+    }
+
+    /// How many of the oldest, none begun, are of a length `small` takes: the run to pack.
+    pub(crate) fn small_run(&self, small: impl Fn(usize) -> bool) -> usize {
+        self.fronts
+            .iter()
+            .take_while(|front| !front.is_begun() && small(front.rest().len()))
+            .count()
+    }
+
+    /// The bytes of the oldest held messages, in order, as many as are held (at most
+    /// [`MAX_HELD`]); the places past them are empty.
+    pub(crate) fn oldest(&self) -> [&[u8]; MAX_HELD] {
+        let mut parts: [&[u8]; MAX_HELD] = [&[]; MAX_HELD];
+        for (part, front) in parts.iter_mut().zip(&self.fronts) {
+            *part = front.rest();
+        }
+        parts
+    }
+
+    /// Drops the oldest `count`, whose bytes were copied into frames posted: their slots go
+    /// back to their pool.
+    pub(crate) fn copied(&mut self, count: usize, queue: &SendQueue<Queued>) {
+        for front in self.fronts.drain(..count) {
+            if matches!(front, Front::Filled { .. }) {
+                queue.slot_taken();
+            }
+        }
+    }
+
+    /// Takes the oldest out, to post it alone.
+    pub(crate) fn take(&mut self, queue: &SendQueue<Queued>) -> Option<Front> {
+        let front = self.fronts.pop_front()?;
+        if matches!(front, Front::Filled { .. }) {
+            queue.slot_taken();
+        }
+        Some(front)
+    }
+
+    /// Puts `front`, taken out and not posted (or not all of it), back as the oldest.
+    pub(crate) fn put_back(&mut self, front: Front, queue: &SendQueue<Queued>) {
+        if matches!(front, Front::Filled { .. }) {
+            queue.slot_put_back();
+        }
+        self.fronts.push_front(front);
     }
 }
