@@ -154,6 +154,26 @@ fn small_messages_queued_together_share_frames<P: PairProvider>() {
     assert_eq!(receiving.stats().messages_received, messages.len() as u64);
 }
 
+fn flush_posts_what_the_senders_queued<P: PairProvider>() {
+    let provider = P::make();
+    let (mut driven, mut receiving) =
+        connections(&provider, demoting_ladder(Duration::from_secs(60)));
+    let mut sender = driven.sender();
+    for index in 0..10u8 {
+        sender.try_send(&[index; 16]).unwrap();
+    }
+    // Nothing was posted yet: the flush must post what the senders queued, not find the
+    // connection idle and return.
+    driven.flush().unwrap();
+    for index in 0..10u8 {
+        let received = receiving
+            .recv_deadline(Instant::now() + BOUND)
+            .unwrap()
+            .unwrap_or_else(|| panic!("message {index} never came: {:?}", driven.stats()));
+        assert_eq!(received[..], [index; 16]);
+    }
+}
+
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -168,6 +188,7 @@ macro_rules! on_each_provider {
 }
 
 on_each_provider!(
+    flush_posts_what_the_senders_queued,
     small_messages_queued_together_share_frames,
     workers_send_in_order_while_the_connection_sleeps_between,
     a_full_queue_refuses_and_a_closed_connection_fails_its_senders,

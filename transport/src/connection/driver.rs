@@ -823,7 +823,8 @@ impl<E: Endpoint> Connection<E> {
         }
     }
 
-    /// Waits until everything accepted has been posted and every send has completed.
+    /// Waits until everything accepted has been posted and every send has completed,
+    /// the messages this connection's [`Sender`]s queued before the call included.
     ///
     /// # Errors
     ///
@@ -957,8 +958,13 @@ impl<E: Endpoint> Connection<E> {
 
     /// Whether everything accepted has been posted and every send has completed, none
     /// that carried message bytes with an error: everything accepted reached the peer.
+    /// What the senders queued counts as accepted: their `send` returned.
     pub(super) fn is_flushed(&self) -> bool {
-        self.core.is_idle() && self.unposted.is_empty() && !self.core.lost_data()
+        self.core.is_idle()
+            && self.unposted.is_empty()
+            && !self.core.lost_data()
+            && self.held.is_empty()
+            && self.senders.as_ref().is_none_or(|queue| queue.is_empty())
     }
 
     /// Whether a delivered message waits to be taken.

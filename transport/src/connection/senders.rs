@@ -143,6 +143,11 @@ impl<T> SendQueue<T> {
         Some(item)
     }
 
+    /// Whether no item waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
     /// Asks for `waker` to be woken at the next push; [`Armed::Pending`] when an item is
     /// queued already (module invariants).
     pub fn arm(&self, waker: &Waker) -> Armed {
@@ -431,6 +436,11 @@ impl Held {
                 Queued::Owned(bytes) => Front::Owned { bytes, sent: 0 },
             });
         }
+    }
+
+    /// Whether none is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fronts.is_empty()
     }
 
     /// How many of the oldest, none begun, are of a length `small` takes: the run to pack.
