@@ -4,6 +4,8 @@
 
 mod pairs;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -123,7 +125,11 @@ fn small_messages_queued_together_share_frames<P: PairProvider>() {
     // promotion) and keeps its place.
     let messages: Vec<Vec<u8>> = (0..30u32)
         .map(|index| {
-            let len = if index == 12 { 3000 } else { 8 + index as usize };
+            let len = if index == 12 {
+                3000
+            } else {
+                8 + index as usize
+            };
             let mut bytes = vec![index as u8; len];
             bytes[..4].copy_from_slice(&index.to_le_bytes());
             bytes
@@ -136,7 +142,11 @@ fn small_messages_queued_together_share_frames<P: PairProvider>() {
     let deadline = Instant::now() + BOUND;
     let mut next = 0;
     while next < messages.len() {
-        assert!(Instant::now() < deadline, "{next} came: {:?}", driven.stats());
+        assert!(
+            Instant::now() < deadline,
+            "{next} came: {:?}",
+            driven.stats()
+        );
         driven.progress().unwrap();
         if let Some(received) = receiving.try_recv().unwrap() {
             assert!(
@@ -174,6 +184,73 @@ fn flush_posts_what_the_senders_queued<P: PairProvider>() {
     }
 }
 
+fn a_flush_ends_while_other_senders_go_on_queueing<P: PairProvider>() {
+    let provider = P::make();
+    let (mut driven, mut receiving) =
+        connections(&provider, demoting_ladder(Duration::from_secs(60)));
+    // The peer answers control frames but reads nothing until the flush has ended, so the
+    // producer below keeps the senders' queue full: it never empties under the flush.
+    let flushed = Arc::new(AtomicBool::new(false));
+    let reader = thread::spawn({
+        let flushed = Arc::clone(&flushed);
+        move || {
+            while !flushed.load(Ordering::Acquire) {
+                receiving.progress().unwrap();
+            }
+            let mut received = 0u64;
+            loop {
+                match receiving.recv_deadline(Instant::now() + BOUND) {
+                    Ok(Some(_)) => received += 1,
+                    Ok(None) => panic!("the reader waited {BOUND:?} for a message"),
+                    Err(error) if matches!(*error, ConnectionError::PeerClosed) => {
+                        return received;
+                    }
+                    Err(error) => panic!("{error}"),
+                }
+            }
+        }
+    });
+    let mut busy = driven.sender();
+    let producing = Arc::new(AtomicU64::new(0));
+    let producer = thread::spawn({
+        let producing = Arc::clone(&producing);
+        move || {
+            while busy.send(&[1; 16]).is_ok() {
+                producing.fetch_add(1, Ordering::Relaxed);
+            }
+            producing.load(Ordering::Relaxed)
+        }
+    });
+    let deadline = Instant::now() + BOUND;
+    while producing.load(Ordering::Relaxed) < 4 {
+        assert!(Instant::now() < deadline, "the producer never queued");
+        thread::yield_now();
+    }
+    let mut sender = driven.sender();
+    let mut queued = 0;
+    while queued < 10 {
+        assert!(Instant::now() < deadline, "{queued} queued");
+        match sender.try_send(&[2; 16]) {
+            Ok(()) => queued += 1,
+            Err(SendError::WouldBlock(_)) => driven.progress().unwrap(),
+            Err(error) => panic!("{error}"),
+        }
+    }
+    // A flush waits for what was queued before it, not for a queue that never empties.
+    let ended = driven
+        .flush_deadline(Instant::now() + Duration::from_secs(20))
+        .unwrap();
+    flushed.store(true, Ordering::Release);
+    assert!(ended, "the flush ended: {:?}", driven.stats());
+    drop(driven);
+    let produced = producer.join().unwrap();
+    let received = reader.join().unwrap();
+    assert!(
+        received >= 10 + 4 && produced >= 4,
+        "{received} received, {produced} queued by the producer"
+    );
+}
+
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -188,6 +265,7 @@ macro_rules! on_each_provider {
 }
 
 on_each_provider!(
+    a_flush_ends_while_other_senders_go_on_queueing,
     flush_posts_what_the_senders_queued,
     small_messages_queued_together_share_frames,
     workers_send_in_order_while_the_connection_sleeps_between,

@@ -851,13 +851,28 @@ impl<E: Endpoint> Connection<E> {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<Result<(), Expired>, Arc<ConnectionError>> {
+        // What the senders queued before this call; not what they go on queueing, which
+        // would keep a send in flight, and the flush from ending, for as long as they do.
+        let senders_accepted = self.senders_accepted();
+        self.held.take_up_to(Some(senders_accepted));
+        let flushed = self.flush_since(senders_accepted, deadline);
+        self.held.take_up_to(None);
+        flushed
+    }
+
+    /// [`Connection::flush_until`], once the senders' messages it waits for are counted.
+    fn flush_since(
+        &mut self,
+        senders_accepted: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Result<(), Expired>, Arc<ConnectionError>> {
         let mut waiter = Waiter::new(deadline);
-        while !self.is_flushed() {
+        while !self.is_flushed_since(senders_accepted) {
             let progressed = self.progress();
             // The pass may have completed the last send (also the one that found a
             // failure): looked at before the wait, which may sleep until an event that
             // then never comes.
-            if self.is_flushed() {
+            if self.is_flushed_since(senders_accepted) {
                 break;
             }
             progressed?;
@@ -958,13 +973,24 @@ impl<E: Endpoint> Connection<E> {
 
     /// Whether everything accepted has been posted and every send has completed, none
     /// that carried message bytes with an error: everything accepted reached the peer.
-    /// What the senders queued counts as accepted: their `send` returned.
+    /// What the senders queued counts as accepted once their `send` returned: those
+    /// queued by now.
     pub(super) fn is_flushed(&self) -> bool {
+        self.is_flushed_since(self.senders_accepted())
+    }
+
+    /// [`Connection::is_flushed`], counting the first `senders_accepted` messages the
+    /// senders queued.
+    fn is_flushed_since(&self, senders_accepted: u64) -> bool {
         self.core.is_idle()
             && self.unposted.is_empty()
             && !self.core.lost_data()
-            && self.held.is_empty()
-            && self.senders.as_ref().is_none_or(|queue| queue.is_empty())
+            && self.held.posted_all(senders_accepted)
+    }
+
+    /// How many messages the senders ever queued.
+    fn senders_accepted(&self) -> u64 {
+        self.senders.as_ref().map_or(0, |queue| queue.accepted())
     }
 
     /// Whether a delivered message waits to be taken.

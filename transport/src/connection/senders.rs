@@ -49,7 +49,7 @@ use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
 use crate::parker::Parker;
 use crate::provider::Armed;
-use crate::sync::{AtomicUsize, Ordering, UnboundedQueue, fence};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, UnboundedQueue, fence};
 
 /// The most items the connection takes off its senders' queue to hold at once: what one
 /// call of `ConnectionCore::try_send_batch` is given, as the async sink holds at most as
@@ -81,6 +81,9 @@ pub struct SendQueue<T> {
     items: UnboundedQueue<T>,
     /// Items pushed and not yet taken.
     len: AtomicUsize,
+    /// Items ever accepted: counted before the push, so an item whose push returned is
+    /// counted before any item accepted after that (`Connection::flush`).
+    accepted: AtomicU64,
     limit: usize,
     /// Send slots held by queued items (module invariants).
     slots_held: AtomicUsize,
@@ -98,6 +101,7 @@ impl<T> SendQueue<T> {
         SendQueue {
             items: UnboundedQueue::new(),
             len: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
             limit: limit.max(1),
             slots_held: AtomicUsize::new(0),
             parker: Parker::default(),
@@ -117,6 +121,7 @@ impl<T> SendQueue<T> {
             self.len.fetch_sub(1, Ordering::AcqRel);
             return Err(item);
         }
+        self.accepted.fetch_add(1, Ordering::AcqRel);
         #[cfg(loom)]
         if tierbuf_pool::sync::planted::is_planted(
             tierbuf_pool::sync::planted::Bug::SendQueueWakeBeforePush,
@@ -143,9 +148,9 @@ impl<T> SendQueue<T> {
         Some(item)
     }
 
-    /// Whether no item waits.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len.load(Ordering::Acquire) == 0
+    /// How many items were ever accepted (module invariants).
+    pub(crate) fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Acquire)
     }
 
     /// Asks for `waker` to be woken at the next push; [`Armed::Pending`] when an item is
@@ -421,16 +426,23 @@ impl Front {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     fronts: VecDeque<Front>,
+    /// Items ever taken off the queue.
+    taken: u64,
+    /// While a flush waits for the items accepted before it: how many may be taken, so
+    /// that items queued since keep no send in flight under it.
+    take_up_to: Option<u64>,
 }
 
 impl Held {
     /// Takes queued items behind those held, until [`MAX_HELD`] are held or the queue is
     /// empty.
     pub(crate) fn refill(&mut self, queue: &SendQueue<Queued>) {
-        while self.fronts.len() < MAX_HELD {
+        while self.fronts.len() < MAX_HELD && self.take_up_to.is_none_or(|up_to| self.taken < up_to)
+        {
             let Some(item) = queue.pop() else {
                 break;
             };
+            self.taken += 1;
             self.fronts.push_back(match item {
                 Queued::Filled { slot, len } => Front::Filled { slot, len },
                 Queued::Owned(bytes) => Front::Owned { bytes, sent: 0 },
@@ -438,9 +450,19 @@ impl Held {
         }
     }
 
-    /// Whether none is held.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.fronts.is_empty()
+    /// Takes no more than the first `count` items the queue accepted, until called again
+    /// with `None`.
+    pub(crate) fn take_up_to(&mut self, count: Option<u64>) {
+        self.take_up_to = count;
+    }
+
+    /// Whether the first `count` items the queue accepted have all been taken off it and
+    /// none is held: all are posted. Items leave the queue in the order they were
+    /// accepted, except for pushes under way at once, and an item whose push returned
+    /// precedes every item accepted after it, so once `count` are taken, every item
+    /// accepted before `count` was read is among them.
+    pub(crate) fn posted_all(&self, count: u64) -> bool {
+        self.fronts.is_empty() && self.taken >= count
     }
 
     /// How many of the oldest, none begun, are of a length `small` takes: the run to pack.
