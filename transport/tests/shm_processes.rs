@@ -10,6 +10,10 @@
 //!   every echo arrives in order, byte for byte, and every registered byte comes back;
 //! - batches of messages (`send_batch`, `try_send_batch`) both ways, up to 64 in flight,
 //!   small ones sharing packed frames: every echo arrives once, in order, byte for byte;
+//! - a peer whose worker threads send through `Sender`s while its own thread drives the
+//!   connection, small messages among promoted and segmented ones: each worker's
+//!   messages arrive once, in order, byte for byte, and small ones queued together
+//!   shared packed frames (the peer reports its count);
 //! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
 //! - a message longer than the posted receive: an error on both sides, nothing written;
 //! - a process at its limit of open files, handed a memory file by its peer (a region
@@ -68,6 +72,10 @@ fn main() {
             batches_in_flight_both_ways_arrive_once_in_order,
         ),
         Trial::test(
+            "messages_from_a_peers_worker_threads_arrive_in_order_per_worker",
+            messages_from_a_peers_worker_threads_arrive_in_order_per_worker,
+        ),
+        Trial::test(
             "a_peer_that_dies_mid_promotion_is_reported",
             a_peer_that_dies_mid_promotion_is_reported,
         ),
@@ -94,6 +102,7 @@ fn run_peer(role: &str, socket: &Path) {
         "echo-small-budget" => echo(socket, SMALL_BUDGET),
         "echo-many" => echo_many(socket),
         "echo-batched" => echo_batched(socket),
+        "send-from-workers" => send_from_workers(socket),
         "die-mid-promotion" => die_mid_promotion(socket),
         "short-receive" => short_receive(socket),
         "send-out-of-files" => send_out_of_files(socket),
@@ -337,6 +346,104 @@ fn batches_in_flight_both_ways_arrive_once_in_order() -> Result<(), Failed> {
     let stats = connection.stats();
     if stats.messages_packed == 0 {
         return Err(format!("no message shared a frame: {stats:?}").into());
+    }
+    connection.send(&[]).map_err(|e| e.to_string())?;
+    connection.flush().map_err(|e| e.to_string())?;
+    drop(connection);
+    let budget = session.provider.registrar().budget().clone();
+    session.finish(true)?;
+    if budget.in_use() != 0 {
+        return Err(format!("{} registered bytes left", budget.in_use()).into());
+    }
+    Ok(())
+}
+
+/// Worker threads of the peer in the senders test, and the messages each sends.
+const WORKERS: u8 = 3;
+const WORKER_MESSAGES: u32 = 200;
+
+/// Worker `worker`'s message `index`: mostly small, every 25th past the smallest tier
+/// (a promotion), every 100th past the top tier (segmented); its index in its first four
+/// bytes, the worker in the rest.
+fn worker_message(worker: u8, index: u32) -> Vec<u8> {
+    let len = match index % 100 {
+        99 => 70_000,
+        n if n % 25 == 24 => 1000,
+        n => 8 + (n % 40) as usize,
+    };
+    let mut bytes = vec![worker; len];
+    bytes[..4].copy_from_slice(&index.to_le_bytes());
+    bytes
+}
+
+/// `WORKERS` threads send `WORKER_MESSAGES` each through `Sender`s while this thread
+/// drives the connection (waiting for messages that never come, waking for what the
+/// workers queue); then this thread sends how many messages shared a frame, and waits for
+/// the goodbye and the close.
+fn send_from_workers(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
+    let endpoint = provider.connect(socket, 32, 32).expect("connect");
+    let mut connection = connection(&provider, endpoint);
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let mut sender = connection.sender();
+            std::thread::spawn(move || {
+                for index in 0..WORKER_MESSAGES {
+                    sender
+                        .send(&worker_message(worker, index))
+                        .expect("queue a message");
+                }
+            })
+        })
+        .collect();
+    while workers.iter().any(|worker| !worker.is_finished()) {
+        let nothing = connection
+            .recv_deadline(Instant::now() + Duration::from_millis(5))
+            .expect("drive the connection");
+        assert!(
+            nothing.is_none(),
+            "the parent sends nothing before its goodbye"
+        );
+    }
+    for worker in workers {
+        worker.join().expect("a worker");
+    }
+    connection.flush().expect("flush what the workers queued");
+    let packed = connection.stats().messages_packed;
+    connection.send(&packed.to_le_bytes()).expect("the report");
+    flush_until_goodbye(connection);
+}
+
+fn messages_from_a_peers_worker_threads_arrive_in_order_per_worker() -> Result<(), Failed> {
+    let session = Session::start("send-from-workers", 64 << 20);
+    let mut connection = connection(&session.provider, session.accept());
+    let mut next = [0u32; WORKERS as usize];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for _ in 0..u32::from(WORKERS) * WORKER_MESSAGES {
+        let received = connection
+            .recv_deadline(deadline)
+            .map_err(|e| chain(&*e))?
+            .ok_or_else(|| format!("stalled: {next:?} came"))?;
+        let worker = received[received.len() - 1];
+        let Some(&index) = next.get(usize::from(worker)) else {
+            return Err(format!("a message of {} bytes from no worker", received.len()).into());
+        };
+        if received[..] != worker_message(worker, index)[..] {
+            return Err(
+                format!("worker {worker}'s message {index} is not the one that came").into(),
+            );
+        }
+        next[usize::from(worker)] += 1;
+    }
+    let report = connection
+        .recv_deadline(deadline)
+        .map_err(|e| chain(&*e))?
+        .ok_or("no report")?;
+    let packed = u64::from_le_bytes(report[..].try_into().map_err(|_| "a report of 8 bytes")?);
+    // Its receive slot keeps its region registered while it lives.
+    drop(report);
+    if packed == 0 {
+        return Err("no message of the peer's workers shared a frame".into());
     }
     connection.send(&[]).map_err(|e| e.to_string())?;
     connection.flush().map_err(|e| e.to_string())?;
