@@ -971,21 +971,18 @@ impl<E: Endpoint> Connection<E> {
         taken
     }
 
-    /// Whether everything accepted has been posted and every send has completed, none
-    /// that carried message bytes with an error: everything accepted reached the peer.
-    /// What the senders queued counts as accepted once their `send` returned: those
-    /// queued by now.
+    /// Whether everything accepted through this connection's own calls has been posted
+    /// and every send has completed, none that carried message bytes with an error:
+    /// everything accepted reached the peer. What its senders queued is not counted here
+    /// (an async flush is of what went through the sink); [`Connection::flush`] counts it.
     pub(super) fn is_flushed(&self) -> bool {
-        self.is_flushed_since(self.senders_accepted())
+        self.core.is_idle() && self.unposted.is_empty() && !self.core.lost_data()
     }
 
-    /// [`Connection::is_flushed`], counting the first `senders_accepted` messages the
-    /// senders queued.
+    /// [`Connection::is_flushed`], and the first `senders_accepted` messages the senders
+    /// queued posted too (their sends then completed with the rest).
     fn is_flushed_since(&self, senders_accepted: u64) -> bool {
-        self.core.is_idle()
-            && self.unposted.is_empty()
-            && !self.core.lost_data()
-            && self.held.posted_all(senders_accepted)
+        self.is_flushed() && self.held.posted_all(senders_accepted)
     }
 
     /// How many messages the senders ever queued.
