@@ -1024,7 +1024,9 @@ impl<E: Endpoint> Connection<E> {
         if !self.unposted.is_empty() || self.core.arm(waker) == crate::provider::Armed::Pending {
             return crate::provider::Armed::Pending;
         }
+        // A flush that takes no more of the queue waits for completions, not for pushes.
         if let Some(queue) = &self.senders
+            && self.held.takes_more()
             && queue.arm(waker) == crate::provider::Armed::Pending
         {
             return crate::provider::Armed::Pending;

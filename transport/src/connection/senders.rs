@@ -437,8 +437,7 @@ impl Held {
     /// Takes queued items behind those held, until [`MAX_HELD`] are held or the queue is
     /// empty.
     pub(crate) fn refill(&mut self, queue: &SendQueue<Queued>) {
-        while self.fronts.len() < MAX_HELD && self.take_up_to.is_none_or(|up_to| self.taken < up_to)
-        {
+        while self.fronts.len() < MAX_HELD && self.takes_more() {
             let Some(item) = queue.pop() else {
                 break;
             };
@@ -448,6 +447,11 @@ impl Held {
                 Queued::Owned(bytes) => Front::Owned { bytes, sent: 0 },
             });
         }
+    }
+
+    /// Whether it takes more items off the queue: not while a flush has all it waits for.
+    pub(crate) fn takes_more(&self) -> bool {
+        self.take_up_to.is_none_or(|up_to| self.taken < up_to)
     }
 
     /// Takes no more than the first `count` items the queue accepted, until called again
