@@ -25,13 +25,13 @@
 //!   takes some, so senders faster than the peer cannot grow memory without bound.
 //! - **Senders leave the connection slots of its own.** Queued items hold at most half of
 //!   a tier's send slots (`slots_held`, counted from a sender's take until the connection
-//!   takes the item to post it, or drops it posted, out of what it [`Held`]); past that a
+//!   takes the item to post it, or drops it posted, out of those it holds, `Held`); past that a
 //!   sender copies its message instead. The connection needs send slots for its control
 //!   and credit frames, for the packed frames it copies held messages into, and for the
 //!   message at the front of the queue: a queue holding every slot behind a message
 //!   waiting for one would never move.
 //! - **Small messages that wait together share frames.** The connection takes up to
-//!   [`MAX_HELD`] items off the queue at a time; a run of two or more small ones at the
+//!   `MAX_HELD` items off the queue at a time; a run of two or more small ones at the
 //!   front (those the smallest tier carries whole, none begun) goes out through
 //!   `ConnectionCore::try_send_batch`, copied into packed frames, in order, each a
 //!   message of its own at the peer. A message that waits alone is posted from its slot
