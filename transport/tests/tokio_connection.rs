@@ -207,25 +207,6 @@ async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
     );
 }
 
-async fn the_sink_packs_the_small_messages_fed_between_flushes<P: PairProvider>() {
-    let provider = P::make();
-    let (mut sender, mut receiver) = pair(&provider, "patent");
-    // Credit enough for every one of them: only the flush makes them share frames.
-    for index in 0..10 {
-        sender.feed(patterned(index, 40)).await.unwrap();
-    }
-    sender.flush().await.unwrap();
-    for index in 0..10 {
-        let received = receiver.next().await.unwrap().unwrap();
-        assert!(received[..] == patterned(index, 40)[..], "message {index}");
-    }
-    let stats = sender.get_mut().stats();
-    assert_eq!(
-        stats.messages_packed, 10,
-        "the ten fed between two flushes shared a frame: {stats:?}"
-    );
-}
-
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -381,7 +362,6 @@ async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
 }
 
 on_each_provider!(
-    the_sink_packs_the_small_messages_fed_between_flushes,
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
     every_size_echoes_back,

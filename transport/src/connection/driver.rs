@@ -741,13 +741,6 @@ impl<E: Endpoint> Connection<E> {
         self.last_now
     }
 
-    /// Whether a message of `len` bytes is small: one the smallest tier carries whole,
-    /// which shares packed frames with others sent with it and starts no promotion.
-    #[cfg(all(feature = "tokio", not(loom)))]
-    pub(super) fn is_small(&self, len: usize) -> bool {
-        !self.core.needs_clock(len)
-    }
-
     /// The next delivered message, if one has arrived; makes progress first. Messages
     /// delivered before the connection failed are still returned, then the failure.
     pub fn try_recv(&mut self) -> Result<Option<Message>, Arc<ConnectionError>> {

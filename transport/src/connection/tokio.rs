@@ -45,17 +45,15 @@
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
 //!   ([`ConnectionError::AbandonedMidMessage`]), and one dropped before withdraws it.
-//! - The sink keeps a copy of a small message (one the smallest tier carries whole) until
-//!   `poll_flush`, so the small messages fed between two flushes share packed frames; it
-//!   takes a larger message at once when it holds none and can post it. Behind what it
-//!   holds, and while earlier ones wait for credit, it keeps a copy of any message, up to
-//!   [`Sinking::MAX_MESSAGES`] messages or [`Sinking::MAX_BYTES`] bytes; `poll_ready`
-//!   posts what it holds once that is reached, and waits while it cannot. What it keeps
-//!   is posted oldest first: a front that was offered already as `send` offers it (the
-//!   core may hold it as a message begun), the rest with one `try_send_batch`.
-//!   `poll_flush`, `poll_close`, and every send call ([`AsyncConnection::send`],
-//!   [`AsyncConnection::send_batch`], the byte stream's writes) post all of it first, so
-//!   messages leave in the order they were given.
+//! - The sink takes a message at once when it can post it; while earlier ones wait for
+//!   credit it keeps a copy behind them, up to [`Sinking::MAX_MESSAGES`] messages or
+//!   [`Sinking::MAX_BYTES`] bytes, and `poll_ready` waits past that. What it keeps is
+//!   posted oldest first: a front that was offered already as `send` offers it (the core
+//!   may hold it as a message begun), the rest with one `try_send_batch`, so small
+//!   messages that waited together share packed frames. `poll_flush`, `poll_close`, and
+//!   every send call ([`AsyncConnection::send`], [`AsyncConnection::send_batch`], the byte
+//!   stream's writes) post all of it first, so messages leave in the order they were
+//!   given.
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
@@ -749,19 +747,14 @@ impl<E: Endpoint + Unpin> Stream for AsyncConnection<E> {
     }
 }
 
-/// Messages to send, each taken whole: `start_send` keeps a small message (a copy) for
-/// `poll_flush`, to share frames with those fed after it, and posts a larger one at once
-/// where it can; `poll_flush` posts what it keeps before anything else, and so does
-/// `poll_ready` once it keeps as much as it may (module invariants).
+/// Messages to send, each taken whole: `start_send` posts what it can at once and keeps
+/// only the rest (a copy), which `poll_ready` and `poll_flush` post before anything else.
 impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     type Error = Arc<ConnectionError>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.get_mut().keeping_armed(cx, Call::Send, |this, cx| {
             loop {
-                if this.sinking.has_room() {
-                    return Poll::Ready(Ok(()));
-                }
                 this.disarm();
                 if this.post_sunk().map_err(failure_of)? || this.sinking.has_room() {
                     return Poll::Ready(Ok(()));
@@ -774,9 +767,9 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
         let this = self.get_mut();
         let message = item.as_ref();
-        if !this.sinking.messages.is_empty() || this.connection.is_small(message.len()) {
-            // Small, it waits for the flush to share a frame with what is fed after it;
-            // behind messages the sink keeps, any message waits with them.
+        if !this.sinking.messages.is_empty() {
+            // Behind messages waiting for credit: it waits with them, to share their
+            // frames if it is small.
             this.sinking.push(message.to_vec());
             return Ok(());
         }
