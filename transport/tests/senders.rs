@@ -188,8 +188,8 @@ fn a_flush_ends_while_other_senders_go_on_queueing<P: PairProvider>() {
     let provider = P::make();
     let (mut driven, mut receiving) =
         connections(&provider, demoting_ladder(Duration::from_secs(60)));
-    // The peer answers control frames but reads nothing until the flush has ended, so the
-    // producer below keeps the senders' queue full: it never empties under the flush.
+    // The peer answers control frames but reads nothing until the flush has ended, while
+    // the producer below goes on queueing for as long as the flush waits.
     let flushed = Arc::new(AtomicBool::new(false));
     let reader = thread::spawn({
         let flushed = Arc::clone(&flushed);
@@ -241,7 +241,7 @@ fn a_flush_ends_while_other_senders_go_on_queueing<P: PairProvider>() {
             Err(error) => panic!("{error}"),
         }
     }
-    // A flush waits for what was queued before it, not for a queue that never empties.
+    // A flush waits for what was queued before it, not for the producer to stop.
     let ended = driven
         .flush_deadline(Instant::now() + Duration::from_secs(20))
         .unwrap();
