@@ -157,6 +157,36 @@ pub fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
     region.reclaim();
 }
 
+/// A flush counts the messages its connection's senders queued before it
+/// (`SendQueue::accepted`) and waits until that many are taken off the queue
+/// (`Connection::flush`). One sender queues a message while another, on the flushing
+/// thread, queues its own and then flushes: whatever the interleaving, the flushing
+/// thread's message is among those the flush takes, since it was queued before the flush
+/// began. loom reports the flush stopping short of it.
+pub fn a_flush_takes_every_message_queued_before_it() {
+    use tierbuf_transport::connection::senders::SendQueue;
+
+    let queue = Arc::new(SendQueue::new(4));
+    let other = {
+        let queue = Arc::clone(&queue);
+        thread::spawn(move || assert!(queue.push(2u32).is_ok(), "room in the queue"))
+    };
+    assert!(queue.push(1u32).is_ok(), "room in the queue");
+    let counted = queue.accepted();
+    let mut taken = Vec::new();
+    while (taken.len() as u64) < counted {
+        match queue.pop() {
+            Some(message) => taken.push(message),
+            None => thread::yield_now(),
+        }
+    }
+    assert!(
+        taken.contains(&1),
+        "the flush stopped short of the message queued before it: took {taken:?} of {counted}"
+    );
+    other.join().unwrap();
+}
+
 /// Two tasks of one process ask for the process's one spin at the same instant, with no
 /// claim in force: at most one of them may spin. loom reports two claims granted.
 pub fn one_spin_at_a_time() {

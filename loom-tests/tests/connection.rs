@@ -30,3 +30,10 @@ fn giving_up_a_lapsed_claim_keeps_the_next() {
 fn a_queued_connection_is_never_slept_through() {
     loom::model(tierbuf_loom_tests::connection_models::a_queued_connection_is_never_slept_through);
 }
+
+#[test]
+fn a_flush_takes_every_message_queued_before_it() {
+    loom::model(
+        tierbuf_loom_tests::connection_models::a_flush_takes_every_message_queued_before_it,
+    );
+}

@@ -149,3 +149,12 @@ fn ready_queue_look_before_push_is_caught() {
         "{message}"
     );
 }
+
+#[test]
+fn send_queue_count_after_push_is_caught() {
+    let message = expect_caught(
+        Bug::SendQueueCountAfterPush,
+        tierbuf_loom_tests::connection_models::a_flush_takes_every_message_queued_before_it,
+    );
+    assert!(message.contains("stopped short"), "{message}");
+}

@@ -96,6 +96,10 @@ pub mod planted {
         /// queues the connection instead of after, so a sleeper that begins its sleep in
         /// between sleeps through the connection (`tierbuf-transport`).
         ReadyQueueLookBeforePush = 16,
+        /// A connection's senders' queue counts a message it accepts after queueing it
+        /// instead of before, so a flush that counts what was queued before it can stop
+        /// before a message ahead of one it counted (`tierbuf-transport`).
+        SendQueueCountAfterPush = 17,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -121,6 +121,16 @@ impl<T> SendQueue<T> {
             self.len.fetch_sub(1, Ordering::AcqRel);
             return Err(item);
         }
+        #[cfg(loom)]
+        if tierbuf_pool::sync::planted::is_planted(
+            tierbuf_pool::sync::planted::Bug::SendQueueCountAfterPush,
+        ) {
+            self.items.push(item);
+            self.accepted.fetch_add(1, Ordering::AcqRel);
+            fence(Ordering::SeqCst);
+            self.wake_parked();
+            return Ok(());
+        }
         self.accepted.fetch_add(1, Ordering::AcqRel);
         #[cfg(loom)]
         if tierbuf_pool::sync::planted::is_planted(
@@ -149,7 +159,7 @@ impl<T> SendQueue<T> {
     }
 
     /// How many items were ever accepted (module invariants).
-    pub(crate) fn accepted(&self) -> u64 {
+    pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Acquire)
     }
 
