@@ -178,6 +178,24 @@ impl Session {
         }
         Ok(())
     }
+
+    /// Waits for the peer to exit cleanly, then fails unless every byte this side
+    /// registered came back (call it once this side's connections are dropped).
+    fn finish_with_every_byte_back(self) -> Result<(), Failed> {
+        let budget = self.provider.registrar().budget().clone();
+        self.finish(true)?;
+        if budget.in_use() != 0 {
+            return Err(format!("{} registered bytes left", budget.in_use()).into());
+        }
+        Ok(())
+    }
+}
+
+/// Sends the peer its goodbye (an empty message) and flushes, so that it can close.
+fn say_goodbye(connection: &mut Connection<ShmEndpoint>) -> Result<(), Failed> {
+    connection.send(&[]).map_err(|e| e.to_string())?;
+    connection.flush().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 fn echo(socket: &Path, budget: u64) {
@@ -269,16 +287,10 @@ fn a_progress_thread_serves_many_connections_to_another_process() -> Result<(), 
     }
     for shared in &served {
         let mut connection = shared.lock().map_err(|e| e.to_string())?;
-        connection.send(&[]).map_err(|e| e.to_string())?;
-        connection.flush().map_err(|e| e.to_string())?;
+        say_goodbye(&mut connection)?;
     }
-    let budget = session.provider.registrar().budget().clone();
     drop((served, table));
-    session.finish(true)?;
-    if budget.in_use() != 0 {
-        return Err(format!("{} registered bytes left", budget.in_use()).into());
-    }
-    Ok(())
+    session.finish_with_every_byte_back()
 }
 
 /// Echoes `MESSAGES` messages of `sizes(MESSAGES, 65536)`, each batch of them that has
@@ -347,15 +359,9 @@ fn batches_in_flight_both_ways_arrive_once_in_order() -> Result<(), Failed> {
     if stats.messages_packed == 0 {
         return Err(format!("no message shared a frame: {stats:?}").into());
     }
-    connection.send(&[]).map_err(|e| e.to_string())?;
-    connection.flush().map_err(|e| e.to_string())?;
+    say_goodbye(&mut connection)?;
     drop(connection);
-    let budget = session.provider.registrar().budget().clone();
-    session.finish(true)?;
-    if budget.in_use() != 0 {
-        return Err(format!("{} registered bytes left", budget.in_use()).into());
-    }
-    Ok(())
+    session.finish_with_every_byte_back()
 }
 
 /// Worker threads of the peer in the senders test, and the messages each sends.
@@ -445,15 +451,9 @@ fn messages_from_a_peers_worker_threads_arrive_in_order_per_worker() -> Result<(
     if packed == 0 {
         return Err("no message of the peer's workers shared a frame".into());
     }
-    connection.send(&[]).map_err(|e| e.to_string())?;
-    connection.flush().map_err(|e| e.to_string())?;
+    say_goodbye(&mut connection)?;
     drop(connection);
-    let budget = session.provider.registrar().budget().clone();
-    session.finish(true)?;
-    if budget.in_use() != 0 {
-        return Err(format!("{} registered bytes left", budget.in_use()).into());
-    }
-    Ok(())
+    session.finish_with_every_byte_back()
 }
 
 fn exchange(session: &Session) -> Result<Connection<ShmEndpoint>, Failed> {
@@ -473,8 +473,7 @@ fn exchange(session: &Session) -> Result<Connection<ShmEndpoint>, Failed> {
             }
         }
     }
-    connection.send(&[]).map_err(|e| e.to_string())?;
-    connection.flush().map_err(|e| e.to_string())?;
+    say_goodbye(&mut connection)?;
     Ok(connection)
 }
 
@@ -486,12 +485,7 @@ fn random_sizes_arrive_once_in_order() -> Result<(), Failed> {
         return Err(format!("expected promotions and demotions: {stats:?}").into());
     }
     drop(connection);
-    let budget = session.provider.registrar().budget().clone();
-    session.finish(true)?;
-    if budget.in_use() != 0 {
-        return Err(format!("{} registered bytes left", budget.in_use()).into());
-    }
-    Ok(())
+    session.finish_with_every_byte_back()
 }
 
 fn a_peer_that_refuses_promotion_still_gets_every_message() -> Result<(), Failed> {
