@@ -1,7 +1,7 @@
 //! The server's store: a redb database in a file of its own under the temporary directory,
-//! removed when the store is dropped.
+//! unlinked as soon as it is open, so that no end of the process leaves it behind.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redb::{AccessGuard, Database, Durability, TableDefinition};
@@ -25,7 +25,6 @@ fn boxed(error: impl Into<redb::Error>) -> StoreError {
 #[derive(Debug)]
 pub struct Store {
     db: Database,
-    path: PathBuf,
 }
 
 impl Store {
@@ -38,19 +37,24 @@ impl Store {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.subsec_nanos());
-        let path =
-            std::env::temp_dir().join(format!("tierbuf-kv-{}-{nanos:09}.redb", std::process::id()));
-        let db = Database::create(&path).map_err(boxed)?;
-        let store = Store { db, path };
+        Store::create_unlinked(
+            &std::env::temp_dir()
+                .join(format!("tierbuf-kv-{}-{nanos:09}.redb", std::process::id())),
+        )
+    }
+
+    /// A new, empty store in a file made at `path` and unlinked at once: the database
+    /// keeps the file open, so its name is gone from the start and its space when the
+    /// store is dropped, however the process ends (a server process exits without running
+    /// destructors when its client goes).
+    fn create_unlinked(path: &Path) -> Result<Store, StoreError> {
+        let db = Database::create(path).map_err(boxed)?;
+        let store = Store { db };
+        std::fs::remove_file(path).map_err(|error| boxed(redb::StorageError::Io(error)))?;
         // Opening the table in a write transaction creates it, so a read before any write
         // finds it.
         store.write(|_| Ok(()))?;
         Ok(store)
-    }
-
-    /// The database's file.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Stores `value` under `key`.
@@ -108,28 +112,24 @@ impl Store {
     }
 }
 
-impl Drop for Store {
-    fn drop(&mut self) {
-        // Only a stale file under the temporary directory is left if this fails.
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn values_are_stored_read_and_deleted_and_the_file_goes_with_the_store() {
-        let store = Store::create_temporary().unwrap();
-        let path = store.path().to_path_buf();
+    fn values_are_stored_read_and_deleted_in_a_file_with_no_name_left() {
+        let path =
+            std::env::temp_dir().join(format!("tierbuf-kv-test-{}.redb", std::process::id()));
+        let store = Store::create_unlinked(&path).unwrap();
+        assert!(
+            !path.exists(),
+            "the file's name is gone while the store is open"
+        );
         assert!(store.get(b"a").unwrap().is_none());
         store.put(b"a", &[1; 5000]).unwrap();
         assert_eq!(store.get(b"a").unwrap().unwrap().value(), &[1; 5000][..]);
         assert!(store.delete(b"a").unwrap());
         assert!(!store.delete(b"a").unwrap());
         assert!(store.get(b"a").unwrap().is_none());
-        drop(store);
-        assert!(!path.exists());
     }
 }
