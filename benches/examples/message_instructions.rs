@@ -9,6 +9,8 @@
 //! `transport/pingpong_consumed` (`whole`: every word summed), less the peer process;
 //! `segmented` is `spot` on the bench ladder's tier 0 alone, where a message past 480
 //! bytes travels in segments every time, as in `transport/promotion/segmented`;
+//! `spot-loopback` and `segmented-loopback` are `spot` and `segmented` over a loopback
+//! pair (the provider of `transport/promotion/*/loopback`);
 //! `stream` sends batches of eight messages one way, as `transport/stream` sends them,
 //! each batch taken whole on the other side (`ROUNDS` counts batches there, so divide by
 //! `8 × ROUNDS` for a message); `batched` sends batches of 64 with one `try_send_batch`
@@ -20,7 +22,8 @@
 //!
 //! `cargo build --profile bench -p tierbuf-benches --example message_instructions`, then
 //! `valgrind --tool=callgrind target/release/examples/message_instructions MODE ROUNDS
-//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `stream`, `batched`, `sum`;
+//! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `spot-loopback`,
+//! `segmented-loopback`, `stream`, `batched`, `sum`;
 //! `SIZE` in bytes,
 //! 64 unless given. See `docs/transport.md`, "What the consumed figures are made of".
 
@@ -34,7 +37,9 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionCore, Message, SendError,
 };
-use tierbuf_transport::{BufferRef, Completion, Endpoint, Opcode, Provider, ShmProvider};
+use tierbuf_transport::{
+    BufferRef, Completion, Endpoint, LoopbackProvider, Opcode, Provider, ShmProvider,
+};
 
 const DEPTH: u32 = 64;
 
@@ -46,7 +51,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args
         .next()
-        .expect("a mode: endpoint, spot, whole, segmented, stream, batched or sum");
+        .expect("a mode: endpoint, spot, whole, segmented, spot-loopback, segmented-loopback, stream, batched or sum");
     let rounds: u64 = args.next().map_or(100_000, |n| n.parse().expect("a count"));
     let size: usize = args.next().map_or(64, |n| n.parse().expect("a size"));
     let (elapsed, round) = match mode.as_str() {
@@ -54,6 +59,8 @@ fn main() {
         "spot" => (connection(rounds, size, false, false), "a round trip"),
         "whole" => (connection(rounds, size, true, false), "a round trip"),
         "segmented" => (connection(rounds, size, false, true), "a round trip"),
+        "spot-loopback" => (connection_loopback(rounds, size, false), "a round trip"),
+        "segmented-loopback" => (connection_loopback(rounds, size, true), "a round trip"),
         "stream" => (stream(rounds, size), "a batch of 8"),
         "batched" => (batched(rounds, size), "a batch of 64"),
         "sum" => {
@@ -82,6 +89,18 @@ fn main() {
 /// Two connections over one shm pair, on the bench ladder or on its tier 0 alone.
 fn connection_pair(tier_0_alone: bool) -> (Shm, Shm) {
     let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 30));
+    connection_pair_over(&provider, tier_0_alone, |depth| {
+        provider.pair(depth, depth).expect("an shm pair")
+    })
+}
+
+/// Two connections over one pair of `provider`'s endpoints (`pair` makes them), on the
+/// bench ladder or on its tier 0 alone.
+fn connection_pair_over<E: Endpoint>(
+    provider: &impl Provider,
+    tier_0_alone: bool,
+    pair: impl FnOnce(u32) -> (E, E),
+) -> (Connection<E>, Connection<E>) {
     let mut ladder = TierLadder::builder().tier(512, 16, 480);
     if !tier_0_alone {
         ladder = ladder
@@ -95,7 +114,7 @@ fn connection_pair(tier_0_alone: bool) -> (Shm, Shm) {
         Arc::clone(config.ladder()),
     ));
     reservoir.fill().expect("register the spares");
-    let (a, b) = provider.pair(DEPTH, DEPTH).expect("an shm pair");
+    let (a, b) = pair(DEPTH);
     let connect = |endpoint| {
         let core = ConnectionCore::new(
             Arc::clone(&config),
@@ -113,7 +132,28 @@ fn connection_pair(tier_0_alone: bool) -> (Shm, Shm) {
 /// `transport/pingpong` runs them: on the bench ladder, or on its tier 0 alone; the
 /// receiver reads every word (`whole`) or four places.
 fn connection(rounds: u64, size: usize, whole: bool, tier_0_alone: bool) -> Duration {
-    let (mut a, mut b) = connection_pair(tier_0_alone);
+    let (a, b) = connection_pair(tier_0_alone);
+    round_trips(a, b, rounds, size, whole)
+}
+
+/// [`connection`] over a loopback pair: `spot-loopback` and `segmented-loopback`, as
+/// `transport/promotion/{already_promoted,segmented}/loopback` send an 8 KiB message.
+fn connection_loopback(rounds: u64, size: usize, tier_0_alone: bool) -> Duration {
+    let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 30));
+    let (a, b) = connection_pair_over(&provider, tier_0_alone, |depth| {
+        provider.pair(depth, depth).expect("a loopback pair")
+    });
+    round_trips(a, b, rounds, size, false)
+}
+
+/// `rounds` round trips of a `size`-byte message between `a` and `b`.
+fn round_trips<E: Endpoint>(
+    mut a: Connection<E>,
+    mut b: Connection<E>,
+    rounds: u64,
+    size: usize,
+    whole: bool,
+) -> Duration {
     let expected = message(size);
     let rest = rest_sum(&expected);
     let reading = if whole { Reading::Whole } else { Reading::Spot };
@@ -206,7 +246,7 @@ type Shm = Connection<tierbuf_transport::ShmEndpoint>;
 
 /// Sends `message` on `from` as `Connection::send` does, driving `to` where `send` would
 /// wait (this thread is both sides).
-fn send(from: &mut Shm, to: &mut Shm, message: &[u8]) {
+fn send<E: Endpoint>(from: &mut Connection<E>, to: &mut Connection<E>, message: &[u8]) {
     // `Connection::send`'s steps, with `to` driven where `send` would wait.
     let mut offset = 0;
     loop {
@@ -225,7 +265,7 @@ fn send(from: &mut Shm, to: &mut Shm, message: &[u8]) {
 }
 
 /// The next message on `on`, driving `from` too until it has come.
-fn recv(on: &mut Shm, from: &mut Shm) -> Message {
+fn recv<E: Endpoint>(on: &mut Connection<E>, from: &mut Connection<E>) -> Message {
     loop {
         if let Some(message) = on.try_recv().expect("receive") {
             return message;
