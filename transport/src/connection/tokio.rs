@@ -499,8 +499,12 @@ impl<E: Endpoint> AsyncConnection<E> {
                     Err(error) => return Err(error),
                 }
             } else {
-                let batch: Vec<&[u8]> = self.sinking.messages.iter().map(Vec::as_slice).collect();
-                match self.connection.try_send_batch(&batch) {
+                let mut batch: [&[u8]; Sinking::MAX_MESSAGES] = [&[]; Sinking::MAX_MESSAGES];
+                for (part, message) in batch.iter_mut().zip(&self.sinking.messages) {
+                    *part = message;
+                }
+                let count = self.sinking.messages.len().min(Sinking::MAX_MESSAGES);
+                match self.connection.try_send_batch(&batch[..count]) {
                     Ok(taken) => self.sinking.pop(taken),
                     Err(SendError::WouldBlock(_)) => return Ok(false),
                     Err(error) => return Err(error),
@@ -673,8 +677,6 @@ impl<E: Endpoint> Drop for Sending<'_, E> {
 #[derive(Default)]
 struct Sinking {
     messages: std::collections::VecDeque<Vec<u8>>,
-    /// Bytes of `messages`.
-    bytes: usize,
     /// Whether the front was offered with `try_send_some` and may be held by the core as
     /// a message begun: it is offered the same way until it is all posted.
     begun: bool,
@@ -684,7 +686,7 @@ impl std::fmt::Debug for Sinking {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sinking")
             .field("messages", &self.messages.len())
-            .field("bytes", &self.bytes)
+            .field("bytes", &self.bytes())
             .field("begun", &self.begun)
             .finish()
     }
@@ -696,27 +698,35 @@ impl Sinking {
     /// Messages past which the sink takes nothing more until what it holds is posted.
     const MAX_MESSAGES: usize = 64;
 
+    /// Bytes of the messages it holds.
+    fn bytes(&self) -> usize {
+        self.messages.iter().map(Vec::len).sum()
+    }
+
     fn has_room(&self) -> bool {
-        self.bytes < Sinking::MAX_BYTES && self.messages.len() < Sinking::MAX_MESSAGES
+        self.messages.len() < Sinking::MAX_MESSAGES && self.bytes() < Sinking::MAX_BYTES
     }
 
     fn push(&mut self, message: Vec<u8>) {
-        self.bytes += message.len();
         self.messages.push_back(message);
+    }
+
+    /// Keeps `rest`, what is left to post of a message offered as `send` offers it, as
+    /// the only message held: it is offered that way again.
+    fn push_begun(&mut self, rest: &[u8]) {
+        self.messages.push_back(rest.to_vec());
+        self.begun = true;
     }
 
     /// Drops the `count` oldest messages, all posted.
     fn pop(&mut self, count: usize) {
-        for message in self.messages.drain(..count) {
-            self.bytes -= message.len();
-        }
+        self.messages.drain(..count);
         self.begun = false;
     }
 
     /// Replaces the front message by `rest`, what is left of it to post.
     fn replace_front(&mut self, rest: Vec<u8>) {
         if let Some(front) = self.messages.front_mut() {
-            self.bytes = self.bytes - front.len() + rest.len();
             *front = rest;
         }
         self.begun = true;
@@ -775,15 +785,9 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
         }
         match this.connection.try_send_some(message) {
             Ok(taken) if taken == message.len() => {}
-            Ok(taken) => {
-                this.sinking.push(message[taken..].to_vec());
-                this.sinking.begun = true;
-            }
+            Ok(taken) => this.sinking.push_begun(&message[taken..]),
             // Not taken, or taken on with nothing posted: offered whole again either way.
-            Err(SendError::WouldBlock(_)) => {
-                this.sinking.push(message.to_vec());
-                this.sinking.begun = true;
-            }
+            Err(SendError::WouldBlock(_)) => this.sinking.push_begun(message),
             Err(error) => return Err(failure_of(error)),
         }
         Ok(())
