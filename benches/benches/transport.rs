@@ -101,12 +101,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tierbuf_benches::messages::{Reading, check, message, rest_sum, stamp};
-use tierbuf_benches::{clock, pin_to_core};
+use tierbuf_benches::{clock, connect, pin_to_core};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, SendError,
+    Connection, ConnectionConfig, ConnectionError, ConnectionStats, SendError,
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
@@ -186,22 +186,6 @@ fn config_and_reservoir_for(
     let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
     reservoir.fill().expect("register the spares");
     (config, reservoir)
-}
-
-/// A connection over `endpoint` on tier 0, its tiers drawn from `reservoir`.
-fn connect<E: Endpoint>(
-    config: &Arc<ConnectionConfig>,
-    reservoir: &Arc<Reservoir>,
-    endpoint: E,
-) -> Connection<E> {
-    let core = ConnectionCore::new(
-        Arc::clone(config),
-        Arc::clone(reservoir),
-        Arc::clone(reservoir),
-        Instant::now(),
-    )
-    .expect("a connection");
-    Connection::new(core, endpoint).expect("post the first receives")
 }
 
 /// A connected pair over a fresh loopback provider, both sides on tier 0.

@@ -30,13 +30,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tierbuf_benches::connect;
 use tierbuf_benches::messages::{Reading, check, message, rest_sum, word_sum};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, Message, SendError,
-};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, Message, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, LoopbackProvider, Opcode, Provider, ShmProvider,
 };
@@ -115,17 +114,10 @@ fn connection_pair_over<E: Endpoint>(
     ));
     reservoir.fill().expect("register the spares");
     let (a, b) = pair(DEPTH);
-    let connect = |endpoint| {
-        let core = ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .expect("a connection");
-        Connection::new(core, endpoint).expect("post the first receives")
-    };
-    (connect(a), connect(b))
+    (
+        connect(&config, &reservoir, a),
+        connect(&config, &reservoir, b),
+    )
 }
 
 /// `rounds` round trips between two connections over one shm pair, as

@@ -4,8 +4,46 @@
 
 pub mod messages;
 
-use std::sync::{Barrier, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
+
+use tierbuf_tiers::Reservoir;
+use tierbuf_transport::Endpoint;
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+
+/// A connection over `endpoint` on its ladder's first tier, its tiers drawn from
+/// `reservoir` (send and receive alike), as every bench's connections are made.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tierbuf_pool::MemoryBudget;
+/// use tierbuf_tiers::{Reservoir, ladder::TierLadder};
+/// use tierbuf_transport::connection::ConnectionConfig;
+/// use tierbuf_transport::{LoopbackProvider, Provider};
+///
+/// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 24));
+/// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
+/// let (a, b) = provider.pair(64, 64)?;
+/// let a = tierbuf_benches::connect(&config, &reservoir, a);
+/// let b = tierbuf_benches::connect(&config, &reservoir, b);
+/// assert_eq!((a.stats().send_tier, b.stats().send_tier), (0, 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn connect<E: Endpoint>(
+    config: &Arc<ConnectionConfig>,
+    reservoir: &Arc<Reservoir>,
+    endpoint: E,
+) -> Connection<E> {
+    let core = ConnectionCore::new(
+        Arc::clone(config),
+        Arc::clone(reservoir),
+        Arc::clone(reservoir),
+        Instant::now(),
+    )
+    .expect("a connection");
+    Connection::new(core, endpoint).expect("post the first receives")
+}
 
 /// The time on clock `id` (`libc::CLOCK_MONOTONIC`, which two processes share;
 /// `libc::CLOCK_THREAD_CPUTIME_ID`, the calling thread's CPU time).
