@@ -99,4 +99,4 @@ pub use shm::RING_CAPACITY;
 #[doc(hidden)]
 pub use shm::segment as shm_segment;
 #[cfg(not(loom))]
-pub use shm::{ShmEndpoint, ShmListener, ShmProvider, ShmRegistrar};
+pub use shm::{PeerMappingLimit, ShmEndpoint, ShmListener, ShmProvider, ShmRegistrar};

@@ -28,14 +28,16 @@ use tierbuf_transport::connection::{
 };
 use tierbuf_transport::shm_segment::{Direction, PostedBuffer, RingSize, Segment};
 use tierbuf_transport::{
-    BufferRef, Completion, Endpoint, Provider, RING_CAPACITY, ShmEndpoint, ShmProvider,
-    TransportError,
+    BufferRef, Completion, Endpoint, PeerMappingLimit, Provider, RING_CAPACITY, ShmEndpoint,
+    ShmProvider, TransportError,
 };
 
 /// The bootstrap records' magic (`transport/src/shm/bootstrap.rs`): `"tierbu"`, the `S` of
 /// the shm provider and the record layout's version, little-endian on the wire.
 const RECORD_MAGIC: u64 = u64::from_be_bytes(*b"tierbu\x53\x01");
 const KIND_WELCOME: u32 = 2;
+const KIND_ANNOUNCE: u32 = 4;
+const KIND_FORGET: u32 = 5;
 const RECORD_LEN: usize = 32;
 
 /// The peer timeout the endpoints under attack are given.
@@ -84,7 +86,7 @@ impl Drop for Mapping {
 /// The test as the accepting side of a connection: its socket and the segment it was sent.
 struct RawPeer {
     /// Held open for the peer's life: closing it is what the peer's death looks like.
-    _socket: OwnedFd,
+    socket: OwnedFd,
     segment: Mapping,
     /// The receive depth it welcomed with: its ring's size.
     depth: u32,
@@ -111,18 +113,14 @@ impl RawPeer {
             let victim = scope.spawn(|| connect(path));
             let socket = rustix::net::accept_with(&listening, SocketFlags::CLOEXEC).unwrap();
             let segment = receive_hello(&socket);
-            let mut welcome = [0u8; RECORD_LEN];
-            welcome[0..8].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
-            welcome[8..12].copy_from_slice(&KIND_WELCOME.to_le_bytes());
-            welcome[12..16].copy_from_slice(&depth.to_le_bytes());
-            welcome[16..24].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+            let welcome = record(KIND_WELCOME, depth, u64::from(std::process::id()), 0);
             rustix::net::send(&socket, &welcome, SendFlags::NOSIGNAL).unwrap();
             let endpoint = victim.join().unwrap();
             let _ = std::fs::remove_file(path);
             (
                 endpoint,
                 RawPeer {
-                    _socket: socket,
+                    socket,
                     segment,
                     depth,
                 },
@@ -148,6 +146,59 @@ impl RawPeer {
         let announced = unsafe { &*direction.cast::<AtomicU64>().add(1) };
         announced.fetch_add(1, Ordering::Release);
     }
+}
+
+impl RawPeer {
+    /// Announces a region of `len` bytes under `remote_key`: a fresh memory file of that
+    /// length (sparse: it allocates nothing), sealed against shrinking as the endpoint
+    /// requires, sent with its record.
+    fn announce(&self, remote_key: u32, len: u64) {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
+        let file = rustix::fs::memfd_create(
+            "hostile-region",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .unwrap();
+        rustix::fs::ftruncate(&file, len).unwrap();
+        rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK).unwrap();
+        let record = record(KIND_ANNOUNCE, remote_key, 0x7f00_0000_0000, len);
+        let files = [rustix::fd::AsFd::as_fd(&file)];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&files)));
+        rustix::net::sendmsg(
+            &self.socket,
+            &[std::io::IoSlice::new(&record)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )
+        .unwrap();
+    }
+
+    /// Says the region announced under `remote_key` is gone.
+    fn forget(&self, remote_key: u32) {
+        let record = record(KIND_FORGET, remote_key, 0x7f00_0000_0000, 0);
+        rustix::net::send(&self.socket, &record, SendFlags::NOSIGNAL).unwrap();
+    }
+}
+
+/// A bootstrap record: magic, kind, then its three fields.
+fn record(kind: u32, a: u32, b: u64, c: u64) -> [u8; RECORD_LEN] {
+    let mut bytes = [0u8; RECORD_LEN];
+    bytes[0..8].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+    bytes[8..12].copy_from_slice(&kind.to_le_bytes());
+    bytes[12..16].copy_from_slice(&a.to_le_bytes());
+    bytes[16..24].copy_from_slice(&b.to_le_bytes());
+    bytes[24..32].copy_from_slice(&c.to_le_bytes());
+    bytes
+}
+
+/// Polls `endpoint` until it fails or has made `polls` polls (past its idle polls between
+/// two looks at the socket many times over); returns the failure, if any.
+fn poll_for_failure(endpoint: &mut ShmEndpoint, polls: usize) -> Option<TransportError> {
+    let mut completions = [Completion::default(); 4];
+    (0..polls).find_map(|_| endpoint.poll(&mut completions).err())
 }
 
 /// Receives the connecting side's hello and maps the segment its memory file holds.
@@ -303,6 +354,56 @@ fn announcements_counted_but_never_sent_block_no_try_send() {
     );
     assert!(error.to_string().contains("announce"), "{error}");
     drop((endpoint, peer));
+}
+
+/// A peer that announces a memory file of a terabyte: mapping it would take that much of
+/// this process's address space, and a few such peers all of it, for every connection and
+/// every allocation of the process. The endpoint refuses it as a violation instead.
+#[test]
+fn a_region_past_the_mapping_limit_is_refused_not_mapped() {
+    let provider = provider();
+    let path = socket_path("huge-region");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    peer.announce(0x7e57, 1 << 40);
+    let error = poll_for_failure(&mut endpoint, 10_000).expect("the endpoint failed");
+    assert_past_the_mapping_limit(&error);
+    drop((endpoint, peer));
+}
+
+/// A peer that announces region after region and forgets none: each is a mapping of this
+/// process's, and enough of them take its last (`vm.max_map_count`), for every
+/// connection. The endpoint keeps as many as its limit allows, and no more; a region the
+/// peer forgets makes room for another.
+#[test]
+fn regions_past_the_count_limit_are_refused_and_forgotten_ones_make_room() {
+    let limit = PeerMappingLimit::new(4, 1 << 20);
+    let provider = provider().with_peer_mapping_limit(limit);
+    let path = socket_path("many-regions");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    for key in 1..=4 {
+        peer.announce(key, 4096);
+    }
+    peer.forget(1);
+    peer.announce(5, 4096);
+    assert!(
+        poll_for_failure(&mut endpoint, 10_000).is_none(),
+        "four regions mapped at once, within the limit"
+    );
+    peer.announce(6, 4096);
+    let error = poll_for_failure(&mut endpoint, 10_000).expect("the fifth region refused");
+    assert_past_the_mapping_limit(&error);
+    drop((endpoint, peer));
+}
+
+/// `error` is the peer's violation of the endpoint's mapping limit.
+fn assert_past_the_mapping_limit(error: &TransportError) {
+    assert!(
+        matches!(error, TransportError::ProtocolViolation { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("mapping limit"), "{error}");
 }
 
 /// A client that connects and says nothing does not keep `accept` from the client behind

@@ -61,6 +61,7 @@ use super::bootstrap::{
     FileMapping, Incoming, Received, Record, SOCKET_TIMEOUT, SocketError, receive_record,
     send_record, send_wake,
 };
+use super::limits::PeerBounds;
 use super::segment::{
     Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, RING_CAPACITY, Ring, RingSize,
     SharedSegment, prefetch,
@@ -233,8 +234,9 @@ pub struct ShmEndpoint {
     // Liveness.
     idle_polls: u32,
     peer_gone: bool,
-    /// How long to wait for what only the peer can do (module invariants).
-    peer_timeout: Duration,
+    /// How long to wait for what only the peer can do (module invariants), and how much
+    /// of its memory to map.
+    peer: PeerBounds,
     /// Since when a send has waited for announcements the peer counted and has not sent.
     announcements_missing_since: Option<Instant>,
     /// An error to report from the next `poll`, once.
@@ -244,7 +246,8 @@ pub struct ShmEndpoint {
 impl ShmEndpoint {
     /// An endpoint over a finished handshake. `segment` maps a stamped segment; the peer
     /// keeps at most `peer_recv_depth` receives outstanding; what only the peer can do is
-    /// waited for `peer_timeout` at most.
+    /// waited for `peer.timeout` at most, and at most `peer.mapping` of its memory is
+    /// mapped.
     pub(crate) fn new(
         side: usize,
         socket: OwnedFd,
@@ -252,7 +255,7 @@ impl ShmEndpoint {
         limits: EndpointLimits,
         peer_recv_depth: u32,
         local: RegionCache<SharedHostRegion>,
-        peer_timeout: Duration,
+        peer: PeerBounds,
     ) -> ShmEndpoint {
         ShmEndpoint {
             side,
@@ -277,7 +280,7 @@ impl ShmEndpoint {
             announced: HashMap::default(),
             idle_polls: 0,
             peer_gone: false,
-            peer_timeout,
+            peer,
             announcements_missing_since: None,
             failure: None,
         }
@@ -385,6 +388,10 @@ impl ShmEndpoint {
                 Some(file),
             ) => {
                 self.announcements_read += 1;
+                if let Err(detail) = self.admit_peer_region(remote_key, file_len) {
+                    self.violation(detail);
+                    return;
+                }
                 match FileMapping::map(&file, file_len) {
                     Ok(mapping) => {
                         self.peer_regions.insert(
@@ -421,6 +428,31 @@ impl ShmEndpoint {
         }
     }
 
+    /// Whether a region of `file_len` bytes the peer announces under `remote_key` may be
+    /// mapped: with it (in place of one the key names already), the peer's regions stay
+    /// within the mapping limit (`limits`' invariants). Otherwise, what the peer did.
+    fn admit_peer_region(&self, remote_key: u32, file_len: u64) -> Result<(), String> {
+        let replaced = self.peer_regions.get(&remote_key);
+        let regions = self.peer_regions.len() + usize::from(replaced.is_none());
+        let bytes = self
+            .peer_regions
+            .values()
+            .map(|region| region.mapping.len() as u64)
+            .sum::<u64>()
+            .saturating_sub(replaced.map_or(0, |region| region.mapping.len() as u64))
+            .saturating_add(file_len);
+        let limit = self.peer.mapping;
+        if limit.admits(regions, bytes) {
+            return Ok(());
+        }
+        Err(format!(
+            "announced region {remote_key:#x} of {file_len} bytes, which would make {regions} \
+             regions of {bytes} bytes mapped, past the mapping limit of {} regions of {} bytes",
+            limit.regions(),
+            limit.bytes()
+        ))
+    }
+
     /// Reads the socket, without waiting, until the first `needed` announcements of the
     /// peer's are handled; returns whether they are. An honest peer sends them before it
     /// counts them, so they are there; one that counted them and has not sent them within
@@ -435,10 +467,10 @@ impl ShmEndpoint {
                 Ok(Incoming::Nothing) => {
                     let now = Instant::now();
                     let since = *self.announcements_missing_since.get_or_insert(now);
-                    if now.saturating_duration_since(since) >= self.peer_timeout {
+                    if now.saturating_duration_since(since) >= self.peer.timeout {
                         self.stalled(
                             "the region announcements the peer counted as sent",
-                            self.peer_timeout,
+                            self.peer.timeout,
                         );
                     }
                     return false;
@@ -732,7 +764,7 @@ impl ShmEndpoint {
         let side = self.side;
         let socket = &self.socket;
         let mut peer_gone = self.peer_gone;
-        let deadline = Instant::now().checked_add(self.peer_timeout);
+        let deadline = Instant::now().checked_add(self.peer.timeout);
         let mut stalled = false;
         // Records that arrive now are dropped (closing their descriptors): the connection
         // is down, so nothing will be sent into an announced region again.
@@ -750,7 +782,7 @@ impl ShmEndpoint {
         if stalled {
             self.stalled(
                 "the end of the peer's copy into this side's buffers (it holds its copy gate)",
-                self.peer_timeout,
+                self.peer.timeout,
             );
         }
         // A delivery that was in progress has been made meanwhile.

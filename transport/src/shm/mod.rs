@@ -6,7 +6,8 @@
 //! - **Regions** are sealed memory files ([`SharedHostRegion`]) mapped by their owner;
 //!   a region is announced to the peer (its memory file passed with `SCM_RIGHTS` on the
 //!   connection's bootstrap socket) the first time a receive is posted in it, and the
-//!   peer maps it once and keeps it mapped until the owner deregisters it.
+//!   peer maps it once and keeps it mapped until the owner deregisters it, within its
+//!   [`PeerMappingLimit`] of regions and bytes (`limits`).
 //! - **Bootstrap.** A [`ShmListener`] listens on a Unix-domain `SOCK_SEQPACKET` socket;
 //!   [`ShmProvider::connect`] creates the connection segment (a memory file holding one
 //!   ring per direction), sends it with a hello, and the listener's
@@ -38,10 +39,14 @@ mod bootstrap;
 pub(crate) use bootstrap::{RECORD_LEN, Record, RecordError};
 #[cfg(not(loom))]
 mod endpoint;
+#[cfg(not(loom))]
+mod limits;
 pub mod segment;
 
 #[cfg(not(loom))]
 pub use endpoint::ShmEndpoint;
+#[cfg(not(loom))]
+pub use limits::PeerMappingLimit;
 #[cfg(not(loom))]
 pub use provider::{ShmListener, ShmProvider, ShmRegistrar};
 pub use segment::RING_CAPACITY;

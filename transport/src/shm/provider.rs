@@ -29,6 +29,7 @@ use super::bootstrap::{
     send_record,
 };
 use super::endpoint::{MAX_GATHER, ShmEndpoint};
+use super::limits::{PeerBounds, PeerMappingLimit};
 use super::segment::{RING_CAPACITY, SharedSegment};
 use crate::error::{QueueKind, TransportError};
 use crate::provider::{EndpointLimits, Provider};
@@ -66,7 +67,7 @@ const MAX_SEND_DEPTH: u32 = 1 << 16;
 #[derive(Debug)]
 pub struct ShmProvider {
     registrar: Arc<ShmRegistrar>,
-    peer_timeout: Duration,
+    peer: PeerBounds,
 }
 
 /// The shared-memory provider's registrar: sealed memory files from a
@@ -131,7 +132,10 @@ impl ShmProvider {
                 host,
                 table: Arc::new(RegionTable::new()),
             }),
-            peer_timeout: ShmProvider::DEFAULT_PEER_TIMEOUT,
+            peer: PeerBounds {
+                timeout: ShmProvider::DEFAULT_PEER_TIMEOUT,
+                mapping: PeerMappingLimit::DEFAULT,
+            },
         }
     }
 
@@ -149,13 +153,37 @@ impl ShmProvider {
     /// assert_eq!(provider.peer_timeout(), Duration::from_millis(500));
     /// ```
     pub fn with_peer_timeout(mut self, timeout: Duration) -> ShmProvider {
-        self.peer_timeout = timeout.max(Duration::from_millis(1));
+        self.peer.timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
     /// How long endpoints and listeners wait for what only their peer can do.
     pub fn peer_timeout(&self) -> Duration {
-        self.peer_timeout
+        self.peer.timeout
+    }
+
+    /// The provider with `limit` on how much of its peer's memory each endpoint maps at
+    /// once ([`PeerMappingLimit::DEFAULT`] unless set): a peer that announces regions
+    /// past it breaks its connection with
+    /// [`TransportError::ProtocolViolation`](crate::TransportError), and nothing of them
+    /// is mapped.
+    ///
+    /// ```
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::{PeerMappingLimit, ShmProvider};
+    /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// assert_eq!(provider.peer_mapping_limit(), PeerMappingLimit::DEFAULT);
+    /// let limit = PeerMappingLimit::new(16, 1 << 30);
+    /// assert_eq!(provider.with_peer_mapping_limit(limit).peer_mapping_limit(), limit);
+    /// ```
+    pub fn with_peer_mapping_limit(mut self, limit: PeerMappingLimit) -> ShmProvider {
+        self.peer.mapping = limit;
+        self
+    }
+
+    /// How much of its peer's memory each endpoint maps at once.
+    pub fn peer_mapping_limit(&self) -> PeerMappingLimit {
+        self.peer.mapping
     }
 
     /// Listens for connections on a Unix-domain socket at `path`, which must not exist
@@ -187,7 +215,7 @@ impl ShmProvider {
             socket,
             path,
             registrar: Arc::clone(&self.registrar),
-            peer_timeout: self.peer_timeout,
+            peer: self.peer,
             unheard: Mutex::new(UnheardPeers::new()),
         })
     }
@@ -263,7 +291,7 @@ impl ShmProvider {
             limits,
             peer_recv_depth,
             local,
-            self.peer_timeout,
+            self.peer,
         )
     }
 }
@@ -288,7 +316,7 @@ pub struct ShmListener {
     socket: OwnedFd,
     path: PathBuf,
     registrar: Arc<ShmRegistrar>,
-    peer_timeout: Duration,
+    peer: PeerBounds,
     /// Clients connected and not yet heard from.
     unheard: Mutex<UnheardPeers<OwnedFd>>,
 }
@@ -319,14 +347,14 @@ impl ShmListener {
             if let Some((client, heard)) = heard {
                 return self.welcome(client, heard, limits);
             }
-            if unheard.drop_silent(self.peer_timeout) {
+            if unheard.drop_silent(self.peer.timeout) {
                 return Err(handshake_error(format!(
                     "the peer connected and sent no hello within {:?}",
-                    self.peer_timeout
+                    self.peer.timeout
                 )));
             }
             unheard
-                .wait((!out_of_files).then_some(&self.socket), self.peer_timeout)
+                .wait((!out_of_files).then_some(&self.socket), self.peer.timeout)
                 .map_err(os_error("waiting for clients"))?;
         }
     }
@@ -374,13 +402,7 @@ impl ShmListener {
         let (segment, peer_depth) = answer(socket.as_fd(), heard, limits.recv_depth)?;
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
         Ok(ShmEndpoint::new(
-            1,
-            socket,
-            segment,
-            limits,
-            peer_depth,
-            local,
-            self.peer_timeout,
+            1, socket, segment, limits, peer_depth, local, self.peer,
         ))
     }
 }
