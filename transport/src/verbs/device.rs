@@ -74,6 +74,7 @@ impl OpenDevice {
             .map(|entry| GidTableEntry {
                 gid_index: entry.gid_index,
                 gid_type: entry.gid_type,
+                ipv4_mapped: gid_address(&entry.gid).to_ipv4_mapped().is_some(),
             })
             .collect();
         let gid_index =
@@ -340,6 +341,8 @@ const GID_TYPE_ROCE_V2: ibv_gid_type = 2;
 pub(crate) struct GidTableEntry {
     pub(crate) gid_index: u32,
     pub(crate) gid_type: ibv_gid_type,
+    /// Whether the GID is an IPv4 address (`::ffff:a.b.c.d`).
+    pub(crate) ipv4_mapped: bool,
 }
 
 /// The GID index queue pairs route by, given the port's valid GID entries (as `ibverbs`
@@ -348,8 +351,15 @@ pub(crate) struct GidTableEntry {
 /// `ibverbs` 0.9 looks an index up by its position in the list of valid entries and
 /// panics if the entry there has another index, so an index is usable only where the two
 /// agree; an unusable one is refused with the number of valid entries. With no index
-/// asked for, the first usable RoCE v2 entry is taken, else the first RoCE v1 entry
-/// (RoCE needs a GID), else none: InfiniBand routes by LID.
+/// asked for, the first usable IPv4-mapped RoCE v2 entry is taken, else the first usable
+/// RoCE v2 entry, else the first RoCE v1 entry (RoCE needs a GID), else none: InfiniBand
+/// routes by LID.
+///
+/// An IPv4-mapped RoCE v2 GID comes first because connecting a queue pair to it
+/// (`ibv_modify_qp` to RTR) resolves the peer's Ethernet address by ARP, whose entry the
+/// rendezvous over the peer's IPv4 address has just made, and it routes beyond the link;
+/// a link-local GID is resolved by IPv6 neighbor discovery, which nothing has warmed and
+/// which the kernel gives a second before it fails the transition with `ETIMEDOUT`.
 pub(crate) fn routing_gid_index(
     entries: &[GidTableEntry],
     requested: Option<u32>,
@@ -360,15 +370,20 @@ pub(crate) fn routing_gid_index(
             Some(entry) if usable(gid_index as usize, entry) => Ok(Some(gid_index)),
             _ => Err(entries.len()),
         },
-        None => Ok([GID_TYPE_ROCE_V2, GID_TYPE_ROCE_V1]
-            .iter()
-            .find_map(|&wanted| {
+        None => {
+            let preferences: [fn(&GidTableEntry) -> bool; 3] = [
+                |entry| entry.gid_type == GID_TYPE_ROCE_V2 && entry.ipv4_mapped,
+                |entry| entry.gid_type == GID_TYPE_ROCE_V2,
+                |entry| entry.gid_type == GID_TYPE_ROCE_V1,
+            ];
+            Ok(preferences.iter().find_map(|wanted| {
                 entries
                     .iter()
                     .enumerate()
-                    .find(|(position, entry)| usable(*position, entry) && entry.gid_type == wanted)
+                    .find(|(position, entry)| usable(*position, entry) && wanted(entry))
                     .map(|(_, entry)| entry.gid_index)
-            })),
+            }))
+        }
     }
 }
 
@@ -440,6 +455,14 @@ mod tests {
         GidTableEntry {
             gid_index,
             gid_type,
+            ipv4_mapped: false,
+        }
+    }
+
+    fn ipv4_entry(gid_index: u32, gid_type: ibv_gid_type) -> GidTableEntry {
+        GidTableEntry {
+            ipv4_mapped: true,
+            ..entry(gid_index, gid_type)
         }
     }
 
@@ -451,17 +474,23 @@ mod tests {
     }
 
     #[test]
-    fn roce_prefers_the_first_v2_entry_then_v1() {
-        // A soft-RoCE port: v1 and v2 link-local, then v1 and v2 IPv4-mapped.
-        let rxe = [
+    fn roce_prefers_an_ipv4_v2_entry_then_any_v2_then_v1() {
+        // A ConnectX port: v1 and v2 link-local, then v1 and v2 IPv4-mapped.
+        let port = [
             entry(0, GID_TYPE_ROCE_V1),
             entry(1, GID_TYPE_ROCE_V2),
-            entry(2, GID_TYPE_ROCE_V1),
-            entry(3, GID_TYPE_ROCE_V2),
+            ipv4_entry(2, GID_TYPE_ROCE_V1),
+            ipv4_entry(3, GID_TYPE_ROCE_V2),
         ];
+        assert_eq!(routing_gid_index(&port, None), Ok(Some(3)));
+        assert_eq!(routing_gid_index(&port, Some(1)), Ok(Some(1)));
+        // A soft-RoCE port, all v2: link-local, then IPv4-mapped.
+        let rxe = [entry(0, GID_TYPE_ROCE_V2), ipv4_entry(1, GID_TYPE_ROCE_V2)];
         assert_eq!(routing_gid_index(&rxe, None), Ok(Some(1)));
-        assert_eq!(routing_gid_index(&rxe, Some(3)), Ok(Some(3)));
-        let v1_only = [entry(0, GID_TYPE_ROCE_V1)];
+        // No IPv4 address on the netdev: the link-local v2 entry.
+        let ipv6_only = [entry(0, GID_TYPE_ROCE_V1), entry(1, GID_TYPE_ROCE_V2)];
+        assert_eq!(routing_gid_index(&ipv6_only, None), Ok(Some(1)));
+        let v1_only = [entry(0, GID_TYPE_ROCE_V1), ipv4_entry(1, GID_TYPE_ROCE_V1)];
         assert_eq!(routing_gid_index(&v1_only, None), Ok(Some(0)));
     }
 

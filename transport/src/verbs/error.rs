@@ -64,7 +64,7 @@ pub enum VerbsError {
         "GID index {gid_index} is not a usable entry of the GID table of {device:?} \
          ({entries} valid entries); list them with `ibv_devinfo -v -d {device}` (RoCE v2 \
          entries usually sit at odd indices), or leave the index unset to take the first \
-         RoCE v2 entry"
+         IPv4-mapped RoCE v2 entry"
     )]
     GidIndexOutOfRange {
         /// The device.

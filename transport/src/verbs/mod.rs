@@ -77,8 +77,8 @@ pub struct VerbsConfig {
 
 impl VerbsConfig {
     /// The device named `device` (as `ibv_devices` lists it). Queue pairs route by the
-    /// first RoCE v2 entry of its GID table (else RoCE v1) where it has one, as RoCE
-    /// needs, and by LID on InfiniBand.
+    /// first IPv4-mapped RoCE v2 entry of its GID table, else its first RoCE v2 entry
+    /// (else RoCE v1) where it has one, as RoCE needs, and by LID on InfiniBand.
     pub fn new(device: impl Into<String>) -> VerbsConfig {
         VerbsConfig {
             device: device.into(),
@@ -87,9 +87,9 @@ impl VerbsConfig {
     }
 
     /// Routes by the GID at `gid_index` of the device's GID table (`ibv_devinfo -v`
-    /// lists the table; `show_gids` names each entry's RoCE version), for example an
-    /// IPv4-mapped RoCE v2 entry where peers are on other subnets. Both sides of a
-    /// connection must route the same way.
+    /// lists the table; `show_gids` names each entry's RoCE version), for example a
+    /// global IPv6 RoCE v2 entry where peers reach each other by IPv6 only. Both sides of
+    /// a connection must route the same way.
     pub fn with_gid_index(mut self, gid_index: u32) -> VerbsConfig {
         self.gid_index = Some(gid_index);
         self
