@@ -25,7 +25,8 @@
 //! - **The peer is untrusted input.** Ring entries and records are checked before use:
 //!   a key that was not announced, a buffer outside its region, a delivery longer than the
 //!   buffer or an unknown result code breaks the connection with a protocol error; the
-//!   peer's memory is written only within a mapping this side made and checked.
+//!   peer's memory is written only within a mapping this side made and checked, and an
+//!   announced region is mapped only within the endpoint's mapping limit (`limits`).
 //! - **No wait on the peer outlasts the peer timeout.** What only the peer can do (leave
 //!   its copy gate, so that a close or a flush may give this side's buffers back; send the
 //!   announcements it counted) is waited for without blocking or for `peer_timeout` at
