@@ -56,6 +56,20 @@ use crate::sync::{AtomicU64, AtomicUsize, Ordering, UnboundedQueue, fence};
 /// many.
 pub(crate) const MAX_HELD: usize = 64;
 
+/// The first [`MAX_HELD`] of `messages` as the parts of one batch, and how many there
+/// are; the places past them are empty.
+pub(crate) fn batch_parts<'a>(
+    messages: impl IntoIterator<Item = &'a [u8]>,
+) -> ([&'a [u8]; MAX_HELD], usize) {
+    let mut parts: [&[u8]; MAX_HELD] = [&[]; MAX_HELD];
+    let mut count = 0;
+    for (part, message) in parts.iter_mut().zip(messages) {
+        *part = message;
+        count += 1;
+    }
+    (parts, count)
+}
+
 /// How long a sender that found the queue full waits for room before it looks again,
 /// at most: the connection's thread wakes it sooner when it takes items.
 const ROOM_WAIT: Duration = Duration::from_millis(1);
@@ -428,6 +442,11 @@ impl Front {
     fn is_begun(&self) -> bool {
         matches!(self, Front::Owned { sent: 1.., .. })
     }
+
+    /// Whether it is in a send slot counted in the queue's `slots_held` while held.
+    fn holds_slot(&self) -> bool {
+        matches!(self, Front::Filled { .. })
+    }
 }
 
 /// The messages the connection took off its senders' queue and has not posted, oldest
@@ -490,18 +509,14 @@ impl Held {
     /// The bytes of the oldest held messages, in order, as many as are held (at most
     /// [`MAX_HELD`]); the places past them are empty.
     pub(crate) fn oldest(&self) -> [&[u8]; MAX_HELD] {
-        let mut parts: [&[u8]; MAX_HELD] = [&[]; MAX_HELD];
-        for (part, front) in parts.iter_mut().zip(&self.fronts) {
-            *part = front.rest();
-        }
-        parts
+        batch_parts(self.fronts.iter().map(Front::rest)).0
     }
 
     /// Drops the oldest `count`, whose bytes were copied into frames posted: their slots go
     /// back to their pool.
     pub(crate) fn copied(&mut self, count: usize, queue: &SendQueue<Queued>) {
         for front in self.fronts.drain(..count) {
-            if matches!(front, Front::Filled { .. }) {
+            if front.holds_slot() {
                 queue.slot_taken();
             }
         }
@@ -510,7 +525,7 @@ impl Held {
     /// Takes the oldest out, to post it alone.
     pub(crate) fn take(&mut self, queue: &SendQueue<Queued>) -> Option<Front> {
         let front = self.fronts.pop_front()?;
-        if matches!(front, Front::Filled { .. }) {
+        if front.holds_slot() {
             queue.slot_taken();
         }
         Some(front)
@@ -518,7 +533,7 @@ impl Held {
 
     /// Puts `front`, taken out and not posted (or not all of it), back as the oldest.
     pub(crate) fn put_back(&mut self, front: Front, queue: &SendQueue<Queued>) {
-        if matches!(front, Front::Filled { .. }) {
+        if front.holds_slot() {
             queue.slot_put_back();
         }
         self.fronts.push_front(front);

@@ -73,6 +73,7 @@ use tokio::time::Sleep;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
+use super::senders::{MAX_HELD, batch_parts};
 use super::spin_claim::{SpinClaim, SpinWord};
 use super::wait::Waiter;
 use crate::provider::{Armed, Endpoint, Readiness};
@@ -499,11 +500,7 @@ impl<E: Endpoint> AsyncConnection<E> {
                     Err(error) => return Err(error),
                 }
             } else {
-                let mut batch: [&[u8]; Sinking::MAX_MESSAGES] = [&[]; Sinking::MAX_MESSAGES];
-                for (part, message) in batch.iter_mut().zip(&self.sinking.messages) {
-                    *part = message;
-                }
-                let count = self.sinking.messages.len().min(Sinking::MAX_MESSAGES);
+                let (batch, count) = batch_parts(self.sinking.messages.iter().map(Vec::as_slice));
                 match self.connection.try_send_batch(&batch[..count]) {
                     Ok(taken) => self.sinking.pop(taken),
                     Err(SendError::WouldBlock(_)) => return Ok(false),
@@ -696,7 +693,7 @@ impl Sinking {
     /// Bytes past which the sink takes nothing more until what it holds is posted.
     const MAX_BYTES: usize = 64 << 10;
     /// Messages past which the sink takes nothing more until what it holds is posted.
-    const MAX_MESSAGES: usize = 64;
+    const MAX_MESSAGES: usize = MAX_HELD;
 
     /// Bytes of the messages it holds.
     fn bytes(&self) -> usize {
