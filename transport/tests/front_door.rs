@@ -6,6 +6,8 @@
 //! `FRONT_DOOR_SOCKET` set, running only `shm_echo_peer_in_a_child_process` (which does
 //! nothing without it).
 
+mod errors;
+
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::path::{Path, PathBuf};
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tierbuf_tiers::ladder::{LoadError, TierLadder};
 use tierbuf_transport::connection::{Connection, ConnectionError, SendError};
-use tierbuf_transport::{Endpoint, Kind, SetupError, Transport};
+use tierbuf_transport::{Endpoint, Kind, PeerMappingLimit, SetupError, Transport};
 
 /// Connections in the many-connection tests.
 const CONNECTIONS: usize = 64;
@@ -154,6 +156,34 @@ fn many_shm_connections_between_two_threads_carry_every_byte() {
     server.join().unwrap();
     assert!(!path.exists(), "the listener removed its socket");
     assert_eq!(node.budget().in_use(), node.reservoir().spare_bytes());
+}
+
+/// The shm builder's mapping total is the transport's: with room for one of its peers'
+/// regions, the second of the two endpoints of one connection (both in this process) to
+/// map its peer's receive region fails, as this process's resource, not the peer's fault.
+#[test]
+fn an_shm_transport_maps_no_more_of_its_peers_than_its_total() {
+    let path = socket_path("total");
+    let node = Transport::shm()
+        .ladder_preset("rpc")
+        .budget_bytes(1 << 30)
+        .peer_mapping_total(PeerMappingLimit::new(1, 1 << 30))
+        .build()
+        .expect("a transport");
+    let listener = node.listen(&path).unwrap();
+    let mut client = node.connect(&path).unwrap();
+    let mut server = listener.accept().unwrap();
+    let mut round_trip = || -> Result<(), Box<dyn std::error::Error>> {
+        client.send(b"ping")?;
+        assert_eq!(&server.recv()?[..], b"ping");
+        server.send(b"pong")?;
+        assert_eq!(&client.recv()?[..], b"pong");
+        Ok(())
+    };
+    let error = round_trip().expect_err("the second mapping is past the total");
+    let text = errors::chain(&*error);
+    assert!(text.contains("with_peer_mapping_total"), "{text}");
+    assert!(text.contains("not the peer's fault"), "{text}");
 }
 
 #[test]

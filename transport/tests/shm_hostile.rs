@@ -391,9 +391,95 @@ fn regions_past_the_count_limit_are_refused_and_forgotten_ones_make_room() {
         poll_for_failure(&mut endpoint, 10_000).is_none(),
         "four regions mapped at once, within the limit"
     );
+    assert_eq!(
+        provider.peer_regions_mapped(),
+        (4, 4 * 4096),
+        "the forgotten region's mapping is undone and uncounted"
+    );
     peer.announce(6, 4096);
     let error = poll_for_failure(&mut endpoint, 10_000).expect("the fifth region refused");
     assert_past_the_mapping_limit(&error);
+    drop((endpoint, peer));
+}
+
+/// Many peers, each within its own limit: what they make this process map together is
+/// bounded too, by the provider's total, so connections enough cannot take the process's
+/// mappings or address space either. Past the total a connection fails as this process's
+/// resource exhausted, maps nothing, and a connection dropped gives its share back.
+#[test]
+fn the_regions_of_all_connections_together_stay_within_the_provider_total() {
+    let provider = provider().with_peer_mapping_total(PeerMappingLimit::new(3, 1 << 20));
+    let hostile = |name: &str| {
+        RawPeer::accept_from(&socket_path(name), 8, |path| {
+            provider.connect(path, 8, 8).unwrap()
+        })
+    };
+    let (mut first, first_peer) = hostile("total-first");
+    let (mut second, second_peer) = hostile("total-second");
+    first_peer.announce(1, 4096);
+    first_peer.announce(2, 4096);
+    second_peer.announce(1, 4096);
+    assert!(poll_for_failure(&mut first, 10_000).is_none());
+    assert!(poll_for_failure(&mut second, 10_000).is_none());
+    assert_eq!(provider.peer_regions_mapped(), (3, 3 * 4096));
+    second_peer.announce(2, 4096);
+    let error = poll_for_failure(&mut second, 10_000).expect("the fourth region refused");
+    assert!(
+        matches!(error, TransportError::LocalResource { .. }),
+        "{error}"
+    );
+    let text = chain(&error);
+    assert!(text.contains("not the peer's fault"), "{text}");
+    assert!(text.contains("with_peer_mapping_total"), "{text}");
+    assert_eq!(
+        provider.peer_regions_mapped(),
+        (3, 3 * 4096),
+        "nothing more mapped"
+    );
+    drop((first, first_peer));
+    assert_eq!(
+        provider.peer_regions_mapped(),
+        (1, 4096),
+        "the dropped share is back"
+    );
+    let (mut third, third_peer) = hostile("total-third");
+    third_peer.announce(1, 4096);
+    third_peer.announce(2, 4096);
+    assert!(poll_for_failure(&mut third, 10_000).is_none());
+    assert_eq!(provider.peer_regions_mapped(), (3, 3 * 4096));
+    drop((second, second_peer, third, third_peer));
+    assert_eq!(provider.peer_regions_mapped(), (0, 0));
+}
+
+/// A region the kernel will not map for this process (here: 4 PiB, past the address
+/// space, with both limits raised out of the way) is this process's resource exhausted,
+/// not the peer's violation: the error says so and keeps the kernel's answer.
+#[test]
+fn a_region_the_kernel_cannot_map_is_this_process_s_resource_not_the_peer_s() {
+    let unbounded = PeerMappingLimit::new(256, u64::MAX);
+    let provider = provider()
+        .with_peer_mapping_limit(unbounded)
+        .with_peer_mapping_total(unbounded);
+    let path = socket_path("unmappable");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    peer.announce(0x7e57, 1 << 52);
+    let error = poll_for_failure(&mut endpoint, 10_000).expect("the endpoint failed");
+    assert!(
+        matches!(error, TransportError::LocalResource { .. }),
+        "{error}"
+    );
+    let text = chain(&error);
+    assert!(text.contains("mapping a memory file"), "{text}");
+    assert!(
+        text.contains("os error"),
+        "the kernel's answer kept: {text}"
+    );
+    assert_eq!(
+        provider.peer_regions_mapped(),
+        (0, 0),
+        "the charge given back"
+    );
     drop((endpoint, peer));
 }
 

@@ -13,13 +13,15 @@ use super::error::SetupError;
 use super::listener::{Acceptor, Arrival, Incoming, Listener, connect_within};
 use super::{ConnectionOf, Kind, OpenFiles, sealed};
 use crate::error::TransportError;
-use crate::shm::{RING_CAPACITY, ShmEndpoint, ShmProvider};
+use crate::shm::{PeerMappingLimit, RING_CAPACITY, ShmEndpoint, ShmProvider};
 
 /// The shared-memory provider as a front-door [`Kind`]: connections between processes
 /// of one host; a listener's address is the path of a Unix-domain socket.
 #[derive(Debug)]
 pub struct Shm {
     peer_timeout: Option<Duration>,
+    peer_mapping_limit: PeerMappingLimit,
+    peer_mapping_total: PeerMappingLimit,
 }
 
 impl sealed::Sealed for Shm {}
@@ -36,7 +38,9 @@ impl Kind for Shm {
     }
 
     fn open(&self, budget: &MemoryBudget) -> Result<ShmProvider, SetupError> {
-        let provider = ShmProvider::new(budget.clone());
+        let provider = ShmProvider::new(budget.clone())
+            .with_peer_mapping_limit(self.peer_mapping_limit)
+            .with_peer_mapping_total(self.peer_mapping_total);
         Ok(match self.peer_timeout {
             Some(timeout) => provider.with_peer_timeout(timeout),
             None => provider,
@@ -58,13 +62,49 @@ impl TransportBuilder<Shm> {
         self.kind_mut().peer_timeout = Some(timeout);
         self
     }
+
+    /// How much of its peer's memory each connection maps at once
+    /// ([`ShmProvider::with_peer_mapping_limit`]; [`PeerMappingLimit::DEFAULT`] unless
+    /// set).
+    pub fn peer_mapping_limit(mut self, limit: PeerMappingLimit) -> TransportBuilder<Shm> {
+        self.kind_mut().peer_mapping_limit = limit;
+        self
+    }
+
+    /// How much of their peers' memory all the transport's connections map together
+    /// ([`ShmProvider::with_peer_mapping_total`]; [`PeerMappingLimit::DEFAULT_TOTAL`]
+    /// unless set).
+    ///
+    /// ```
+    /// use tierbuf_transport::{PeerMappingLimit, Transport};
+    /// let path = std::env::temp_dir().join(format!("tierbuf-total-{}.sock", std::process::id()));
+    /// let node = Transport::shm()
+    ///     .budget_bytes(64 << 20)
+    ///     .peer_mapping_limit(PeerMappingLimit::new(8, 1 << 30))
+    ///     .peer_mapping_total(PeerMappingLimit::new(1024, 64 << 30))
+    ///     .build()?;
+    /// let listener = node.listen(&path)?;
+    /// let mut client = node.connect(&path)?;
+    /// let mut server = listener.accept()?;
+    /// client.send(b"within the limits")?;
+    /// assert_eq!(&server.recv()?[..], b"within the limits");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peer_mapping_total(mut self, total: PeerMappingLimit) -> TransportBuilder<Shm> {
+        self.kind_mut().peer_mapping_total = total;
+        self
+    }
 }
 
 impl Transport<Shm> {
     /// A builder for a transport over the [`ShmProvider`]: to another process of this
     /// host, or to this one.
     pub fn shm() -> TransportBuilder<Shm> {
-        TransportBuilder::new(Shm { peer_timeout: None })
+        TransportBuilder::new(Shm {
+            peer_timeout: None,
+            peer_mapping_limit: PeerMappingLimit::DEFAULT,
+            peer_mapping_total: PeerMappingLimit::DEFAULT_TOTAL,
+        })
     }
 
     /// Listens on a Unix-domain socket at `path`, which must not exist yet; the listener

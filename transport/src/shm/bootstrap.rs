@@ -422,6 +422,25 @@ fn descriptor_dropped(socket: BorrowedFd<'_>) -> SocketError {
     }
 }
 
+/// Why [`FileMapping::map`] mapped nothing.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MapError {
+    /// The file is not what its sender said it is (its length, its seals, its kind): the
+    /// sender's doing.
+    #[error("{0}")]
+    NotAsSaid(String),
+    /// The kernel refused this process: its mappings, its address space or its files
+    /// ran out. Not the sender's fault.
+    #[error("{operation}")]
+    Refused {
+        /// What was refused.
+        operation: &'static str,
+        /// The kernel's answer.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A shared mapping of a peer's memory file, unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct FileMapping {
@@ -438,22 +457,33 @@ unsafe impl Sync for FileMapping {}
 impl FileMapping {
     /// Maps all `len` bytes of `file` shared, after checking that the file is exactly
     /// that long and sealed against shrinking.
-    pub(crate) fn map(file: impl AsFd, len: u64) -> Result<FileMapping, String> {
+    pub(crate) fn map(file: impl AsFd, len: u64) -> Result<FileMapping, MapError> {
         use rustix::fs::SealFlags;
+        use rustix::io::Errno;
         use rustix::mm::{MapFlags, ProtFlags};
         let file = file.as_fd();
-        let stat = rustix::fs::fstat(file).map_err(|errno| format!("fstat: {errno}"))?;
+        let stat = rustix::fs::fstat(file).map_err(|errno| MapError::Refused {
+            operation: "fstat of the memory file",
+            source: errno.into(),
+        })?;
         if u64::try_from(stat.st_size).ok() != Some(len) || len == 0 {
-            return Err(format!(
+            return Err(MapError::NotAsSaid(format!(
                 "a memory file of {} bytes was announced as {len} bytes",
                 stat.st_size
+            )));
+        }
+        let seals = rustix::fs::fcntl_get_seals(file).map_err(|errno| {
+            MapError::NotAsSaid(format!(
+                "a file that takes no seals (reading them: {errno})"
+            ))
+        })?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(MapError::NotAsSaid(
+                "a memory file that is not sealed against shrinking".to_string(),
             ));
         }
-        let seals = rustix::fs::fcntl_get_seals(file).map_err(|errno| format!("seals: {errno}"))?;
-        if !seals.contains(SealFlags::SHRINK) {
-            return Err("a memory file that is not sealed against shrinking".to_string());
-        }
-        let len = usize::try_from(len).map_err(|_| format!("a memory file of {len} bytes"))?;
+        let len = usize::try_from(len)
+            .map_err(|_| MapError::NotAsSaid(format!("a memory file of {len} bytes")))?;
         // SAFETY: a fresh shared mapping at an address of the kernel's choosing aliases
         // nothing of this process; the file cannot shrink, so every page stays backed.
         let start = unsafe {
@@ -466,8 +496,18 @@ impl FileMapping {
                 0,
             )
         }
-        .map_err(|errno| format!("mmap of {len} bytes: {errno}"))?;
-        let base = NonNull::new(start.cast()).ok_or("mmap returned a null mapping")?;
+        .map_err(|errno| match errno {
+            // Out of mappings (`vm.max_map_count`), address space or files.
+            Errno::NOMEM | Errno::AGAIN | Errno::NFILE | Errno::MFILE => MapError::Refused {
+                operation: "mapping a memory file (this process's mappings, address \
+                            space or files)",
+                source: errno.into(),
+            },
+            // A file opened for reading only, or of a kind that cannot be mapped.
+            errno => MapError::NotAsSaid(format!("a file that cannot be mapped: {errno}")),
+        })?;
+        let base = NonNull::new(start.cast())
+            .ok_or_else(|| MapError::NotAsSaid("mmap returned a null mapping".to_string()))?;
         Ok(FileMapping { base, len })
     }
 
@@ -586,12 +626,14 @@ mod tests {
         assert!(
             FileMapping::map(&descriptor, 4096)
                 .unwrap_err()
+                .to_string()
                 .contains("sealed")
         );
         rustix::fs::fcntl_add_seals(&file, rustix::fs::SealFlags::SHRINK).unwrap();
         assert!(
             FileMapping::map(&descriptor, 8192)
                 .unwrap_err()
+                .to_string()
                 .contains("4096")
         );
         let mapping = FileMapping::map(&descriptor, 4096).unwrap();

@@ -26,7 +26,10 @@
 //!   a key that was not announced, a buffer outside its region, a delivery longer than the
 //!   buffer or an unknown result code breaks the connection with a protocol error; the
 //!   peer's memory is written only within a mapping this side made and checked, and an
-//!   announced region is mapped only within the endpoint's mapping limit (`limits`).
+//!   announced region is mapped only within the endpoint's mapping limit and the
+//!   provider's total, whose ledger each mapping holds a charge of until it is undone
+//!   (`limits`). A mapping the kernel refuses (out of mappings or address space) is this
+//!   process's resource exhausted, not the peer's violation.
 //! - **No wait on the peer outlasts the peer timeout.** What only the peer can do (leave
 //!   its copy gate, so that a close or a flush may give this side's buffers back; send the
 //!   announcements it counted) is waited for without blocking or for `peer_timeout` at
@@ -59,10 +62,10 @@ use foldhash::HashMap;
 use tierbuf_pool::{PoolError, Region, SharedHostRegion};
 
 use super::bootstrap::{
-    FileMapping, Incoming, Received, Record, SOCKET_TIMEOUT, SocketError, receive_record,
+    FileMapping, Incoming, MapError, Received, Record, SOCKET_TIMEOUT, SocketError, receive_record,
     send_record, send_wake,
 };
-use super::limits::PeerBounds;
+use super::limits::{MappingCharge, PeerBounds};
 use super::segment::{
     Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, RING_CAPACITY, Ring, RingSize,
     SharedSegment, prefetch,
@@ -195,6 +198,8 @@ struct Announced {
 struct PeerRegion {
     remote_addr: u64,
     mapping: FileMapping,
+    /// Counts the mapping in the provider's total until it is undone.
+    _charge: MappingCharge,
 }
 
 /// One side of a shared-memory connection; see [`Endpoint`] for the rules it keeps and
@@ -393,6 +398,19 @@ impl ShmEndpoint {
                     self.violation(detail);
                     return;
                 }
+                // A region the key named already is unmapped first: its charge makes room.
+                self.peer_regions.remove(&remote_key);
+                let charge = match self.peer.total.charge(file_len) {
+                    Ok(charge) => charge,
+                    Err(reached) => {
+                        return self.fail(TransportError::LocalResource {
+                            provider: "shm",
+                            operation: "mapping a region the peer announced: this provider's \
+                                        endpoints map their peers' memory up to a total",
+                            source: std::io::Error::other(reached),
+                        });
+                    }
+                };
                 match FileMapping::map(&file, file_len) {
                     Ok(mapping) => {
                         self.peer_regions.insert(
@@ -400,11 +418,19 @@ impl ShmEndpoint {
                             PeerRegion {
                                 remote_addr,
                                 mapping,
+                                _charge: charge,
                             },
                         );
                     }
-                    Err(reason) => {
+                    Err(MapError::NotAsSaid(reason)) => {
                         self.violation(format!("announced region {remote_key:#x}: {reason}"))
+                    }
+                    Err(MapError::Refused { operation, source }) => {
+                        self.fail(TransportError::LocalResource {
+                            provider: "shm",
+                            operation,
+                            source,
+                        })
                     }
                 }
             }

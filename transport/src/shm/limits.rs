@@ -9,7 +9,16 @@
 //!   connections and allocations) and in bytes (each takes its length of this process's
 //!   address space, whatever the peer keeps in memory). An announcement past it is the
 //!   peer's violation; nothing of it is mapped.
+//! - All the endpoints of one provider (and of the listeners it made) map no more of
+//!   their peers together than the provider's total ([`PeerMappingLimit::DEFAULT_TOTAL`]
+//!   unless set): each mapping of a peer's region holds a [`MappingCharge`] of its
+//!   length from the provider's [`MappingLedger`], taken before the region is mapped and
+//!   given back when the mapping is undone. So many connections, each within its own
+//!   limit, cannot take the process's mappings or address space together either; past
+//!   the total an announcement fails its connection as this process's resource
+//!   exhausted, and nothing of it is mapped.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// How much of its peer's memory one shm endpoint maps at once: the regions the peer
@@ -40,6 +49,16 @@ impl PeerMappingLimit {
     /// 256 regions (a tier of every index a ladder may have, and one more), 16 GiB.
     pub const DEFAULT: PeerMappingLimit = PeerMappingLimit::new(256, 16 << 30);
 
+    /// What all the endpoints of one provider map of their peers together, unless set
+    /// ([`ShmProvider::with_peer_mapping_total`](crate::ShmProvider::with_peer_mapping_total)):
+    /// 16 384 regions, a quarter of Linux's default `vm.max_map_count` (65 530), which
+    /// the process's own regions, connection segments and allocations share; and 4 TiB,
+    /// a thirty-second of the 128 TiB of address space a process has on x86-64. An honest
+    /// connection maps one or two regions of its peer, so the count leaves room for
+    /// thousands of connections, and 256 hostile ones at their own limit reach the byte
+    /// total, not the process's end.
+    pub const DEFAULT_TOTAL: PeerMappingLimit = PeerMappingLimit::new(16_384, 4 << 40);
+
     /// At most `regions` regions of the peer mapped at once, of at most `bytes` in all.
     pub const fn new(regions: usize, bytes: u64) -> PeerMappingLimit {
         PeerMappingLimit { regions, bytes }
@@ -67,12 +86,116 @@ impl Default for PeerMappingLimit {
     }
 }
 
-/// What an endpoint and a listener allow their peer: the peer timeout and the mapping
-/// limit, as the provider was given them.
-#[derive(Debug, Clone, Copy)]
+/// What an endpoint and a listener allow their peer: the peer timeout, the mapping
+/// limit, and the provider's ledger of what all its endpoints map, as the provider was
+/// given them.
+#[derive(Debug, Clone)]
 pub(crate) struct PeerBounds {
     /// How long to wait for what only the peer can do.
     pub(crate) timeout: Duration,
     /// How much of the peer's memory to map at once.
     pub(crate) mapping: PeerMappingLimit,
+    /// What the provider's endpoints map of their peers together.
+    pub(crate) total: Arc<MappingLedger>,
+}
+
+/// What the endpoints of one provider have mapped of their peers, against the
+/// provider's total (module invariants). Mapping a peer's region is rare (a connection's
+/// setup, a promotion), so a mutex keeps the two counts together.
+#[derive(Debug)]
+pub(crate) struct MappingLedger {
+    limit: PeerMappingLimit,
+    mapped: Mutex<Mapped>,
+}
+
+/// Regions mapped and their bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Mapped {
+    regions: usize,
+    bytes: u64,
+}
+
+impl MappingLedger {
+    /// A ledger with nothing mapped, allowing `limit` in all.
+    pub(crate) fn new(limit: PeerMappingLimit) -> Arc<MappingLedger> {
+        Arc::new(MappingLedger {
+            limit,
+            mapped: Mutex::new(Mapped::default()),
+        })
+    }
+
+    /// The total allowed.
+    pub(crate) fn limit(&self) -> PeerMappingLimit {
+        self.limit
+    }
+
+    /// Regions mapped now, and their bytes.
+    pub(crate) fn in_use(&self) -> (usize, u64) {
+        let mapped = *self.mapped.lock().unwrap_or_else(PoisonError::into_inner);
+        (mapped.regions, mapped.bytes)
+    }
+
+    /// Charges one region of `bytes` before it is mapped, if the total allows it; the
+    /// charge is given back when dropped.
+    pub(crate) fn charge(
+        self: &Arc<MappingLedger>,
+        bytes: u64,
+    ) -> Result<MappingCharge, PeerMappingTotalReached> {
+        let mut mapped = self.mapped.lock().unwrap_or_else(PoisonError::into_inner);
+        let regions = mapped.regions + 1;
+        let total = mapped.bytes.saturating_add(bytes);
+        if !self.limit.admits(regions, total) {
+            return Err(PeerMappingTotalReached {
+                regions: mapped.regions,
+                bytes: mapped.bytes,
+                asked: bytes,
+                limit: self.limit,
+            });
+        }
+        *mapped = Mapped {
+            regions,
+            bytes: total,
+        };
+        Ok(MappingCharge {
+            ledger: Arc::clone(self),
+            bytes,
+        })
+    }
+}
+
+/// One mapped region of a peer's, counted in its provider's ledger until dropped.
+#[derive(Debug)]
+pub(crate) struct MappingCharge {
+    ledger: Arc<MappingLedger>,
+    bytes: u64,
+}
+
+impl Drop for MappingCharge {
+    fn drop(&mut self) {
+        let mut mapped = self
+            .ledger
+            .mapped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        mapped.regions -= 1;
+        mapped.bytes -= self.bytes;
+    }
+}
+
+/// A region a peer announced was not mapped: the provider's endpoints map as much of
+/// their peers as its total allows. Not this peer's fault alone (it is within its own
+/// limit): the process's connections together took it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{regions} regions of {bytes} bytes of peers' memory are mapped by this provider's \
+     endpoints, and one more of {asked} bytes would pass their total of {} regions of {} \
+     bytes (ShmProvider::with_peer_mapping_total)",
+    limit.regions(),
+    limit.bytes()
+)]
+pub(crate) struct PeerMappingTotalReached {
+    regions: usize,
+    bytes: u64,
+    asked: u64,
+    limit: PeerMappingLimit,
 }

@@ -7,7 +7,8 @@
 //!   a region is announced to the peer (its memory file passed with `SCM_RIGHTS` on the
 //!   connection's bootstrap socket) the first time a receive is posted in it, and the
 //!   peer maps it once and keeps it mapped until the owner deregisters it, within its
-//!   [`PeerMappingLimit`] of regions and bytes (`limits`).
+//!   [`PeerMappingLimit`] of regions and bytes, and the provider's endpoints all
+//!   together within its total (`limits`).
 //! - **Bootstrap.** A [`ShmListener`] listens on a Unix-domain `SOCK_SEQPACKET` socket;
 //!   [`ShmProvider::connect`] creates the connection segment (a memory file holding one
 //!   ring per direction), sends it with a hello, and the listener's

@@ -25,11 +25,11 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar, SharedHostRegion};
 
 use super::bootstrap::{
-    FileMapping, Incoming, Record, Refusal, SOCKET_TIMEOUT, SocketError, receive_record,
+    FileMapping, Incoming, MapError, Record, Refusal, SOCKET_TIMEOUT, SocketError, receive_record,
     send_record,
 };
 use super::endpoint::{MAX_GATHER, ShmEndpoint};
-use super::limits::{PeerBounds, PeerMappingLimit};
+use super::limits::{MappingLedger, PeerBounds, PeerMappingLimit};
 use super::segment::{RING_CAPACITY, SharedSegment};
 use crate::error::{QueueKind, TransportError};
 use crate::provider::{EndpointLimits, Provider};
@@ -135,6 +135,7 @@ impl ShmProvider {
             peer: PeerBounds {
                 timeout: ShmProvider::DEFAULT_PEER_TIMEOUT,
                 mapping: PeerMappingLimit::DEFAULT,
+                total: MappingLedger::new(PeerMappingLimit::DEFAULT_TOTAL),
             },
         }
     }
@@ -186,6 +187,42 @@ impl ShmProvider {
         self.peer.mapping
     }
 
+    /// The provider with `total` on how much of their peers' memory all the endpoints
+    /// made from now on (by [`ShmProvider::pair`], [`ShmProvider::connect`] and the
+    /// listeners it makes) map together ([`PeerMappingLimit::DEFAULT_TOTAL`] unless set),
+    /// so that many connections, each within its own
+    /// [limit](ShmProvider::with_peer_mapping_limit), cannot take this process's mappings
+    /// or address space together. An announcement past it fails its connection with
+    /// [`TransportError::LocalResource`] (this process's resource, not that peer's
+    /// fault), and nothing of it is mapped; the endpoints made before keep the total they
+    /// were made with.
+    ///
+    /// ```
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::{PeerMappingLimit, ShmProvider};
+    /// let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// assert_eq!(provider.peer_mapping_total(), PeerMappingLimit::DEFAULT_TOTAL);
+    /// let total = PeerMappingLimit::new(4096, 1 << 40);
+    /// let provider = provider.with_peer_mapping_total(total);
+    /// assert_eq!(provider.peer_mapping_total(), total);
+    /// assert_eq!(provider.peer_regions_mapped(), (0, 0));
+    /// ```
+    pub fn with_peer_mapping_total(mut self, total: PeerMappingLimit) -> ShmProvider {
+        self.peer.total = MappingLedger::new(total);
+        self
+    }
+
+    /// How much of their peers' memory the endpoints made from now on map together.
+    pub fn peer_mapping_total(&self) -> PeerMappingLimit {
+        self.peer.total.limit()
+    }
+
+    /// The regions of their peers that the endpoints counted in
+    /// [`ShmProvider::peer_mapping_total`] map now, and their bytes.
+    pub fn peer_regions_mapped(&self) -> (usize, u64) {
+        self.peer.total.in_use()
+    }
+
     /// Listens for connections on a Unix-domain socket at `path`, which must not exist
     /// yet; the listener removes it when dropped. `path` appears only once the socket
     /// listens, so a client that waits for the file to exist is not refused.
@@ -215,7 +252,7 @@ impl ShmProvider {
             socket,
             path,
             registrar: Arc::clone(&self.registrar),
-            peer: self.peer,
+            peer: self.peer.clone(),
             unheard: Mutex::new(UnheardPeers::new()),
         })
     }
@@ -291,7 +328,7 @@ impl ShmProvider {
             limits,
             peer_recv_depth,
             local,
-            self.peer,
+            self.peer.clone(),
         )
     }
 }
@@ -402,7 +439,13 @@ impl ShmListener {
         let (segment, peer_depth) = answer(socket.as_fd(), heard, limits.recv_depth)?;
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
         Ok(ShmEndpoint::new(
-            1, socket, segment, limits, peer_depth, local, self.peer,
+            1,
+            socket,
+            segment,
+            limits,
+            peer_depth,
+            local,
+            self.peer.clone(),
         ))
     }
 }
@@ -543,8 +586,16 @@ fn offer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, Transpo
     rustix::fs::ftruncate(&file, len as u64).map_err(os_error("sizing the connection segment"))?;
     rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
         .map_err(os_error("sealing the connection segment"))?;
-    let mapping = FileMapping::map(&file, len as u64)
-        .map_err(|reason| handshake_error(format!("mapping the new segment: {reason}")))?;
+    let mapping = FileMapping::map(&file, len as u64).map_err(|error| match error {
+        MapError::Refused { operation, source } => TransportError::LocalResource {
+            provider: "shm",
+            operation,
+            source,
+        },
+        MapError::NotAsSaid(reason) => {
+            handshake_error(format!("mapping the new segment: {reason}"))
+        }
+    })?;
     segment_of(&mapping).stamp();
     let hello = Record::Hello {
         recv_depth,
@@ -593,7 +644,14 @@ fn answer(
     }
     let mapping = match FileMapping::map(&file, segment_file_len() as u64) {
         Ok(mapping) if segment_of(&mapping).is_stamped() => mapping,
-        _ => return Err(refuse(Refusal::BadSegment)),
+        Err(MapError::Refused { operation, source }) => {
+            return Err(TransportError::LocalResource {
+                provider: "shm",
+                operation,
+                source,
+            });
+        }
+        Ok(_) | Err(MapError::NotAsSaid(_)) => return Err(refuse(Refusal::BadSegment)),
     };
     let welcome = Record::Welcome {
         recv_depth,
