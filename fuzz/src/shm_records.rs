@@ -259,7 +259,17 @@ fn step(
                 .checked_sub(model.reaped)
                 .and_then(|index| model.outstanding.get(index as usize))
                 .map(|(buffer, _)| *buffer);
-            assert_eq!(ring.posted(model.delivered, view), expected);
+            let posted = ring.posted(model.delivered, view);
+            assert_eq!(posted, expected);
+            if let Some(buffer) = posted
+                && view.holds_inline(model.delivered)
+            {
+                assert!(
+                    buffer.len as usize >= INLINE_CAPACITY,
+                    "a receive of {} bytes shown to hold any inline message",
+                    buffer.len
+                );
+            }
         }
         RingOp::DeliverInline { .. }
         | RingOp::DeliverCopied(_)

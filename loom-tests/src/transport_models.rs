@@ -46,7 +46,7 @@ pub mod shm {
     use loom::sync::Arc;
     use loom::thread;
     use tierbuf_transport::shm_segment::{
-        Filled, PairState, PostedBuffer, PostedView, RingSize, Segment,
+        Filled, INLINE_CAPACITY, PairState, PostedBuffer, PostedView, RingSize, Segment,
     };
 
     /// The receive buffer the models' receiver posts: what it names, and its bytes.
@@ -59,6 +59,38 @@ pub mod shm {
     /// The rings of receivers with one and two receives outstanding.
     const RING_OF_ONE: RingSize = RingSize::of_depth(1);
     const RING_OF_TWO: RingSize = RingSize::of_depth(2);
+
+    /// Model 9: the receiver posts a receive that holds any inline message, then one
+    /// shorter than an inline message, while the sender looks at them through one view.
+    /// Whenever the view shows a receive to hold any inline message (so the sender would
+    /// deliver a short message into it without reading its buffer), the receive's buffer
+    /// must hold one: the mark of a short receive is ordered before its post.
+    pub fn a_short_receive_is_never_shown_to_hold_an_inline_message() {
+        let long = PostedBuffer {
+            len: INLINE_CAPACITY as u32,
+            ..BUFFER
+        };
+        let segment = Arc::new(Segment::<2>::new_boxed());
+        let sender = {
+            let segment = Arc::clone(&segment);
+            thread::spawn(move || {
+                let mut view = PostedView::default();
+                for count in 0..2 {
+                    let ring = segment.ring(0, RING_OF_TWO);
+                    wait_for(|| ring.is_posted(count, &mut view).then_some(()));
+                    if view.holds_inline(count) {
+                        assert!(
+                            ring.posted_buffer(count).len as usize >= INLINE_CAPACITY,
+                            "receive {count} shown to hold an inline message it is too short for"
+                        );
+                    }
+                }
+            })
+        };
+        segment.ring(0, RING_OF_TWO).post(0, long);
+        segment.ring(0, RING_OF_TWO).post(1, BUFFER);
+        sender.join().unwrap();
+    }
 
     /// Waits (letting the other thread run) until `ready` gives a value.
     fn wait_for<T>(mut ready: impl FnMut() -> Option<T>) -> T {

@@ -94,6 +94,15 @@ fn shm_clear_result_after_post_is_caught() {
 }
 
 #[test]
+fn shm_short_marked_after_post_is_caught() {
+    let message = expect_caught(
+        Bug::ShmShortMarkedAfterPost,
+        shm::a_short_receive_is_never_shown_to_hold_an_inline_message,
+    );
+    assert!(message.contains("too short for"), "{message}");
+}
+
+#[test]
 fn shm_copy_gate_check_then_set_is_caught() {
     let message = expect_caught(
         Bug::ShmCopyGateCheckThenSet,

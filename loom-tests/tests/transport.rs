@@ -15,6 +15,11 @@ fn shm_delivery_publishes_the_whole_message() {
 }
 
 #[test]
+fn shm_a_short_receive_is_never_shown_to_hold_an_inline_message() {
+    loom::model(shm::a_short_receive_is_never_shown_to_hold_an_inline_message);
+}
+
+#[test]
 fn shm_close_waits_for_a_copy_in_progress() {
     loom::model(shm::close_waits_for_a_copy_in_progress);
 }

@@ -100,6 +100,11 @@ pub mod planted {
         /// instead of before, so a flush that counts what was queued before it can stop
         /// before a message ahead of one it counted (`tierbuf-transport`).
         SendQueueCountAfterPush = 17,
+        /// The shared-memory receiver marks a receive shorter than an inline message
+        /// after publishing its post instead of before, so a sender may see the post
+        /// without the mark and deliver inline into a buffer too short for it
+        /// (`tierbuf-transport`).
+        ShmShortMarkedAfterPost = 18,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

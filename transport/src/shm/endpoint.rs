@@ -578,15 +578,21 @@ impl ShmEndpoint {
         }
         let count = self.sends_matched;
         let mut view = self.peer_posts;
-        let posted = self.outgoing().posted(count, &mut view);
+        let posted = self.outgoing().is_posted(count, &mut view);
         self.peer_posts = view;
-        let buffer = posted?;
+        if !posted {
+            return None;
+        }
         if self.announcements_read < self.peer_posts.announced()
             && !self.catch_up_with_announcements(self.peer_posts.announced())
         {
             // Tried again at the next call: a non-blocking send takes nothing meanwhile.
             return None;
         }
+        // A message short enough for any receive the view shows long leaves the entry's
+        // buffer unread: its stores then wait for no line the peer wrote (`segment`).
+        let buffer = (len as usize > INLINE_CAPACITY || !view.holds_inline(count))
+            .then(|| self.outgoing().posted_buffer(count));
         let status = match self.fill(source, len, buffer) {
             Ok(filled) => {
                 let parked = if let Filled::Inline(len) = filled {
@@ -621,26 +627,30 @@ impl ShmEndpoint {
 
     /// Copies `source`, `len` bytes, into the peer's `buffer` if it fits and can be
     /// reached; a send short enough to travel inline is left to
-    /// [`ShmEndpoint::deliver_inline`] and reported as [`Filled::Inline`]. The peer
-    /// checked an inline message's buffer when it posted it (it is the one that writes
+    /// [`ShmEndpoint::deliver_inline`] and reported as [`Filled::Inline`]. `buffer` is
+    /// `None` where the sender's view shows the receive to hold any inline message and
+    /// `len` is short enough for one ([`PostedView::holds_inline`]). The peer checks an
+    /// inline message against its buffer when it reaps it (it is the one that writes
     /// it). Either way the gate is passed, and the delivery reopens it.
     fn fill(
         &self,
         source: Source<'_>,
         len: u32,
-        buffer: PostedBuffer,
+        buffer: Option<PostedBuffer>,
     ) -> Result<Filled, NotCopied> {
-        let inline = len as usize <= INLINE_CAPACITY && len <= buffer.len;
-        let destination = if inline {
-            None
-        } else {
-            let Some(destination) = self.peer_buffer(buffer) else {
-                return Ok(Filled::Unreachable);
-            };
-            if len > buffer.len {
-                return Ok(Filled::TooLong);
+        let destination = match buffer {
+            Some(buffer) if len as usize > INLINE_CAPACITY || len > buffer.len => {
+                let Some(destination) = self.peer_buffer(buffer) else {
+                    return Ok(Filled::Unreachable);
+                };
+                if len > buffer.len {
+                    return Ok(Filled::TooLong);
+                }
+                Some(destination)
             }
-            Some(destination)
+            // Inline: a receive shown to hold any inline message, or one read and long
+            // enough.
+            _ => None,
         };
         if !source.is_live() {
             return Err(NotCopied::LocalRegionGone);

@@ -9,20 +9,23 @@
 //! straight into the receiver's buffer, which it has mapped.
 //!
 //! Each side polls only what the other writes for it: the sender reads `posted` (and
-//! `announced`) only when it has used up the receives it last saw posted ([`PostedView`]),
-//! and the receiver polls the result word of its oldest entry, which the delivery
-//! writes last. So a message in steady flow costs the receiver one cache line of the
-//! ring, and the sender none beyond the entries it fills.
+//! `announced` and `short_posted`) only when it has used up the receives it last saw
+//! posted ([`PostedView`]); it reads an entry's buffer only for a message it copies into
+//! that buffer, or for a short message where the view says the receive may be shorter
+//! than [`INLINE_CAPACITY`], so an inline message's stores into the entry wait for no
+//! load of a line the receiver wrote; and the receiver polls the result word of its
+//! oldest entry, which the delivery writes last. So a message in steady flow costs the
+//! receiver one cache line of the ring, and the sender none beyond the entries it fills.
 //!
 //! # Invariants
 //!
-//! - **One writer per word at a time.** `posted` and `announced` and the buffer fields of
-//!   an entry are written only by the receiver; `gate` is set and cleared by the sender
-//!   and shut by the receiver, each by a read-modify-write; an entry's `byte_len` and
-//!   `inline` words are written only by the sender, and its `filled` by the receiver
-//!   (cleared, before the post that publishes the entry) and then by the sender (the
-//!   result, after it saw that post); `state` by compare-and-swap from `OPEN` only, by
-//!   either side. Every word is an atomic, so a peer that breaks the protocol can feed us
+//! - **One writer per word at a time.** `posted`, `announced`, `short_posted` and the
+//!   buffer fields of an entry are written only by the receiver; `gate` is set and
+//!   cleared by the sender and shut by the receiver, each by a read-modify-write; an
+//!   entry's `byte_len` and `inline` words are written only by the sender, and its
+//!   `filled` by the receiver (cleared, before the post that publishes the entry) and
+//!   then by the sender (the result, after it saw that post); `state` by
+//!   compare-and-swap from `OPEN` only, by either side. Every word is an atomic, so a peer that breaks the protocol can feed us
 //!   wrong values but never a data race.
 //! - **Posting publishes the entry.** The receiver writes its ring's entry for receive `n`
 //!   (its buffer, and `filled` cleared), then stores `posted = n + 1` with `Release`; the
@@ -32,6 +35,14 @@
 //!   direction through a [`Ring`] of the same [`RingSize`] (the receiver's receive depth
 //!   rounded up to a power of two), and the receiver has at most that many receives
 //!   posted and not yet reaped, so it never rewrites an entry the sender may still read.
+//! - **A short receive is marked before it is posted.** Posting receive `n` with a buffer
+//!   shorter than [`INLINE_CAPACITY`], the receiver stores `short_posted = n + 1` before
+//!   its `Release` of `posted`, and `short_posted` only grows. So a sender that read
+//!   `posted = p` and then `short_posted = s` knows every receive in `s..p` holds at least
+//!   `INLINE_CAPACITY` bytes (`PostedView::holds_inline`), and delivers a message that
+//!   short into it inline without reading its buffer; it reads the buffer of any other
+//!   receive, as before. A receiver that marks nothing fools only itself: it checks every
+//!   delivery against its own record of the buffer it posted, inline ones too.
 //! - **Delivering publishes the message.** The sender writes the message (into the
 //!   entry's `inline` words, or into the receiver's buffer), then the entry's `byte_len`,
 //!   then its `filled` with `Release`; the receiver reads `filled` with `Acquire` and takes
@@ -83,7 +94,7 @@ pub const RING_CAPACITY: usize = 1024;
 pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
 
 /// Marks a segment of this layout: `"tierbuf"` and the layout version.
-pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x03");
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x04");
 
 /// Words of message an entry carries inline.
 const INLINE_WORDS: usize = 13;
@@ -152,6 +163,9 @@ pub struct Direction<const N: usize> {
     posted: AtomicU64,
     /// Region announcements sent on the bootstrap socket, ever.
     announced: AtomicU64,
+    /// One more than the count of the latest receive posted with a buffer shorter than
+    /// [`INLINE_CAPACITY`]; 0 while there was none.
+    short_posted: AtomicU64,
     /// `COPYING` while the sender may write into the receiver's memory; `SHUT` once the
     /// receiver has taken its buffers back. On its own cache line: the sender changes it
     /// on every copy, and nothing the receiver polls sits beside it.
@@ -166,12 +180,21 @@ pub struct Direction<const N: usize> {
 pub struct PostedView {
     posted: u64,
     announced: u64,
+    short_posted: u64,
 }
 
 impl PostedView {
     /// The region announcements made before every post this view has seen.
     pub fn announced(&self) -> u64 {
         self.announced
+    }
+
+    /// Whether the `count`-th receive, which this view has seen posted, holds at least
+    /// [`INLINE_CAPACITY`] bytes without a look at its buffer: no receive at or after it
+    /// was marked short when the view was taken (module invariants). `false` means
+    /// "read the buffer", not "short".
+    pub fn holds_inline(&self, count: u64) -> bool {
+        count >= self.short_posted
     }
 }
 
@@ -330,6 +353,7 @@ impl<const N: usize> Direction<N> {
         Direction {
             posted: AtomicU64::new(0),
             announced: AtomicU64::new(0),
+            short_posted: AtomicU64::new(0),
             gate: Padded(AtomicU32::new(0)),
             entries: std::array::from_fn(|_| Entry {
                 remote_key: AtomicU32::new(0),
@@ -399,6 +423,25 @@ impl<'s, const N: usize> Ring<'s, N> {
         entry.remote_key.store(buffer.remote_key, Ordering::Relaxed);
         entry.addr.store(buffer.addr, Ordering::Relaxed);
         entry.len.store(buffer.len, Ordering::Relaxed);
+        let short = (buffer.len as usize) < INLINE_CAPACITY;
+        #[cfg(loom)]
+        if short
+            && tierbuf_pool::sync::planted::is_planted(
+                tierbuf_pool::sync::planted::Bug::ShmShortMarkedAfterPost,
+            )
+        {
+            entry.filled.store(0, Ordering::Relaxed);
+            self.direction.posted.store(count + 1, publication());
+            self.direction
+                .short_posted
+                .store(count + 1, Ordering::Relaxed);
+            return;
+        }
+        if short {
+            self.direction
+                .short_posted
+                .store(count + 1, Ordering::Relaxed);
+        }
         #[cfg(loom)]
         if tierbuf_pool::sync::planted::is_planted(
             tierbuf_pool::sync::planted::Bug::ShmClearResultAfterPost,
@@ -411,23 +454,36 @@ impl<'s, const N: usize> Ring<'s, N> {
         self.direction.posted.store(count + 1, publication());
     }
 
-    /// The sender's look at the `count`-th posted receive, if the receiver has posted it.
-    /// Reads the shared counters (into `view`) only when `count` is past what `view` has
-    /// seen; a sender passes the same view every time.
-    pub fn posted(&self, count: u64, view: &mut PostedView) -> Option<PostedBuffer> {
+    /// Whether the receiver has posted its `count`-th receive. Reads the shared counters
+    /// (into `view`) only when `count` is past what `view` has seen; a sender passes the
+    /// same view every time.
+    pub fn is_posted(&self, count: u64, view: &mut PostedView) -> bool {
         if count >= view.posted {
             view.posted = self.direction.posted.load(Ordering::Acquire);
             view.announced = self.direction.announced.load(Ordering::Acquire);
-            if count >= view.posted {
-                return None;
-            }
+            // Stored before the `posted` just read, whose `Acquire` orders it (module
+            // invariants); a later value only marks more receives short.
+            view.short_posted = self.direction.short_posted.load(Ordering::Relaxed);
         }
+        count < view.posted
+    }
+
+    /// The buffer of the `count`-th receive, which the sender has seen posted
+    /// ([`Ring::is_posted`]).
+    pub fn posted_buffer(&self, count: u64) -> PostedBuffer {
         let entry = self.entry(count);
-        Some(PostedBuffer {
+        PostedBuffer {
             remote_key: entry.remote_key.load(Ordering::Relaxed),
             addr: entry.addr.load(Ordering::Relaxed),
             len: entry.len.load(Ordering::Relaxed),
-        })
+        }
+    }
+
+    /// The buffer of the `count`-th receive if the receiver has posted it:
+    /// [`Ring::is_posted`], then [`Ring::posted_buffer`].
+    pub fn posted(&self, count: u64, view: &mut PostedView) -> Option<PostedBuffer> {
+        self.is_posted(count, view)
+            .then(|| self.posted_buffer(count))
     }
 
     /// The sender's report on the `count`-th posted receive: writes the result, which
@@ -711,6 +767,39 @@ mod tests {
         }
     }
 
+    /// A sender skips reading the buffers of the receives its view shows long, and only
+    /// those: the receives after the last one posted shorter than an inline message.
+    #[test]
+    fn only_receives_after_the_last_short_one_are_shown_to_hold_an_inline_message() {
+        let segment = Segment::<8>::new_boxed();
+        let ring = segment.ring(0, RingSize::of_depth(8));
+        let long = PostedBuffer {
+            len: INLINE_CAPACITY as u32,
+            ..BUFFER
+        };
+        let short = PostedBuffer {
+            len: INLINE_CAPACITY as u32 - 1,
+            ..BUFFER
+        };
+        let mut view = PostedView::default();
+        ring.post(0, long);
+        assert!(ring.is_posted(0, &mut view));
+        assert!(view.holds_inline(0), "no short receive yet");
+        ring.post(1, long);
+        ring.post(2, short);
+        ring.post(3, long);
+        assert!(ring.is_posted(1, &mut view), "the view is refreshed past 0");
+        assert_eq!(
+            [1, 2, 3].map(|count| view.holds_inline(count)),
+            [false, false, true],
+            "before the short receive the view cannot tell; at it, short; after it, long"
+        );
+        assert_eq!(ring.posted_buffer(2), short);
+        ring.post(4, long);
+        assert!(ring.is_posted(4, &mut view));
+        assert!(view.holds_inline(4), "a long receive after the short one");
+    }
+
     #[test]
     fn a_post_is_seen_once_published_and_its_result_once_delivered() {
         let segment = Segment::<4>::new_boxed();
@@ -759,7 +848,9 @@ mod tests {
             view,
             PostedView {
                 posted: 3,
-                announced: 1
+                announced: 1,
+                // BUFFER is shorter than an inline message.
+                short_posted: 3,
             }
         );
         segment.direction(0).announce();
