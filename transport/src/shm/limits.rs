@@ -55,8 +55,8 @@ impl PeerMappingLimit {
     /// the process's own regions, connection segments and allocations share; and 4 TiB,
     /// a thirty-second of the 128 TiB of address space a process has on x86-64. An honest
     /// connection maps one or two regions of its peer, so the count leaves room for
-    /// thousands of connections, and 256 hostile ones at their own limit reach the byte
-    /// total, not the process's end.
+    /// thousands of connections; 64 hostile ones at their own count limit, or 256 at
+    /// their byte limit, reach the total, not the process's end.
     pub const DEFAULT_TOTAL: PeerMappingLimit = PeerMappingLimit::new(16_384, 4 << 40);
 
     /// At most `regions` regions of the peer mapped at once, of at most `bytes` in all.
