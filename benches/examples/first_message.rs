@@ -5,8 +5,9 @@
 //!
 //! `cargo run --release -p tierbuf-benches --example first_message -- SHAPE PAIRS
 //! [idle]`: `SHAPE` `fitting` (the bench ladder's 8 KiB tier and up, so the 8 KiB message
-//! goes whole) or `oversize` (the whole bench ladder, so it goes in segments on tier 0
-//! while the promotion is asked for); with `idle`, both connections run 600 idle
+//! goes whole), `oversize` (the whole bench ladder, so it goes in segments on tier 0
+//! while the promotion is asked for) or `small` (the whole bench ladder, a 64-byte
+//! message, which travels inline in the ring entry); with `idle`, both connections run 600 idle
 //! `progress` calls before the message, enough for each endpoint to look at its socket
 //! and map the receive regions its peer announced, which otherwise happens inside the
 //! first send. Each line: the message's time, from `try_send` to its delivery, and the
@@ -28,22 +29,32 @@ use tierbuf_transport::{Provider, ShmProvider};
 /// The message, as `transport/promotion` sends it.
 const SIZE: usize = 8192;
 
+/// The message of shape `small`, as `transport/pingpong/shm/64` sends it.
+const SMALL: usize = 64;
+
 /// Idle progress calls made before the message with `idle`: past the endpoint's 256 idle
 /// polls between two looks at its socket.
 const IDLE_CALLS: usize = 600;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let shape = args.next().expect("a shape: fitting or oversize");
+    let shape = args.next().expect("a shape: fitting, oversize or small");
     let pairs: usize = args.next().map_or(20, |n| n.parse().expect("a count"));
     let idle = args.next().as_deref() == Some("idle");
     // The bench ladder (`benches/benches/transport.rs`), or its tiers from 8 KiB up.
     let mut builder = TierLadder::builder();
-    match shape.as_str() {
-        "oversize" => builder = builder.tier(512, 16, 480),
-        "fitting" => {}
-        other => panic!("unknown shape {other}: fitting or oversize"),
-    }
+    let size = match shape.as_str() {
+        "oversize" => {
+            builder = builder.tier(512, 16, 480);
+            SIZE
+        }
+        "small" => {
+            builder = builder.tier(512, 16, 480);
+            SMALL
+        }
+        "fitting" => SIZE,
+        other => panic!("unknown shape {other}: fitting, oversize or small"),
+    };
     let ladder = builder
         .tier(8192 + 64, 16, 8192 + 48)
         .tier(65536 + 64, 8, 65536 + 48)
@@ -56,7 +67,7 @@ fn main() {
         provider.registrar(),
         Arc::clone(config.ladder()),
     ));
-    let message = vec![7u8; SIZE];
+    let message = vec![7u8; size];
     for _ in 0..pairs {
         reservoir.fill().expect("refill the reservoir");
         let (a, b) = provider.pair(64, 64).expect("a shm pair");

@@ -161,6 +161,7 @@ fn many_shm_connections_between_two_threads_carry_every_byte() {
 /// The shm builder's mapping total is the transport's: with room for one of its peers'
 /// regions, the second of the two endpoints of one connection (both in this process) to
 /// map its peer's receive region fails, as this process's resource, not the peer's fault.
+/// The messages are longer than travels inline, so each is copied into the peer's region.
 #[test]
 fn an_shm_transport_maps_no_more_of_its_peers_than_its_total() {
     let path = socket_path("total");
@@ -173,11 +174,12 @@ fn an_shm_transport_maps_no_more_of_its_peers_than_its_total() {
     let listener = node.listen(&path).unwrap();
     let mut client = node.connect(&path).unwrap();
     let mut server = listener.accept().unwrap();
+    let (ping, pong) = ([1u8; 1000], [2u8; 1000]);
     let mut round_trip = || -> Result<(), Box<dyn std::error::Error>> {
-        client.send(b"ping")?;
-        assert_eq!(&server.recv()?[..], b"ping");
-        server.send(b"pong")?;
-        assert_eq!(&client.recv()?[..], b"pong");
+        client.send(&ping)?;
+        assert_eq!(server.recv()?[..], ping);
+        server.send(&pong)?;
+        assert_eq!(client.recv()?[..], pong);
         Ok(())
     };
     let error = round_trip().expect_err("the second mapping is past the total");

@@ -26,7 +26,7 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionCore, Fault, SendError,
 };
-use tierbuf_transport::shm_segment::{Direction, PostedBuffer, RingSize, Segment};
+use tierbuf_transport::shm_segment::{Direction, Filled, PostedBuffer, RingSize, Segment};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, PeerMappingLimit, Provider, RING_CAPACITY, ShmEndpoint,
     ShmProvider, TransportError,
@@ -326,14 +326,15 @@ fn announcements_counted_but_never_sent_block_no_try_send() {
     peer.post_without_announcing();
     let ((endpoint, first, error), _) = within_bound("try_post_send_copied", move || {
         let started = Instant::now();
-        let first = endpoint.try_post_send_copied(&[&[7u8; 16]], 1);
+        // Longer than travels inline: a copy into the announced region it names.
+        let first = endpoint.try_post_send_copied(&[&[7u8; 512]], 1);
         let first_took = started.elapsed();
         let mut completions = [Completion::default(); 4];
         let error = loop {
             if let Err(error) = endpoint.poll(&mut completions) {
                 break error;
             }
-            match endpoint.try_post_send_copied(&[&[7u8; 16]], 1) {
+            match endpoint.try_post_send_copied(&[&[7u8; 512]], 1) {
                 Ok(false) => {}
                 Ok(true) => panic!("a send into a region never announced"),
                 Err(_) => {}
@@ -353,6 +354,26 @@ fn announcements_counted_but_never_sent_block_no_try_send() {
         "{error}"
     );
     assert!(error.to_string().contains("announce"), "{error}");
+    drop((endpoint, peer));
+}
+
+/// The same peer: a message short enough to travel inline goes into the ring entry, not
+/// into the region the receive names, so it is delivered at once without the
+/// announcement the peer counted and never sent.
+#[test]
+fn an_inline_message_waits_for_no_announcement() {
+    let provider = provider();
+    let path = socket_path("inline-unannounced");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    peer.post_without_announcing();
+    assert_eq!(endpoint.try_post_send_copied(&[&[7u8; 16]], 1), Ok(true));
+    let delivered = peer
+        .segment
+        .segment()
+        .ring(0, RingSize::of_depth(peer.depth))
+        .delivered(0);
+    assert_eq!(delivered, Some(Ok(Filled::Inline(16))));
     drop((endpoint, peer));
 }
 

@@ -583,17 +583,22 @@ impl ShmEndpoint {
         if !posted {
             return None;
         }
-        if self.announcements_read < self.peer_posts.announced()
+        // A message short enough for any receive the view shows long leaves the entry's
+        // buffer unread: its stores then wait for no line the peer wrote (`segment`).
+        let buffer = (len as usize > INLINE_CAPACITY || !view.holds_inline(count))
+            .then(|| self.outgoing().posted_buffer(count));
+        // Inline where the message is short enough for the receive; a copy otherwise.
+        let copy_into = buffer.filter(|buffer| len as usize > INLINE_CAPACITY || len > buffer.len);
+        // Only a copy looks the peer's region up: an inline delivery needs none of the
+        // peer's announcements, which are read when a copy does.
+        if copy_into.is_some()
+            && self.announcements_read < self.peer_posts.announced()
             && !self.catch_up_with_announcements(self.peer_posts.announced())
         {
             // Tried again at the next call: a non-blocking send takes nothing meanwhile.
             return None;
         }
-        // A message short enough for any receive the view shows long leaves the entry's
-        // buffer unread: its stores then wait for no line the peer wrote (`segment`).
-        let buffer = (len as usize > INLINE_CAPACITY || !view.holds_inline(count))
-            .then(|| self.outgoing().posted_buffer(count));
-        let status = match self.fill(source, len, buffer) {
+        let status = match self.fill(source, len, copy_into) {
             Ok(filled) => {
                 let parked = if let Filled::Inline(len) = filled {
                     self.deliver_inline(count, source, len)
@@ -625,21 +630,22 @@ impl ShmEndpoint {
         Some(status)
     }
 
-    /// Copies `source`, `len` bytes, into the peer's `buffer` if it fits and can be
-    /// reached; a send short enough to travel inline is left to
-    /// [`ShmEndpoint::deliver_inline`] and reported as [`Filled::Inline`]. `buffer` is
-    /// `None` where the sender's view shows the receive to hold any inline message and
-    /// `len` is short enough for one ([`PostedView::holds_inline`]). The peer checks an
-    /// inline message against its buffer when it reaps it (it is the one that writes
-    /// it). Either way the gate is passed, and the delivery reopens it.
+    /// Copies `source`, `len` bytes, into the peer's buffer `copy_into` if it fits and
+    /// can be reached; with `copy_into` `None` (a message short enough for the receive:
+    /// the sender's view showed it to hold any inline message,
+    /// [`PostedView::holds_inline`], or its buffer was read and is long enough), the send
+    /// travels inline: it is left to [`ShmEndpoint::deliver_inline`] and reported as
+    /// [`Filled::Inline`]. The peer checks an inline message against its buffer when it
+    /// reaps it (it is the one that writes it). Either way the gate is passed, and the
+    /// delivery reopens it.
     fn fill(
         &self,
         source: Source<'_>,
         len: u32,
-        buffer: Option<PostedBuffer>,
+        copy_into: Option<PostedBuffer>,
     ) -> Result<Filled, NotCopied> {
-        let destination = match buffer {
-            Some(buffer) if len as usize > INLINE_CAPACITY || len > buffer.len => {
+        let destination = match copy_into {
+            Some(buffer) => {
                 let Some(destination) = self.peer_buffer(buffer) else {
                     return Ok(Filled::Unreachable);
                 };
@@ -648,9 +654,7 @@ impl ShmEndpoint {
                 }
                 Some(destination)
             }
-            // Inline: a receive shown to hold any inline message, or one read and long
-            // enough.
-            _ => None,
+            None => None,
         };
         if !source.is_live() {
             return Err(NotCopied::LocalRegionGone);
