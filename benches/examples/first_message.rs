@@ -43,18 +43,15 @@ fn main() {
     let idle = args.next().as_deref() == Some("idle");
     // The bench ladder (`benches/benches/transport.rs`), or its tiers from 8 KiB up.
     let mut builder = TierLadder::builder();
-    let size = match shape.as_str() {
-        "oversize" => {
-            builder = builder.tier(512, 16, 480);
-            SIZE
-        }
-        "small" => {
-            builder = builder.tier(512, 16, 480);
-            SMALL
-        }
-        "fitting" => SIZE,
+    let (whole_ladder, size) = match shape.as_str() {
+        "oversize" => (true, SIZE),
+        "small" => (true, SMALL),
+        "fitting" => (false, SIZE),
         other => panic!("unknown shape {other}: fitting, oversize or small"),
     };
+    if whole_ladder {
+        builder = builder.tier(512, 16, 480);
+    }
     let ladder = builder
         .tier(8192 + 64, 16, 8192 + 48)
         .tier(65536 + 64, 8, 65536 + 48)
