@@ -2,7 +2,9 @@
 //! hands the close's completions out in: every message that landed before the close is
 //! delivered, then the close is reported; a side whose only sends the close refused
 //! were frames of its own (credits), not message bytes, has nothing unflushed; and a send
-//! whose every byte was posted before the peer hung up is reported sent.
+//! whose every byte was posted before the peer hung up is reported sent; and over shm, a
+//! receiver whose peer asked for a promotion and then closed takes the peer's last
+//! message.
 
 mod holding;
 mod pairs;
@@ -11,13 +13,14 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pairs::PairProvider;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionError, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackEndpoint,
-    LoopbackProvider, Outstanding, PostError, QueueKind, TransportError,
+    LoopbackProvider, Outstanding, PostError, QueueKind, ShmProvider, TransportError,
 };
 
 /// An endpoint that hands out the completions of the one it wraps sorted by outcome:
@@ -302,4 +305,24 @@ fn a_message_accepted_and_then_refused_is_reported_by_flush() {
         .flush()
         .expect_err("the accepted message never reached the peer");
     assert!(matches!(*error, ConnectionError::Post(_)), "{error:?}");
+}
+
+#[test]
+fn a_promotion_asked_for_by_a_peer_that_then_closed_loses_none_of_its_message_over_shm() {
+    // Past tier 0: the message goes out in three segments with a promotion request, all
+    // of them copied into the receiver's posted receives before the flush returns. The
+    // receiver finds the close with the request unanswered: the segments that landed
+    // before it are the message, and the request is the close's to drop. (A receiver
+    // that took the request before it saw the close provisions the new tier, and its
+    // announcement meets the closed socket: `shm::endpoint`'s unit tests check that this
+    // is the peer's close too.)
+    let provider = ShmProvider::make();
+    let (mut sending, mut receiving) =
+        pairs::connections(&provider, pairs::demoting_ladder(Duration::from_secs(60)));
+    let message: Vec<u8> = (0..1000u32).map(|byte| byte as u8).collect();
+    sending.send(&message).unwrap();
+    sending.flush().unwrap();
+    assert_eq!(sending.stats().messages_segmented, 1, "sent in segments");
+    drop(sending);
+    assert_eq!(receive_until_closed(&mut receiving), vec![message]);
 }

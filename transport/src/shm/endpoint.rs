@@ -532,6 +532,20 @@ impl ShmEndpoint {
         }
     }
 
+    /// Fails the connection for a post whose announcement the socket refused with
+    /// `error`, and says why the post was refused. A peer that closes in order shuts its
+    /// side of the segment before its socket, so a socket that fails between a post's look
+    /// at the state and its announcement (the peer closing meanwhile) finds the state
+    /// saying so: that post is refused as the peer's close, after which what the peer
+    /// delivered before it is still reaped, not as a broken connection.
+    fn refused_by_socket(&mut self, error: SocketError) -> PostError {
+        self.socket_failed(error);
+        self.state()
+            .admits_posts()
+            .err()
+            .unwrap_or(PostError::ConnectionBroken)
+    }
+
     /// The peer's socket closed. After a close that is the end of the connection; while
     /// it is open, the peer process died.
     fn peer_vanished(&mut self) {
@@ -972,10 +986,7 @@ impl Endpoint for ShmEndpoint {
         match unsafe { self.announce(&buffer) } {
             Ok(()) => {}
             Err(NotAnnounced::SharedWithAnotherPeer(error)) => return Err(error),
-            Err(NotAnnounced::Socket(error)) => {
-                self.socket_failed(error);
-                return Err(PostError::ConnectionBroken);
-            }
+            Err(NotAnnounced::Socket(error)) => return Err(self.refused_by_socket(error)),
         }
         let keys = buffer.region.region().keys();
         let posted = PostedBuffer {
@@ -1162,6 +1173,31 @@ mod tests {
             a.poll(&mut completions).expect("a poll");
         }
         resident_kib(a.segment.base().as_ptr() as usize)
+    }
+
+    #[test]
+    fn a_post_the_socket_refuses_as_the_peer_closes_is_refused_as_the_close() {
+        let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+        let (a, mut b) = provider.pair(4, 4).expect("a pair");
+        // The peer's close lands between `b`'s look at the state and its announcement.
+        drop(a);
+        let pipe = || SocketError::Io {
+            operation: "sending a record",
+            source: std::io::Error::from_raw_os_error(rustix::io::Errno::PIPE.raw_os_error()),
+        };
+        assert_eq!(b.refused_by_socket(pipe()), PostError::PeerClosed);
+        let mut completions = [Completion::default(); 4];
+        assert_eq!(
+            b.poll(&mut completions).map_err(|error| error.to_string()),
+            Ok(0)
+        );
+        // A peer gone without closing is a broken connection, and its death the cause.
+        let (_a, mut b) = provider.pair(4, 4).expect("a pair");
+        assert_eq!(b.refused_by_socket(pipe()), PostError::ConnectionBroken);
+        assert!(matches!(
+            b.poll(&mut completions),
+            Err(TransportError::PeerDied { .. })
+        ));
     }
 
     #[test]
