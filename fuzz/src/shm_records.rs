@@ -421,6 +421,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         "record_welcome",
         "record_refuse_segment",
         "record_refuse_depth",
+        "record_refuse_full",
         "record_announce",
         "record_forget",
         "record_wake",

@@ -103,9 +103,9 @@ impl ShmRecord {
         self.0.carries_descriptor()
     }
 
-    /// One record of each kind (both refusals), with the values a connection sends: the
+    /// One record of each kind (every refusal), with the values a connection sends: the
     /// fuzz targets' seeds.
-    pub fn examples() -> [ShmRecord; 7] {
+    pub fn examples() -> [ShmRecord; 8] {
         Record::examples().map(ShmRecord)
     }
 }

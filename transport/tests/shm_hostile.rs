@@ -472,6 +472,60 @@ fn the_regions_of_all_connections_together_stay_within_the_provider_total() {
     assert_eq!(provider.peer_regions_mapped(), (0, 0));
 }
 
+/// A peer that opens connection after connection makes the listener map one more of its
+/// memory files (the connection's segment) each time: the segments of accepted
+/// connections count in the provider's total with the regions, so past it a connection is
+/// refused, the listener goes on, the connecting side hears why, and a closed
+/// connection's share comes back.
+#[test]
+fn the_segments_of_accepted_connections_count_in_the_provider_total() {
+    let listening = provider().with_peer_mapping_total(PeerMappingLimit::new(2, 1 << 30));
+    let path = socket_path("total-segments");
+    let listener = listening.listen(&path).unwrap();
+    let client = Arc::new(provider());
+    let connect = || {
+        let (path, client) = (path.clone(), Arc::clone(&client));
+        std::thread::spawn(move || client.connect(path, 8, 8))
+    };
+    let mut accepted = Vec::new();
+    let mut connecting = Vec::new();
+    for _ in 0..2 {
+        let client = connect();
+        accepted.push(listener.accept(8, 8).expect("within the total"));
+        connecting.push(client.join().unwrap().expect("welcomed"));
+    }
+    let (regions, bytes) = listening.peer_regions_mapped();
+    assert_eq!(regions, 2, "a segment an accepted connection");
+    assert!(bytes > 0);
+    let client = connect();
+    let error = listener.accept(8, 8).expect_err("past the total");
+    assert!(
+        matches!(error, TransportError::LocalResource { .. }),
+        "{error}"
+    );
+    let text = chain(&error);
+    assert!(text.contains("with_peer_mapping_total"), "{text}");
+    let refused = client.join().unwrap().expect_err("refused");
+    let text = chain(&refused);
+    assert!(text.contains("with_peer_mapping_total"), "{text}");
+    assert_eq!(
+        listening.peer_regions_mapped(),
+        (2, bytes),
+        "nothing more mapped"
+    );
+    drop((accepted.pop(), connecting.pop()));
+    assert_eq!(
+        listening.peer_regions_mapped(),
+        (1, bytes / 2),
+        "the share is back"
+    );
+    let client = connect();
+    accepted.push(listener.accept(8, 8).expect("room again"));
+    connecting.push(client.join().unwrap().expect("welcomed"));
+    drop((accepted, connecting));
+    assert_eq!(listening.peer_regions_mapped(), (0, 0));
+}
+
 /// A region the kernel will not map for this process (here: 4 PiB, past the address
 /// space, with both limits raised out of the way) is this process's resource exhausted,
 /// not the peer's violation: the error says so and keeps the kernel's answer.

@@ -93,6 +93,9 @@ pub(crate) enum Refusal {
     BadSegment,
     /// A receive depth outside what the ring holds.
     BadDepth,
+    /// The accepting side's endpoints map as much of their peers' memory as its
+    /// provider's total allows.
+    Full,
 }
 
 impl Refusal {
@@ -100,6 +103,7 @@ impl Refusal {
         match self {
             Refusal::BadSegment => 1,
             Refusal::BadDepth => 2,
+            Refusal::Full => 3,
         }
     }
 
@@ -111,6 +115,10 @@ impl Refusal {
                  (are both processes the same tierbuf version?)"
             }
             Refusal::BadDepth => "the receive depth is outside 1..=RING_CAPACITY",
+            Refusal::Full => {
+                "the listener's connections map as much of their peers' memory as its total \
+                 allows (ShmProvider::with_peer_mapping_total)"
+            }
         }
     }
 }
@@ -135,10 +143,10 @@ pub(crate) enum RecordError {
 }
 
 impl Record {
-    /// One record of each kind (both refusals), with the values a connection sends: for
+    /// One record of each kind (every refusal), with the values a connection sends: for
     /// the tests here and the fuzz targets' seeds.
     #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn examples() -> [Record; 7] {
+    pub(crate) fn examples() -> [Record; 8] {
         [
             Record::Hello {
                 recv_depth: 64,
@@ -150,6 +158,7 @@ impl Record {
             },
             Record::Refuse(Refusal::BadSegment),
             Record::Refuse(Refusal::BadDepth),
+            Record::Refuse(Refusal::Full),
             Record::Announce {
                 remote_key: 7,
                 remote_addr: 0x7f00_0000_1000,
@@ -231,6 +240,7 @@ impl Record {
             KIND_REFUSE => Record::Refuse(match b {
                 1 => Refusal::BadSegment,
                 2 => Refusal::BadDepth,
+                3 => Refusal::Full,
                 other => return Err(RecordError::Reason(other)),
             }),
             KIND_ANNOUNCE => Record::Announce {

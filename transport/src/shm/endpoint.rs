@@ -202,6 +202,17 @@ struct PeerRegion {
     _charge: MappingCharge,
 }
 
+/// The connection segment as one side maps it: the connecting side's own memory file,
+/// or on the accepting side the peer's, whose mapping is charged to the provider's total
+/// (`limits`) until it is undone.
+#[derive(Debug)]
+pub(crate) struct MappedSegment {
+    /// The mapping, of at least `size_of::<SharedSegment>()` bytes.
+    pub(crate) mapping: FileMapping,
+    /// The charge of a mapping of the peer's file; `None` for this side's own.
+    pub(crate) _charge: Option<MappingCharge>,
+}
+
 /// One side of a shared-memory connection; see [`Endpoint`] for the rules it keeps and
 /// [`ShmProvider`](super::ShmProvider) for how to make one. Dropping it closes it.
 #[derive(Debug)]
@@ -209,7 +220,7 @@ pub struct ShmEndpoint {
     /// 0 for the connecting side, 1 for the accepting side.
     side: usize,
     socket: OwnedFd,
-    segment: FileMapping,
+    segment: MappedSegment,
     limits: EndpointLimits,
     /// The ring of the direction this side sends on: the peer's receive depth's.
     send_ring: RingSize,
@@ -257,7 +268,7 @@ impl ShmEndpoint {
     pub(crate) fn new(
         side: usize,
         socket: OwnedFd,
-        segment: FileMapping,
+        segment: MappedSegment,
         limits: EndpointLimits,
         peer_recv_depth: u32,
         local: RegionCache<SharedHostRegion>,
@@ -297,7 +308,7 @@ impl ShmEndpoint {
         // (so aligned for the segment), for as long as `self` lives; the handshake checked
         // the stamp. Every field of the segment is an atomic integer, for which any bit
         // pattern the peer writes is a valid value, and atomics may be shared.
-        unsafe { self.segment.base().cast::<SharedSegment>().as_ref() }
+        unsafe { self.segment.mapping.base().cast::<SharedSegment>().as_ref() }
     }
 
     fn peer(&self) -> usize {
@@ -1172,7 +1183,7 @@ mod tests {
             }
             a.poll(&mut completions).expect("a poll");
         }
-        resident_kib(a.segment.base().as_ptr() as usize)
+        resident_kib(a.segment.mapping.base().as_ptr() as usize)
     }
 
     #[test]

@@ -17,6 +17,12 @@
 //!   limit, cannot take the process's mappings or address space together either; past
 //!   the total an announcement fails its connection as this process's resource
 //!   exhausted, and nothing of it is mapped.
+//! - The connection segment counts in that total on the side that maps the peer's file:
+//!   the accepting side charges it before mapping it, and its endpoint holds the charge
+//!   until it is dropped. So connections accepted from peers, which each map one more
+//!   file of the peer's, cannot take the process's mappings either: past the total a
+//!   connection is refused (`Refusal::Full`) and nothing of it is mapped. The connecting
+//!   side maps a file it made itself, at its own user's asking, and charges nothing.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -54,9 +60,11 @@ impl PeerMappingLimit {
     /// 16 384 regions, a quarter of Linux's default `vm.max_map_count` (65 530), which
     /// the process's own regions, connection segments and allocations share; and 4 TiB,
     /// a thirty-second of the 128 TiB of address space a process has on x86-64. An honest
-    /// connection maps one or two regions of its peer, so the count leaves room for
-    /// thousands of connections; 64 hostile ones at their own count limit, or 256 at
-    /// their byte limit, reach the total, not the process's end.
+    /// connection maps one or two regions of its peer, and an accepted one its segment
+    /// too, so the count leaves room for thousands of connections (5 461 accepted ones
+    /// with two regions each); 64 hostile ones at their own count limit, or 256 at their
+    /// byte limit, or 16 384 connections opened and left idle, reach the total, not the
+    /// process's end.
     pub const DEFAULT_TOTAL: PeerMappingLimit = PeerMappingLimit::new(16_384, 4 << 40);
 
     /// At most `regions` regions of the peer mapped at once, of at most `bytes` in all.

@@ -28,8 +28,8 @@ use super::bootstrap::{
     FileMapping, Incoming, MapError, Record, Refusal, SOCKET_TIMEOUT, SocketError, receive_record,
     send_record,
 };
-use super::endpoint::{MAX_GATHER, ShmEndpoint};
-use super::limits::{MappingLedger, PeerBounds, PeerMappingLimit};
+use super::endpoint::{MAX_GATHER, MappedSegment, ShmEndpoint};
+use super::limits::{MappingCharge, MappingLedger, PeerBounds, PeerMappingLimit};
 use super::segment::{RING_CAPACITY, SharedSegment};
 use crate::error::{QueueKind, TransportError};
 use crate::provider::{EndpointLimits, Provider};
@@ -192,10 +192,14 @@ impl ShmProvider {
     /// listeners it makes) map together ([`PeerMappingLimit::DEFAULT_TOTAL`] unless set),
     /// so that many connections, each within its own
     /// [limit](ShmProvider::with_peer_mapping_limit), cannot take this process's mappings
-    /// or address space together. An announcement past it fails its connection with
+    /// or address space together. What counts: every region a peer announced and this
+    /// side mapped, and on the accepting side of each connection (a listener's, or the
+    /// second of a [pair](ShmProvider::pair)) the connection segment, whose memory file
+    /// the connecting peer made. An announcement past it fails its connection with
     /// [`TransportError::LocalResource`] (this process's resource, not that peer's
-    /// fault), and nothing of it is mapped; the endpoints made before keep the total they
-    /// were made with.
+    /// fault), and a connection past it is refused with the same error, telling the
+    /// connecting side why; nothing of either is mapped. The endpoints made before keep
+    /// the total they were made with.
     ///
     /// ```
     /// use tierbuf_pool::MemoryBudget;
@@ -217,8 +221,9 @@ impl ShmProvider {
         self.peer.total.limit()
     }
 
-    /// The regions of their peers that the endpoints counted in
-    /// [`ShmProvider::peer_mapping_total`] map now, and their bytes.
+    /// The mappings of their peers' memory (regions, and accepted connections' segments)
+    /// that the endpoints counted in [`ShmProvider::peer_mapping_total`] hold now, and
+    /// their bytes.
     pub fn peer_regions_mapped(&self) -> (usize, u64) {
         self.peer.total.in_use()
     }
@@ -272,7 +277,7 @@ impl ShmProvider {
         set_timeouts(&socket)?;
         let segment = offer(socket.as_fd(), recv_depth)?;
         let peer_depth = conclude(socket.as_fd())?;
-        Ok(self.endpoint(0, socket, segment, limits, peer_depth))
+        Ok(self.endpoint(0, socket, segment, None, limits, peer_depth))
     }
 
     /// Two connected endpoints in this process (over a socket pair), each with
@@ -304,11 +309,19 @@ impl ShmProvider {
         set_timeouts(&accepting)?;
         let offered = offer(connecting.as_fd(), recv_depth)?;
         let hello = receive_record(accepting.as_fd(), true);
-        let (accepted, connecting_depth) = answer(accepting.as_fd(), hello, recv_depth)?;
+        let (accepted, charge, connecting_depth) =
+            answer(accepting.as_fd(), hello, recv_depth, &self.peer.total)?;
         let accepting_depth = conclude(connecting.as_fd())?;
         Ok((
-            self.endpoint(0, connecting, offered, limits, accepting_depth),
-            self.endpoint(1, accepting, accepted, limits, connecting_depth),
+            self.endpoint(0, connecting, offered, None, limits, accepting_depth),
+            self.endpoint(
+                1,
+                accepting,
+                accepted,
+                Some(charge),
+                limits,
+                connecting_depth,
+            ),
         ))
     }
 
@@ -316,7 +329,8 @@ impl ShmProvider {
         &self,
         side: usize,
         socket: OwnedFd,
-        segment: FileMapping,
+        mapping: FileMapping,
+        charge: Option<MappingCharge>,
         limits: EndpointLimits,
         peer_recv_depth: u32,
     ) -> ShmEndpoint {
@@ -324,7 +338,10 @@ impl ShmProvider {
         ShmEndpoint::new(
             side,
             socket,
-            segment,
+            MappedSegment {
+                mapping,
+                _charge: charge,
+            },
             limits,
             peer_recv_depth,
             local,
@@ -436,12 +453,16 @@ impl ShmListener {
         heard: Result<Incoming, SocketError>,
         limits: EndpointLimits,
     ) -> Result<ShmEndpoint, TransportError> {
-        let (segment, peer_depth) = answer(socket.as_fd(), heard, limits.recv_depth)?;
+        let (mapping, charge, peer_depth) =
+            answer(socket.as_fd(), heard, limits.recv_depth, &self.peer.total)?;
         let local = RegionCache::new(Arc::clone(&self.registrar.table));
         Ok(ShmEndpoint::new(
             1,
             socket,
-            segment,
+            MappedSegment {
+                mapping,
+                _charge: Some(charge),
+            },
             limits,
             peer_depth,
             local,
@@ -606,13 +627,16 @@ fn offer(socket: BorrowedFd<'_>, recv_depth: u32) -> Result<FileMapping, Transpo
 }
 
 /// The accepting side's part: checks `hello`, what the peer's socket said first, and the
-/// segment it carries, and welcomes or refuses. Returns the segment and the peer's receive
-/// depth.
+/// segment it carries, and welcomes or refuses. The peer's segment is mapped within
+/// `total`, the provider's ledger of its peers' memory mapped (`limits.rs`): a connection
+/// past it is refused, as this process's resource exhausted. Returns the segment, its
+/// charge and the peer's receive depth.
 fn answer(
     socket: BorrowedFd<'_>,
     hello: Result<Incoming, SocketError>,
     recv_depth: u32,
-) -> Result<(FileMapping, u32), TransportError> {
+    total: &Arc<MappingLedger>,
+) -> Result<(FileMapping, MappingCharge, u32), TransportError> {
     let received = match hello.map_err(socket_error)? {
         Incoming::Record(received) => received,
         Incoming::Nothing | Incoming::Closed => {
@@ -642,6 +666,16 @@ fn answer(
     if !fits_the_ring(peer_depth) {
         return Err(refuse(Refusal::BadDepth));
     }
+    let charge = total.charge(segment_file_len() as u64).map_err(|reached| {
+        // As above, a courtesy.
+        let _ = send_record(socket, Record::Refuse(Refusal::Full), None);
+        TransportError::LocalResource {
+            provider: "shm",
+            operation: "mapping a connecting peer's segment: this provider's endpoints \
+                            map their peers' memory up to a total",
+            source: std::io::Error::other(reached),
+        }
+    })?;
     let mapping = match FileMapping::map(&file, segment_file_len() as u64) {
         Ok(mapping) if segment_of(&mapping).is_stamped() => mapping,
         Err(MapError::Refused { operation, source }) => {
@@ -658,7 +692,7 @@ fn answer(
         pid: std::process::id(),
     };
     send_record(socket, welcome, None).map_err(socket_error)?;
-    Ok((mapping, peer_depth))
+    Ok((mapping, charge, peer_depth))
 }
 
 /// The connecting side's last step: waits for the welcome, and returns the peer's receive
