@@ -28,7 +28,10 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ibverbs::{CompletionQueue, QueuePair, QueuePairEndpoint, ibv_qp_type, ibv_wc, ibv_wc_status};
+use ibverbs::{
+    CompletionQueue, QueuePair, QueuePairEndpoint, ibv_access_flags, ibv_qp_type, ibv_wc,
+    ibv_wc_status,
+};
 use tierbuf_tiers::TierIndex;
 
 use super::device::OpenDevice;
@@ -248,7 +251,13 @@ impl VerbsEndpoint {
                 &completion_queues.recv,
                 ibv_qp_type::IBV_QPT_RC,
             );
+            // `ibverbs` registers every region with remote read, write and atomic rights,
+            // and a promotion's answer tells the peer a region's address and remote key:
+            // the queue pair's own access flags, local write only, are what refuse the
+            // peer any RDMA READ, WRITE or atomic on this side's memory (two-sided sends
+            // are all the provider uses). Set here rather than left to the crate's default.
             builder
+                .set_access(ibv_access_flags::IBV_ACCESS_LOCAL_WRITE)
                 .set_max_send_wr(options.send_depth)
                 .set_max_recv_wr(options.recv_depth)
                 .set_rnr_retry(RNR_RETRY_FOREVER)
