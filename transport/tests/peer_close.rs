@@ -4,7 +4,8 @@
 //! were frames of its own (credits), not message bytes, has nothing unflushed; and a send
 //! whose every byte was posted before the peer hung up is reported sent; and over shm, a
 //! receiver whose peer asked for a promotion and then closed takes the peer's last
-//! message.
+//! message; and a close right after a flush, while the peer receives on a thread of its
+//! own, loses nothing whatever the peer was doing when it came.
 
 mod holding;
 mod pairs;
@@ -325,4 +326,63 @@ fn a_promotion_asked_for_by_a_peer_that_then_closed_loses_none_of_its_message_ov
     assert_eq!(sending.stats().messages_segmented, 1, "sent in segments");
     drop(sending);
     assert_eq!(receive_until_closed(&mut receiving), vec![message]);
+}
+
+/// Rounds of a sender that sends messages of every kind (small, needing a promotion,
+/// past the top tier), flushes and closes, while its peer takes them as they come on a
+/// thread of its own: whatever the close meets on the receiving side (a promotion being
+/// answered, receives being reposted, a region being announced), every message the flush
+/// saw through arrives, in order, before the close.
+fn a_close_right_after_a_flush_loses_nothing_while_the_peer_receives<P: PairProvider>() {
+    const ROUNDS: u64 = 60;
+    let provider = P::make();
+    for round in 0..ROUNDS {
+        let (mut sending, mut receiving) =
+            pairs::connections(&provider, pairs::demoting_ladder(Duration::from_secs(60)));
+        let lens = [16, 3000, 100, 9000, 700, 16, 5000, 64];
+        let count = 4 + (round % 5) as usize;
+        let messages: Vec<Vec<u8>> = (0..count)
+            .map(|index| {
+                let len = lens[(index + round as usize) % lens.len()];
+                (0..len).map(|byte| (byte + index) as u8).collect()
+            })
+            .collect();
+        let expected = messages.clone();
+        let receiver = std::thread::spawn(move || {
+            let mut received = Vec::new();
+            let error = loop {
+                match receiving.recv() {
+                    Ok(message) => received.push(message.to_vec()),
+                    Err(error) => break error,
+                }
+            };
+            (received, error, receiving.stats())
+        });
+        for message in &messages {
+            sending.send(message).unwrap();
+        }
+        sending.flush().unwrap();
+        drop(sending);
+        let (received, error, stats) = receiver.join().unwrap();
+        assert!(
+            matches!(*error, ConnectionError::PeerClosed),
+            "round {round}: {error:?} after {} of {count}: {stats:?}",
+            received.len()
+        );
+        assert!(
+            received == expected,
+            "round {round}: {} of {count} came: {stats:?}",
+            received.len()
+        );
+    }
+}
+
+#[test]
+fn a_close_right_after_a_flush_loses_nothing_while_the_peer_receives_over_loopback() {
+    a_close_right_after_a_flush_loses_nothing_while_the_peer_receives::<LoopbackProvider>();
+}
+
+#[test]
+fn a_close_right_after_a_flush_loses_nothing_while_the_peer_receives_over_shm() {
+    a_close_right_after_a_flush_loses_nothing_while_the_peer_receives::<ShmProvider>();
 }
