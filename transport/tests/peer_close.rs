@@ -311,12 +311,12 @@ fn a_message_accepted_and_then_refused_is_reported_by_flush() {
 #[test]
 fn a_promotion_asked_for_by_a_peer_that_then_closed_loses_none_of_its_message_over_shm() {
     // Past tier 0: the message goes out in three segments with a promotion request, all
-    // of them copied into the receiver's posted receives before the flush returns. The
-    // receiver finds the close with the request unanswered: the segments that landed
-    // before it are the message, and the request is the close's to drop. (A receiver
-    // that took the request before it saw the close provisions the new tier, and its
-    // announcement meets the closed socket: `shm::endpoint`'s unit tests check that this
-    // is the peer's close too.)
+    // of them copied into the receiver's posted receives before the flush returns; then
+    // the sender closes. The receiver takes the segments, which are the message, and then
+    // reports the close, whatever became of the request. (A receiver that posts the new
+    // tier's receives as the close comes meets the closed socket when it announces their
+    // region: `shm::endpoint`'s unit tests check that this is the peer's close too, and
+    // the rounds below meet it now and then.)
     let provider = ShmProvider::make();
     let (mut sending, mut receiving) =
         pairs::connections(&provider, pairs::demoting_ladder(Duration::from_secs(60)));

@@ -672,7 +672,7 @@ fn answer(
         TransportError::LocalResource {
             provider: "shm",
             operation: "mapping a connecting peer's segment: this provider's endpoints \
-                            map their peers' memory up to a total",
+                        map their peers' memory up to a total",
             source: std::io::Error::other(reached),
         }
     })?;
