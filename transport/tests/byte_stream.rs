@@ -264,8 +264,9 @@ async fn random_writes_on_the_storage_ladder<P: PairProvider>() {
 }
 
 /// Reads lend each message in its receive slot (`fill_buf`) and give the slot back once
-/// it is consumed; an empty message is not the end of the stream.
-async fn buffered_reads_lend_each_message_and_skip_empty_ones<P: PairProvider>() {
+/// it is consumed; an empty message, which only a shutdown sends, is the end of the
+/// stream, and nothing after it is read.
+async fn buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream<P: PairProvider>() {
     let provider = P::make();
     let (a, b) = connections(&provider, preset("patent"));
     let mut sender = AsyncConnection::new(a).unwrap();
@@ -283,22 +284,53 @@ async fn buffered_reads_lend_each_message_and_skip_empty_ones<P: PairProvider>()
     );
     assert_eq!(reader.fill_buf().await.unwrap(), b"llo");
     reader.consume(3);
-    // The empty message is passed over, not read as the end.
-    let mut word = [0u8; 5];
-    reader.read_exact(&mut word).await.unwrap();
-    assert_eq!(&word, b"world");
-    drop(sender);
     let mut rest = Vec::new();
-    assert_eq!(reader.read_to_end(&mut rest).await.unwrap(), 0, "the end");
     assert_eq!(
-        reader.get_mut().stats().receives_lent,
+        reader.read_to_end(&mut rest).await.unwrap(),
         0,
-        "every slot given back"
+        "the end, with the sender still open"
     );
+    assert_eq!(
+        reader.read(&mut [0u8; 8]).await.unwrap(),
+        0,
+        "still the end"
+    );
+    // The messages read, and the empty one, gave their slots back; the one after the
+    // end, never read, may hold its slot until the stream is dropped.
+    let lent = reader.get_mut().stats().receives_lent;
+    assert!(lent <= 1, "{lent} slots lent");
+    drop(sender);
 }
 
-/// A shut-down stream refuses writes and still reads; the peer reads the end once it is
-/// dropped, and its writes then fail with the connection's error.
+/// A shutdown is a half close, as TCP's: the peer reads the end while this side is
+/// still open, and answers; this side reads the answer, and its own end, after its
+/// shutdown. (Before, the peer read the end only once this side was dropped, so a
+/// client that shut down and then waited for the answer waited for ever.)
+async fn a_shutdown_is_a_half_close<P: PairProvider>() {
+    let provider = P::make();
+    let (mut client, mut server) = streams(&provider, "rpc");
+    let request = pattern(70_000, 11);
+    let expected = request.clone();
+    let serving = tokio::spawn(async move {
+        let mut received = Vec::new();
+        server.read_to_end(&mut received).await.unwrap();
+        assert!(received == expected, "every byte before the end");
+        server.write_all(&pattern(3000, 12)).await.unwrap();
+        server.shutdown().await.unwrap();
+        // Both sides shut down: each has read the other's end, and both are still open.
+        server
+    });
+    client.write_all(&request).await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    client.read_to_end(&mut answer).await.unwrap();
+    assert!(answer == pattern(3000, 12), "the answer, then the end");
+    let server = serving.await.unwrap();
+    drop((client, server));
+}
+
+/// A shut-down stream refuses writes and still reads; the peer reads the end, and once
+/// the stream is dropped its writes fail with the connection's error.
 async fn the_end_after_shutdown_and_drop<P: PairProvider>() {
     let provider = P::make();
     let (mut writer, mut reader) = streams(&provider, "rpc");
@@ -523,7 +555,8 @@ on_each_provider!(
     a_writer_ahead_of_its_reader_waits_then_goes_on,
     random_writes_on_the_patent_ladder,
     random_writes_on_the_storage_ladder,
-    buffered_reads_lend_each_message_and_skip_empty_ones,
+    buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream,
+    a_shutdown_is_a_half_close,
     the_end_after_shutdown_and_drop,
     split_halves_in_two_tasks_echo_every_byte,
     http1_posts_of_growing_size_echo_every_byte,

@@ -7,7 +7,7 @@
 //! - A write with any bytes returns at least one of them, or `Pending`, or an error:
 //!   never `Ok(0)`, which `write_all` would take for a closed stream. Empty elements
 //!   before the first byte are skipped; a write of no bytes returns `Ok(0)` and sends
-//!   nothing (an empty message would be a message the peer reads nothing from).
+//!   nothing. So the only empty message a stream sends is its shutdown's.
 //! - The bytes a write returns went as one message, by the byte-stream rule of
 //!   [`Connection::try_send`] (the patent's Figure 5): the leading whole elements that fit
 //!   the tier in force together, or, when the first does not fit, that element, sent at
@@ -16,11 +16,16 @@
 //!   that long, so every message a write makes is at most one top-tier frame.
 //! - Bytes are read in the order they were written. The message being read is held with
 //!   the count of its bytes read, and dropped (its receive slot given back to the
-//!   connection) as soon as the last of them is consumed; an empty message is dropped
-//!   unread and never reads as the end of the stream.
-//! - The end of the stream (a read of nothing) comes only after the peer's orderly close
-//!   ([`ConnectionError::PeerClosed`]) and every byte sent before it; any other failure
-//!   of the connection is an [`io::Error`] whose inner error is the connection's.
+//!   connection) as soon as the last of them is consumed.
+//! - **Half close.** A shutdown flushes what was written, then sends one empty message,
+//!   the end of this side's writing, and flushes it (a peer that closed meanwhile needs
+//!   no telling); the stream goes on reading. The
+//!   peer's stream reads the end of the stream (a read of nothing) at that message,
+//!   after every byte written before it, and can go on writing. The end of the stream
+//!   also comes at the peer's orderly close ([`ConnectionError::PeerClosed`]), after
+//!   every byte sent before it; once it has come, no message is read again. Any other
+//!   failure of the connection is an [`io::Error`] whose inner error is the
+//!   connection's.
 //! - Every poll records its task's waker (as the reader or as the writer) and polls the
 //!   connection with the stream's own waker, which wakes both: the halves of
 //!   `tokio::io::split` may be polled from two tasks, and whichever one leaves the
@@ -56,12 +61,14 @@ use crate::provider::Endpoint;
 ///   lends the unread rest of the current message without copying it, and
 ///   [`AsyncRead::poll_read`] copies from it. A message's slot goes back to the connection
 ///   once all of it has been read.
-/// - **The end**: a read returns nothing once the peer closed (after every byte it sent).
-///   [`AsyncWrite::poll_shutdown`] waits until everything written has been posted and has
-///   completed, and refuses writes after it; a connection has no half close, so the peer
-///   reads the end when this stream is dropped. Dropping it without a shutdown may lose
-///   bytes written and not yet posted, as an unflushed buffer would. Any other failure of
-///   the connection (the peer died, broke the protocol) is an [`io::Error`] whose
+/// - **The end**: [`AsyncWrite::poll_shutdown`] is a half close, as a TCP socket's
+///   `shutdown(Write)`: it waits until everything written has been posted and has
+///   completed, tells the peer that this side writes no more, and refuses writes after
+///   it, while this side goes on reading. A read returns nothing once the peer shut
+///   down or closed, after every byte it wrote before. Dropping the stream closes the
+///   connection; dropping it without a shutdown may lose bytes written and not yet
+///   posted, as an unflushed buffer would. Any other failure of the connection (the peer
+///   died, broke the protocol) is an [`io::Error`] whose
 ///   [`get_ref`](io::Error::get_ref) is the connection's `Arc<ConnectionError>`.
 ///
 /// ```
@@ -87,9 +94,12 @@ use crate::provider::Endpoint;
 /// # };
 /// let mut client = ByteStream::new(connect(a)?)?;
 /// let mut server = ByteStream::new(connect(b)?)?;
-/// let reading = tokio::spawn(async move {
+/// let serving = tokio::spawn(async move {
 ///     let mut received = Vec::new();
+///     // Ends at the client's shutdown, while the client still reads.
 ///     server.read_to_end(&mut received).await?;
+///     server.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await?;
+///     server.shutdown().await?;
 ///     Ok::<_, std::io::Error>(received)
 /// });
 /// // The patent ladder's smallest tier takes 480 bytes a message: the two small elements
@@ -98,9 +108,11 @@ use crate::provider::Endpoint;
 /// let parts = [IoSlice::new(b"GET / "), IoSlice::new(b"HTTP/1.1\r\n"), IoSlice::new(&large)];
 /// assert_eq!(client.write_vectored(&parts).await?, 16);
 /// client.write_all(&large).await?;
-/// client.shutdown().await?;
-/// drop(client); // the peer reads the end
-/// let received = reading.await??;
+/// client.shutdown().await?; // the peer reads the end; this side still reads
+/// let mut reply = String::new();
+/// client.read_to_string(&mut reply).await?;
+/// assert_eq!(reply, "HTTP/1.1 204 No Content\r\n\r\n");
+/// let received = serving.await??;
 /// assert_eq!(&received[..16], b"GET / HTTP/1.1\r\n");
 /// assert!(received[16..] == large[..]);
 /// # Ok(())
@@ -111,10 +123,10 @@ pub struct ByteStream<E: Endpoint> {
     connection: AsyncConnection<E>,
     /// The message being read, and how many of its bytes have been read.
     reading: Option<(Message, usize)>,
-    /// Whether the peer closed and every byte before its close has been read.
+    /// Whether the peer shut down or closed and every byte before has been read.
     ended: bool,
-    /// Whether this side shut down: writes are refused.
-    shut_down: bool,
+    /// How far this side's shutdown has gone.
+    shutdown: Shutdown,
     /// The longest message a write makes: the top tier's whole message, or the
     /// connection's longest message if that is shorter.
     longest_write: usize,
@@ -182,7 +194,7 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
             connection: AsyncConnection::new(connection)?,
             reading: None,
             ended: false,
-            shut_down: false,
+            shutdown: Shutdown::Writing,
             longest_write,
             waker: Waker::from(Arc::clone(&tasks)),
             tasks,
@@ -207,6 +219,8 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
             self.tasks.register(Side::Read, cx.waker());
             let mut context = Context::from_waker(&self.waker);
             match ready!(Pin::new(&mut self.connection).poll_next(&mut context)) {
+                // The peer's shutdown (module invariants).
+                Some(Ok(message)) if message.is_empty() => self.ended = true,
                 Some(Ok(message)) => self.reading = Some((message, 0)),
                 None => self.ended = true,
                 Some(Err(failure)) => return Poll::Ready(Err(io_error(failure))),
@@ -294,7 +308,7 @@ impl<E: Endpoint + Unpin> AsyncWrite for ByteStream<E> {
         let Some(first) = bufs.iter().position(|part| !part.is_empty()) else {
             return Poll::Ready(Ok(0));
         };
-        if this.shut_down {
+        if this.shutdown != Shutdown::Writing {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the byte stream was shut down",
@@ -338,10 +352,45 @@ impl<E: Endpoint + Unpin> AsyncWrite for ByteStream<E> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        ready!(this.poll_flushed(cx))?;
-        this.shut_down = true;
-        Poll::Ready(Ok(()))
+        loop {
+            match this.shutdown {
+                Shutdown::Writing => {
+                    ready!(this.poll_flushed(cx))?;
+                    this.shutdown = Shutdown::Telling;
+                }
+                Shutdown::Telling => {
+                    this.tasks.register(Side::Write, cx.waker());
+                    let mut context = Context::from_waker(&this.waker);
+                    let told = ready!(this.connection.poll_send_empty(&mut context));
+                    // Refused or not, nothing more is written.
+                    this.shutdown = Shutdown::Told;
+                    match told {
+                        Ok(()) => {}
+                        // A peer that closed needs no telling: the flush below says
+                        // whether everything written reached it.
+                        Err(SendError::Failed(failure))
+                            if matches!(*failure, ConnectionError::PeerClosed) => {}
+                        Err(SendError::Failed(failure)) => {
+                            return Poll::Ready(Err(io_error(failure)));
+                        }
+                        Err(other) => return Poll::Ready(Err(io::Error::other(other))),
+                    }
+                }
+                Shutdown::Told => return this.poll_flushed(cx),
+            }
+        }
     }
+}
+
+/// How far a stream's shutdown has gone (module invariants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shutdown {
+    /// Writes are taken.
+    Writing,
+    /// Everything written was flushed; the empty message that ends it is to be sent.
+    Telling,
+    /// The empty message was sent (or refused): writes are refused.
+    Told,
 }
 
 /// The I/O error for the connection's failure, keeping it as the inner error.

@@ -434,6 +434,16 @@ impl<E: Endpoint> AsyncConnection<E> {
         }
     }
 
+    /// Sends an empty message, after the rest of anything the sink took, as
+    /// [`AsyncConnection::send`] does; `Ready` once the connection has taken it (there is
+    /// nothing of it to take in parts, so nothing to resume).
+    pub(super) fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+        self.keeping_armed(cx, Call::Send, |this, cx| {
+            ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
+            this.poll_send(cx, &[], &mut 0)
+        })
+    }
+
     /// Posts `messages` from `sent` on, advancing `sent`.
     fn poll_send_batch(
         &mut self,
