@@ -19,13 +19,12 @@
 //!   connection) as soon as the last of them is consumed.
 //! - **Half close.** A shutdown flushes what was written, then sends one empty message,
 //!   the end of this side's writing, and flushes it (a peer that closed meanwhile needs
-//!   no telling); the stream goes on reading. The
-//!   peer's stream reads the end of the stream (a read of nothing) at that message,
-//!   after every byte written before it, and can go on writing. The end of the stream
-//!   also comes at the peer's orderly close ([`ConnectionError::PeerClosed`]), after
-//!   every byte sent before it; once it has come, no message is read again. Any other
-//!   failure of the connection is an [`io::Error`] whose inner error is the
-//!   connection's.
+//!   no telling); the stream goes on reading. The peer's stream reads the end of the
+//!   stream (a read of nothing) at that message, after every byte written before it,
+//!   and can go on writing. The end of the stream also comes at the peer's orderly
+//!   close ([`ConnectionError::PeerClosed`]), after every byte sent before it; once it
+//!   has come, no message is read again. Any other failure of the connection is an
+//!   [`io::Error`] whose inner error is the connection's.
 //! - Every poll records its task's waker (as the reader or as the writer) and polls the
 //!   connection with the stream's own waker, which wakes both: the halves of
 //!   `tokio::io::split` may be polled from two tasks, and whichever one leaves the
