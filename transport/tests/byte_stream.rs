@@ -329,6 +329,27 @@ async fn a_shutdown_is_a_half_close<P: PairProvider>() {
     drop((client, server));
 }
 
+/// A shutdown after the peer took every byte and closed succeeds: the peer needs no
+/// telling, and nothing written was lost (as a TCP socket's `shutdown` after the peer's
+/// close).
+async fn a_shutdown_after_the_peer_took_everything_and_closed_succeeds<P: PairProvider>() {
+    let provider = P::make();
+    let (mut writer, mut reader) = streams(&provider, "rpc");
+    let data = pattern(5000, 3);
+    writer.write_all(&data).await.unwrap();
+    writer.flush().await.unwrap();
+    let mut received = vec![0u8; data.len()];
+    reader.read_exact(&mut received).await.unwrap();
+    assert!(received == data);
+    drop(reader);
+    writer
+        .shutdown()
+        .await
+        .expect("everything written reached the peer");
+    let refused = writer.write(b"late").await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::BrokenPipe);
+}
+
 /// A shut-down stream refuses writes and still reads; the peer reads the end, and once
 /// the stream is dropped its writes fail with the connection's error.
 async fn the_end_after_shutdown_and_drop<P: PairProvider>() {
@@ -557,6 +578,7 @@ on_each_provider!(
     random_writes_on_the_storage_ladder,
     buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream,
     a_shutdown_is_a_half_close,
+    a_shutdown_after_the_peer_took_everything_and_closed_succeeds,
     the_end_after_shutdown_and_drop,
     split_halves_in_two_tasks_echo_every_byte,
     http1_posts_of_growing_size_echo_every_byte,
