@@ -1,12 +1,14 @@
 //! `ByteStream` (feature `tokio`) over loopback and shared memory: the patent's Figure 5
 //! rule seen at `write_vectored`, a writer ahead of its reader, random writes of up to
-//! 5 MiB read back byte for byte, zero-copy reads, the end of the stream, a peer process
-//! that dies, the halves of `tokio::io::split` in two tasks, and HTTP/1 and HTTP/2 (hyper)
-//! carried through it with bodies of growing size.
+//! 5 MiB read back byte for byte, zero-copy reads, the end of the stream and the half
+//! close (in one process and across two), a peer process that dies, the halves of
+//! `tokio::io::split` in two tasks, and HTTP/1 and HTTP/2 (hyper) carried through it
+//! with bodies of growing size.
 //!
-//! One shm test runs its peer in a child process: this test binary started again with
-//! `BYTE_STREAM_SOCKET` set, running only `a_writer_in_a_child_process` (which does
-//! nothing without it).
+//! Two shm tests run their peer in a child process: this test binary started again with
+//! `BYTE_STREAM_SOCKET` set, running only `a_writer_in_a_child_process`, or with
+//! `BYTE_STREAM_HALF_CLOSE_SOCKET` set, running only
+//! `a_half_closing_client_in_a_child_process` (each does nothing without its variable).
 #![cfg(feature = "tokio")]
 
 mod pairs;
@@ -686,4 +688,87 @@ fn a_peer_process_that_dies_is_an_error_not_the_end() {
         matches!(**failure, ConnectionError::PeerDied(_)),
         "{failure:?}"
     );
+}
+
+/// Environment variable naming the socket a half-closing client in a child process
+/// connects to.
+const HALF_CLOSE_SOCKET: &str = "BYTE_STREAM_HALF_CLOSE_SOCKET";
+/// Bytes of the child's request, and of the parent's answer.
+const REQUEST_LEN: usize = 200_000;
+const ANSWER_LEN: usize = 70_000;
+
+#[test]
+fn a_half_closing_client_in_a_child_process() {
+    // Only as the child process of `a_client_process_shuts_down_and_reads_the_answer`.
+    let Some(path) = std::env::var_os(HALF_CLOSE_SOCKET) else {
+        return;
+    };
+    let node = shm_transport();
+    let connection = node
+        .connect_timeout(PathBuf::from(path), Duration::from_secs(10))
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut stream = ByteStream::new(connection).unwrap();
+        stream.write_all(&pattern(REQUEST_LEN, 21)).await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer == pattern(ANSWER_LEN, 22),
+            "the answer, then the end"
+        );
+    });
+}
+
+/// A client in another process writes its request and shuts down; the server reads the
+/// request to its end with the client still there, answers and shuts down, and the
+/// client reads the answer to its end: a half close across two processes over shared
+/// memory, as a TCP client's `shutdown(Write)`.
+#[test]
+fn a_client_process_shuts_down_and_reads_the_answer() {
+    let path = std::env::temp_dir().join(format!(
+        "tierbuf-byte-stream-{}-half-close.sock",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let node = shm_transport();
+    let listener = node.listen(&path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_half_closing_client_in_a_child_process",
+            "--nocapture",
+        ])
+        .env(HALF_CLOSE_SOCKET, &path)
+        .spawn()
+        .unwrap();
+    let connection = listener.accept_timeout(Duration::from_secs(30)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stream = runtime.block_on(async {
+        let mut stream = ByteStream::new(connection).unwrap();
+        let mut request = Vec::new();
+        tokio::time::timeout(BOUND, stream.read_to_end(&mut request))
+            .await
+            .expect("the client's shutdown ends the request")
+            .unwrap();
+        assert!(
+            request == pattern(REQUEST_LEN, 21),
+            "the request, then the end"
+        );
+        stream.write_all(&pattern(ANSWER_LEN, 22)).await.unwrap();
+        stream.shutdown().await.unwrap();
+        stream
+    });
+    // This side stays open (shut down, not closed) until the client has read the answer
+    // to its end and exited.
+    let status = child.wait().unwrap();
+    drop((stream, listener));
+    assert!(status.success(), "the client process: {status}");
 }
