@@ -587,12 +587,17 @@ on_each_provider!(
     http2_posts_of_growing_size_echo_every_byte,
 );
 
-#[test]
-fn http1_on_a_current_thread_runtime() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// A tokio runtime on the calling thread, with IO and timers.
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn http1_on_a_current_thread_runtime() {
+    let runtime = current_thread_runtime();
     runtime.block_on(async {
         tokio::time::timeout(
             BOUND,
@@ -626,10 +631,7 @@ fn a_writer_in_a_child_process() {
     let node = shm_transport();
     let listener = node.listen(PathBuf::from(path)).unwrap();
     let connection = listener.accept().unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread_runtime();
     runtime.block_on(async {
         let mut stream = ByteStream::new(connection).unwrap();
         stream.write_all(&pattern(CHILD_WRITES, 9)).await.unwrap();
@@ -707,10 +709,7 @@ fn a_half_closing_client_in_a_child_process() {
     let connection = node
         .connect_timeout(PathBuf::from(path), Duration::from_secs(10))
         .unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread_runtime();
     runtime.block_on(async {
         let mut stream = ByteStream::new(connection).unwrap();
         stream.write_all(&pattern(REQUEST_LEN, 21)).await.unwrap();
@@ -747,10 +746,7 @@ fn a_client_process_shuts_down_and_reads_the_answer() {
         .spawn()
         .unwrap();
     let connection = listener.accept_timeout(Duration::from_secs(30)).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread_runtime();
     let stream = runtime.block_on(async {
         let mut stream = ByteStream::new(connection).unwrap();
         let mut request = Vec::new();
