@@ -38,8 +38,7 @@ pub use shared::SharedHostRegion;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RegionKeys {
-    /// The key the owner uses in its own work requests, where the provider exposes it
-    /// (`ibverbs` 0.9 does not).
+    /// The key the owner uses in its own work requests, where the provider has one.
     pub local_key: Option<u32>,
     /// The key a peer names to reach the region.
     pub remote_key: u32,
@@ -78,8 +77,8 @@ pub unsafe trait Region: Send + Sync + fmt::Debug {
 
 /// Allocates and registers regions.
 ///
-/// A registrar owns the memory it registers (the `ibverbs` crate can only register memory
-/// it allocates itself) and charges every region to a [`MemoryBudget`].
+/// A registrar allocates the memory it registers, so that what a region pins is what it
+/// charged to its [`MemoryBudget`].
 pub trait Registrar: Send + Sync + fmt::Debug {
     /// Allocates and registers `len` bytes aligned to `align` (a power of two).
     fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError>;

@@ -396,7 +396,8 @@ pub enum EndpointState {
 /// A buffer inside a registered region, named as a verbs scatter-gather element names it:
 /// the region's remote key, the address of the first byte, and a length.
 ///
-/// Regions are found by their *remote* key because `ibverbs` 0.9 exposes no local key.
+/// Regions are found by the key a peer is told ([`RegionKeys::remote_key`](tierbuf_pool::RegionKeys));
+/// the verbs provider, whose regions have no remote rights, uses its local key there.
 /// Slot handles convert into the buffer of the whole slot; the endpoint never takes the
 /// handle, so the caller keeps it until the request completes.
 ///

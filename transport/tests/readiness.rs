@@ -1,6 +1,7 @@
 //! Waiting without spinning: endpoints that wake a parked side (`Endpoint::arm`), the
 //! blocking calls' deadlines, and `ConnectionTable::wait_ready` over many connections,
-//! on the loopback and shared-memory providers.
+//! on the loopback and shared-memory providers, and on the verbs provider where
+//! `TIERBUF_VERBS_DEVICE` names an RDMA device (`.ci/verbs-rxe` runs them on soft-RoCE).
 //!
 //! Every wait here has a generous bound (seconds) so that a lost wake fails the test
 //! instead of hanging it; no test measures how long anything took.
@@ -410,6 +411,38 @@ macro_rules! on_each_provider {
         }
     };
 }
+
+/// The tests that hold on verbs as they are: the rest ask that a delivery be there the
+/// instant its sender's completion is (verbs makes the two on two sides of a wire), or
+/// connect hundreds of queue pairs, which soft-RoCE under an emulated CPU takes minutes for.
+#[cfg(feature = "verbs")]
+macro_rules! on_verbs {
+    ($($test:ident $(($arg:expr))?),* $(,)?) => {
+        mod verbs {
+            use super::*;
+            use tierbuf_transport::verbs::VerbsProvider;
+            $(#[test] fn $test() {
+                if let Some(reason) = pairs::verbs_unavailable() {
+                    println!("skipped: {reason}");
+                    return;
+                }
+                super::$test::<VerbsProvider>($($arg)?);
+            })*
+        }
+    };
+}
+
+#[cfg(feature = "verbs")]
+on_verbs!(
+    an_armed_endpoint_is_woken_by_a_delivery_from_another_thread,
+    closing_wakes_the_parked_peer,
+    a_deadline_passes_when_nothing_comes,
+    a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing,
+    a_flush_that_takes_its_last_completion_does_not_sleep_after_it,
+    wait_ready_hands_out_the_busy_connection_only(8),
+    a_progress_thread_sleeps_over_idle_connections_and_wakes_for_a_peer(8),
+    a_connection_whose_peer_left_costs_the_progress_thread_nothing,
+);
 
 on_each_provider!(
     an_armed_endpoint_is_woken_by_a_delivery_from_another_thread,

@@ -13,13 +13,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ibverbs::ibv_wc_status;
+use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::verbs::{
-    EndpointOptions, VerbsConfig, VerbsEndpoint, VerbsError, VerbsProvider,
+    EndpointOptions, VerbsConfig, VerbsEndpoint, VerbsError, VerbsProvider, ibv_wc_status,
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, PostError, Provider,
@@ -35,7 +35,7 @@ const WAIT: Duration = Duration::from_secs(120);
 /// The names of the devices present, or `None` (with the reason printed) when no device
 /// can be found here.
 fn devices_present() -> Option<Vec<String>> {
-    let list = match ibverbs::devices() {
+    let list = match DeviceList::new() {
         Ok(list) => list,
         Err(error) => {
             println!(
@@ -45,14 +45,7 @@ fn devices_present() -> Option<Vec<String>> {
             return None;
         }
     };
-    let names: Vec<String> = list
-        .iter()
-        .filter_map(|device| {
-            device
-                .name()
-                .map(|name| name.to_string_lossy().into_owned())
-        })
-        .collect();
+    let names: Vec<String> = list.iter().map(|device| device.name()).collect();
     if names.is_empty() {
         println!("skipped: no RDMA device found; see docs/verbs.md for soft-RoCE");
         return None;
@@ -123,7 +116,7 @@ fn opening_a_missing_device_says_what_is_there() {
     let error = VerbsProvider::open(&VerbsConfig::new("tierbuf-no-such-device"), budget)
         .expect_err("no device has this name");
     println!("{error}");
-    match ibverbs::devices() {
+    match DeviceList::new() {
         Err(_) => assert!(
             matches!(error, VerbsError::DevicesUnavailable { .. }),
             "{error:?}"

@@ -8,11 +8,10 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ibverbs::QueuePairEndpoint;
 use tierbuf_tiers::TierIndex;
 use tierbuf_transport::verbs::handshake::{
-    HEADER_LEN, HandshakeError, HandshakeMessage, Hello, MAGIC, MAX_PAYLOAD_LEN, VERSION,
-    check_header, decode_frame, decode_payload, encode_frame,
+    HEADER_LEN, HandshakeError, HandshakeMessage, Hello, MAGIC, MAX_PAYLOAD_LEN, QueuePairAddress,
+    VERSION, check_header, decode_frame, decode_payload, encode_frame,
 };
 use tierbuf_transport::verbs::rendezvous::{Rendezvous, RendezvousListener};
 
@@ -20,7 +19,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn hello(num: u32) -> Hello {
     Hello {
-        queue_pair: QueuePairEndpoint {
+        queue_pair: QueuePairAddress {
             num,
             lid: (num % 0xffff) as u16,
             gid: None,
@@ -32,16 +31,16 @@ fn hello(num: u32) -> Hello {
 fn roce_hello(num: u32) -> Hello {
     let with_gid = endpoint_with_gid();
     Hello {
-        queue_pair: QueuePairEndpoint { num, ..with_gid },
+        queue_pair: QueuePairAddress { num, ..with_gid },
         initial_tier: TierIndex::new(2),
     }
 }
 
-/// An endpoint with a GID: `ibverbs` builds GIDs only from the device, so one is decoded
-/// from a frame whose GID bytes are set by hand.
-fn endpoint_with_gid() -> QueuePairEndpoint {
+/// An endpoint with a GID, decoded from a frame whose GID bytes are set by hand: the
+/// bytes every version of this handshake has sent for a RoCE queue pair.
+fn endpoint_with_gid() -> QueuePairAddress {
     let plain = encode_frame(&HandshakeMessage::Hello(Hello {
-        queue_pair: QueuePairEndpoint {
+        queue_pair: QueuePairAddress {
             num: 0,
             lid: 0,
             gid: None,
@@ -57,7 +56,8 @@ fn endpoint_with_gid() -> QueuePairEndpoint {
     gid_payload.push(0);
     match decode_payload(&gid_payload).unwrap() {
         HandshakeMessage::Hello(hello) => {
-            assert!(hello.queue_pair.gid.is_some());
+            let expected: [u8; 16] = std::array::from_fn(|byte| 0xf0 + byte as u8);
+            assert_eq!(hello.queue_pair.gid, Some(expected.into()));
             hello.queue_pair
         }
         other => panic!("decoded {other:?}"),

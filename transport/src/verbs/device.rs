@@ -1,80 +1,82 @@
-//! An opened RDMA device: its context and the one protection domain every region and
-//! queue pair of a provider belongs to.
+//! An opened RDMA device: its context, the port its queue pairs go out by, and the one
+//! protection domain every region and queue pair of a provider belongs to.
 //!
 //! # Invariants
 //!
-//! - `ibverbs` 0.9 ties a protection domain to its context by a borrow, and destroys
-//!   them in `Drop` impls that panic if the device refuses (`EBUSY` while anything
-//!   created from them still exists). The context and its protection domain therefore
-//!   live together in one [`ContextAndDomain`] cell behind an `Arc`, and everything
-//!   created from them (memory regions, completion queues, queue pairs) holds a clone of
-//!   that `Arc` and is dropped before it: memory regions and queue pairs are always
-//!   destroyed before the domain, and the domain before the context.
-//! - The [`OpenDevice::empty_message`] region is a field declared before the cell, so it
-//!   is deregistered before the domain is deallocated.
+//! - `sideway` holds each verbs object's parents by `Arc` (a protection domain its
+//!   context, a memory region or queue pair its domain, a completion queue its context
+//!   and completion channel), so no object is destroyed while anything made from it
+//!   lives, whatever order their owners drop in.
+//! - The port was `ACTIVE` or `ARMED` when the device was opened; the path MTU and LID
+//!   kept here are that port's, and every queue pair of the provider uses that port.
 
-use std::ffi::CStr;
+use std::error::Error;
 use std::fmt;
-use std::io;
 use std::net::Ipv6Addr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
 
-use ibverbs::{Context, Gid, MemoryRegion, ProtectionDomain, ibv_gid_type};
+use sideway::ibverbs::address::GidType;
+use sideway::ibverbs::device::{DeviceInfo, DeviceList};
+use sideway::ibverbs::device_context::{DeviceContext, Mtu, PortState};
+use sideway::ibverbs::protection_domain::ProtectionDomain;
 
-use super::error::{VerbsError, open_error, select_device};
-
-self_cell::self_cell!(
-    /// A device context and the protection domain allocated from it.
-    pub(crate) struct ContextAndDomain {
-        owner: Context,
-        #[covariant]
-        dependent: ProtectionDomain,
-    }
-);
+use super::error::{VerbsError, select_device};
 
 /// An opened device, shared by a provider, its registrar, its regions and its endpoints.
 pub(crate) struct OpenDevice {
-    /// A one-byte region whose empty range is the source of zero-length sends: a verbs
-    /// send names a region even when it carries nothing.
-    empty_message: Mutex<MemoryRegion<u8>>,
     name: String,
     gid_index: Option<u32>,
     path: PortPath,
-    domain: ContextAndDomain,
+    lid: u16,
+    path_mtu: Mtu,
+    context: Arc<DeviceContext>,
+    domain: Arc<ProtectionDomain>,
 }
 
 impl OpenDevice {
-    /// Opens the device named `name`, picks the GID index to route by
-    /// ([`routing_gid_index`], `requested_gid_index` if given) and allocates the
+    /// Opens the device named `name`, checks that its port is up, picks the GID index to
+    /// route by ([`routing_gid_index`], `requested_gid_index` if given) and allocates the
     /// protection domain.
     pub(crate) fn open(
         name: &str,
         requested_gid_index: Option<u32>,
     ) -> Result<OpenDevice, VerbsError> {
-        let list =
-            ibverbs::devices().map_err(|source| VerbsError::DevicesUnavailable { source })?;
-        let names: Vec<String> = list
-            .iter()
-            .map(|device| {
-                device
-                    .name()
-                    .map(|name| name.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            })
-            .collect();
+        let list = DeviceList::new().map_err(|source| VerbsError::DevicesUnavailable {
+            source: Box::new(source),
+        })?;
+        let names: Vec<String> = list.iter().map(|device| device.name()).collect();
         let index = select_device(&names, name)?;
         let device = list.get(index).ok_or_else(|| VerbsError::DeviceNotFound {
             name: name.to_owned(),
             found: names.clone(),
         })?;
-        let context = device.open().map_err(|source| open_error(name, source))?;
-        let gid_entries: Vec<GidTableEntry> = context
-            .gid_table()
+        let context = device
+            .open()
+            .map_err(|source| device_error(name, "opening the device (ibv_open_device)", source))?;
+        let port = context
+            .query_port(PORT)
+            .map_err(|source| device_error(name, "querying port 1 (ibv_query_port)", source))?;
+        let state = port.port_state();
+        if !matches!(state, PortState::Active | PortState::Armed) {
+            return Err(VerbsError::PortDown {
+                device: name.to_owned(),
+                state: format!("{state:?}"),
+            });
+        }
+        let gid_table: Vec<_> = context
+            .query_gid_table()
+            .map_err(|source| {
+                device_error(name, "reading the GID table (ibv_query_gid_table)", source)
+            })?
+            .into_iter()
+            .filter(|entry| entry.port_num() == u32::from(PORT))
+            .collect();
+        let gid_entries: Vec<GidTableEntry> = gid_table
             .iter()
             .map(|entry| GidTableEntry {
-                gid_index: entry.gid_index,
-                gid_type: entry.gid_type,
-                ipv4_mapped: gid_address(&entry.gid).to_ipv4_mapped().is_some(),
+                gid_index: entry.gid_index(),
+                kind: GidKind::of(entry.gid_type()),
+                ipv4_mapped: Ipv6Addr::from(entry.gid()).to_ipv4_mapped().is_some(),
             })
             .collect();
         let gid_index =
@@ -85,47 +87,34 @@ impl OpenDevice {
                     entries,
                 }
             })?;
+        let path_mtu = port.active_mtu();
         let path = PortPath {
             device: name.to_owned(),
             port: PORT,
             gid: gid_index.and_then(|index| {
-                let entry = context.gid_table().get(index as usize)?;
+                let entry = gid_table.iter().find(|entry| entry.gid_index() == index)?;
                 Some(RoutingGid {
                     index,
-                    value: gid_address(&entry.gid),
-                    kind: GidKind::of(entry.gid_type),
+                    value: Ipv6Addr::from(entry.gid()),
+                    kind: GidKind::of(entry.gid_type()),
                 })
             }),
-            // Only what the path says: a port whose MTU cannot be read still carries
-            // traffic (the queue pairs take the MTU themselves).
-            active_mtu: active_mtu(name).unwrap_or_else(|error| {
-                tracing::warn!(device = name, %error, "reading the port's active MTU failed");
-                None
-            }),
+            active_mtu: mtu_bytes(path_mtu),
         };
-        let domain =
-            ContextAndDomain::try_new(context, |context| context.alloc_pd()).map_err(|source| {
-                device_error(
-                    name,
-                    "allocating the protection domain (ibv_alloc_pd)",
-                    source,
-                )
-            })?;
-        let empty_message = domain
-            .borrow_dependent()
-            .allocate::<u8>(1)
-            .map_err(|source| {
-                device_error(
-                    name,
-                    "registering the empty-message region (ibv_reg_mr)",
-                    source,
-                )
-            })?;
+        let domain = context.alloc_pd().map_err(|source| {
+            device_error(
+                name,
+                "allocating the protection domain (ibv_alloc_pd)",
+                source,
+            )
+        })?;
         Ok(OpenDevice {
-            empty_message: Mutex::new(empty_message),
             name: name.to_owned(),
             gid_index,
             path,
+            lid: port.lid(),
+            path_mtu,
+            context,
             domain,
         })
     }
@@ -145,23 +134,32 @@ impl OpenDevice {
         &self.path
     }
 
+    /// The port's local identifier (InfiniBand; 0 on RoCE).
+    pub(crate) fn lid(&self) -> u16 {
+        self.lid
+    }
+
+    /// The MTU queue pairs take as their path MTU: the port's active MTU.
+    pub(crate) fn path_mtu(&self) -> Mtu {
+        self.path_mtu
+    }
+
     /// The device context.
-    pub(crate) fn context(&self) -> &Context {
-        self.domain.borrow_owner()
+    pub(crate) fn context(&self) -> &Arc<DeviceContext> {
+        &self.context
     }
 
     /// The protection domain of every region and queue pair of this device's provider.
-    pub(crate) fn domain(&self) -> &ProtectionDomain<'_> {
-        self.domain.borrow_dependent()
-    }
-
-    /// The region zero-length sends name.
-    pub(crate) fn empty_message(&self) -> MutexGuard<'_, MemoryRegion<u8>> {
-        lock(&self.empty_message)
+    pub(crate) fn domain(&self) -> &Arc<ProtectionDomain> {
+        &self.domain
     }
 
     /// A device error of `operation`.
-    pub(crate) fn error(&self, operation: &'static str, source: io::Error) -> VerbsError {
+    pub(crate) fn error(
+        &self,
+        operation: &'static str,
+        source: impl Into<Box<dyn Error + Send + Sync>>,
+    ) -> VerbsError {
         device_error(&self.name, operation, source)
     }
 }
@@ -175,8 +173,8 @@ impl std::fmt::Debug for OpenDevice {
     }
 }
 
-/// The port every queue pair uses: `ibverbs` 0.9 opens port 1 and no other.
-const PORT: u8 = 1;
+/// The port every queue pair uses.
+pub(crate) const PORT: u8 = 1;
 
 /// Where a provider's queue pairs go out: the device and port, the GID entry they route
 /// by (RoCE; none on InfiniBand, which routes by LID) and the port's active MTU, which
@@ -199,8 +197,8 @@ pub struct PortPath {
     pub port: u8,
     /// The GID entry the queue pairs route by, if any.
     pub gid: Option<RoutingGid>,
-    /// The port's active MTU in bytes, where the port could be queried.
-    pub active_mtu: Option<u32>,
+    /// The port's active MTU in bytes.
+    pub active_mtu: u32,
 }
 
 impl fmt::Display for PortPath {
@@ -210,10 +208,7 @@ impl fmt::Display for PortPath {
             Some(gid) => write!(f, "GID index {} {} ({})", gid.index, gid.value, gid.kind)?,
             None => f.write_str("routed by LID (no GID)")?,
         }
-        match self.active_mtu {
-            Some(mtu) => write!(f, ", MTU {mtu}"),
-            None => f.write_str(", MTU unknown"),
-        }
+        write!(f, ", MTU {}", self.active_mtu)
     }
 }
 
@@ -239,121 +234,55 @@ pub enum GidKind {
     RoceV1,
     /// RoCE v2: over UDP/IP.
     RoceV2,
-    /// A type this build does not know.
-    Other(ibv_gid_type),
 }
 
 impl GidKind {
-    fn of(gid_type: ibv_gid_type) -> GidKind {
+    fn of(gid_type: GidType) -> GidKind {
         match gid_type {
-            GID_TYPE_IB => GidKind::InfiniBand,
-            GID_TYPE_ROCE_V1 => GidKind::RoceV1,
-            GID_TYPE_ROCE_V2 => GidKind::RoceV2,
-            other => GidKind::Other(other),
+            GidType::InfiniBand => GidKind::InfiniBand,
+            GidType::RoceV1 => GidKind::RoceV1,
+            GidType::RoceV2 => GidKind::RoceV2,
         }
     }
 }
 
 impl fmt::Display for GidKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            GidKind::InfiniBand => f.write_str("InfiniBand"),
-            GidKind::RoceV1 => f.write_str("RoCE v1"),
-            GidKind::RoceV2 => f.write_str("RoCE v2"),
-            GidKind::Other(other) => write!(f, "GID type {other}"),
-        }
+        f.write_str(match self {
+            GidKind::InfiniBand => "InfiniBand",
+            GidKind::RoceV1 => "RoCE v1",
+            GidKind::RoceV2 => "RoCE v2",
+        })
     }
 }
 
-/// The 16 bytes of `gid` as an IPv6 address.
-fn gid_address(gid: &Gid) -> Ipv6Addr {
-    Ipv6Addr::from((u128::from(gid.subnet_prefix()) << 64) | u128::from(gid.interface_id()))
-}
-
-/// The bytes of an `ibv_mtu` value, `None` for a value `verbs.h` does not define.
-fn mtu_bytes(mtu: ibverbs_sys::ibv_mtu) -> Option<u32> {
-    (1..=5).contains(&mtu).then(|| 128 << mtu)
-}
-
-/// The active MTU of port [`PORT`] of device `name`, through a context of its own:
-/// `ibverbs` queries the port when it opens a device and keeps the answer private.
-fn active_mtu(name: &str) -> io::Result<Option<u32>> {
-    let mut count = 0;
-    // SAFETY: `count` is a valid place for the number of devices; the list returned is
-    // freed below, after the last use of any device pointer from it.
-    let list = unsafe { ibverbs_sys::ibv_get_device_list(&mut count) };
-    if list.is_null() {
-        return Err(io::Error::last_os_error());
+/// The bytes of an MTU.
+fn mtu_bytes(mtu: Mtu) -> u32 {
+    match mtu {
+        Mtu::Mtu256 => 256,
+        Mtu::Mtu512 => 512,
+        Mtu::Mtu1024 => 1024,
+        Mtu::Mtu2048 => 2048,
+        Mtu::Mtu4096 => 4096,
     }
-    // SAFETY: a non-null list holds `count` device pointers (then a null one).
-    let devices = unsafe { std::slice::from_raw_parts(list, count.max(0) as usize) };
-    let found = devices.iter().copied().find(|&device| {
-        // SAFETY: `device` comes from the live list; the name it returns is a C string
-        // owned by the device, read before the list is freed.
-        let device_name = unsafe { ibverbs_sys::ibv_get_device_name(device) };
-        // SAFETY: non-null, it is a NUL-terminated string (see above).
-        !device_name.is_null()
-            && unsafe { CStr::from_ptr(device_name) }.to_bytes() == name.as_bytes()
-    });
-    let result = match found {
-        None => Ok(None),
-        Some(device) => {
-            // SAFETY: `device` is a device of the live list.
-            let context = unsafe { ibverbs_sys::ibv_open_device(device) };
-            if context.is_null() {
-                Err(io::Error::last_os_error())
-            } else {
-                let mut attributes = ibverbs_sys::ibv_port_attr::default();
-                // SAFETY: `context` is open; libibverbs' exported `ibv_query_port` fills
-                // the compat prefix of `ibv_port_attr`, which holds `active_mtu` (the
-                // `ibverbs` crate calls it the same way). The context is closed once.
-                let queried = unsafe {
-                    let queried = ibverbs_sys::ibv_query_port(
-                        context,
-                        PORT,
-                        (&mut attributes as *mut ibverbs_sys::ibv_port_attr).cast(),
-                    );
-                    ibverbs_sys::ibv_close_device(context);
-                    queried
-                };
-                match queried {
-                    0 => Ok(mtu_bytes(attributes.active_mtu)),
-                    errno => Err(io::Error::from_raw_os_error(errno)),
-                }
-            }
-        }
-    };
-    // SAFETY: `list` came from `ibv_get_device_list` and is freed once; no pointer from it
-    // is used after this.
-    unsafe { ibverbs_sys::ibv_free_device_list(list) };
-    result
 }
-
-/// `IBV_GID_TYPE_IB` of `verbs.h`.
-const GID_TYPE_IB: ibv_gid_type = 0;
-/// `IBV_GID_TYPE_ROCE_V1` of `verbs.h` (`ibverbs` 0.9 re-exports the type, not its values).
-const GID_TYPE_ROCE_V1: ibv_gid_type = 1;
-/// `IBV_GID_TYPE_ROCE_V2` of `verbs.h`.
-const GID_TYPE_ROCE_V2: ibv_gid_type = 2;
 
 /// What routing needs to know of one valid entry of a port's GID table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct GidTableEntry {
     pub(crate) gid_index: u32,
-    pub(crate) gid_type: ibv_gid_type,
+    pub(crate) kind: GidKind,
     /// Whether the GID is an IPv4 address (`::ffff:a.b.c.d`).
     pub(crate) ipv4_mapped: bool,
 }
 
-/// The GID index queue pairs route by, given the port's valid GID entries (as `ibverbs`
-/// lists them) and the index asked for, if any.
+/// The GID index queue pairs route by, given the port's valid GID entries and the index
+/// asked for, if any.
 ///
-/// `ibverbs` 0.9 looks an index up by its position in the list of valid entries and
-/// panics if the entry there has another index, so an index is usable only where the two
-/// agree; an unusable one is refused with the number of valid entries. With no index
-/// asked for, the first usable IPv4-mapped RoCE v2 entry is taken, else the first usable
-/// RoCE v2 entry, else the first RoCE v1 entry (RoCE needs a GID), else none: InfiniBand
-/// routes by LID.
+/// An index asked for must be one of the valid entries; otherwise it is refused with the
+/// number of valid entries. With no index asked for, the first IPv4-mapped RoCE v2 entry
+/// is taken, else the first RoCE v2 entry, else the first RoCE v1 entry (RoCE needs a
+/// GID), else none: InfiniBand routes by LID.
 ///
 /// An IPv4-mapped RoCE v2 GID comes first because connecting a queue pair to it
 /// (`ibv_modify_qp` to RTR) resolves the peer's Ethernet address by ARP, whose entry the
@@ -364,41 +293,37 @@ pub(crate) fn routing_gid_index(
     entries: &[GidTableEntry],
     requested: Option<u32>,
 ) -> Result<Option<u32>, usize> {
-    let usable = |position: usize, entry: &GidTableEntry| entry.gid_index as usize == position;
     match requested {
-        Some(gid_index) => match entries.get(gid_index as usize) {
-            Some(entry) if usable(gid_index as usize, entry) => Ok(Some(gid_index)),
-            _ => Err(entries.len()),
-        },
+        Some(gid_index) if entries.iter().any(|entry| entry.gid_index == gid_index) => {
+            Ok(Some(gid_index))
+        }
+        Some(_) => Err(entries.len()),
         None => {
             let preferences: [fn(&GidTableEntry) -> bool; 3] = [
-                |entry| entry.gid_type == GID_TYPE_ROCE_V2 && entry.ipv4_mapped,
-                |entry| entry.gid_type == GID_TYPE_ROCE_V2,
-                |entry| entry.gid_type == GID_TYPE_ROCE_V1,
+                |entry| entry.kind == GidKind::RoceV2 && entry.ipv4_mapped,
+                |entry| entry.kind == GidKind::RoceV2,
+                |entry| entry.kind == GidKind::RoceV1,
             ];
             Ok(preferences.iter().find_map(|wanted| {
                 entries
                     .iter()
-                    .enumerate()
-                    .find(|(position, entry)| usable(*position, entry) && wanted(entry))
-                    .map(|(_, entry)| entry.gid_index)
+                    .find(|entry| wanted(entry))
+                    .map(|entry| entry.gid_index)
             }))
         }
     }
 }
 
-fn device_error(device: &str, operation: &'static str, source: io::Error) -> VerbsError {
+fn device_error(
+    device: &str,
+    operation: &'static str,
+    source: impl Into<Box<dyn Error + Send + Sync>>,
+) -> VerbsError {
     VerbsError::Device {
         device: device.to_owned(),
         operation,
-        source,
+        source: source.into(),
     }
-}
-
-/// Locks a region for posting. Every critical section is one post call, which leaves the
-/// region as it found it even if it panics.
-pub(crate) fn lock(region: &Mutex<MemoryRegion<u8>>) -> MutexGuard<'_, MemoryRegion<u8>> {
-    region.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 #[cfg(test)]
@@ -413,9 +338,9 @@ mod tests {
             gid: Some(RoutingGid {
                 index: 1,
                 value: "::ffff:10.0.2.15".parse().unwrap(),
-                kind: GidKind::of(GID_TYPE_ROCE_V2),
+                kind: GidKind::RoceV2,
             }),
-            active_mtu: mtu_bytes(3),
+            active_mtu: mtu_bytes(Mtu::Mtu1024),
         };
         assert_eq!(
             roce.to_string(),
@@ -425,7 +350,7 @@ mod tests {
             device: "mlx5_0".into(),
             port: 1,
             gid: None,
-            active_mtu: mtu_bytes(5),
+            active_mtu: mtu_bytes(Mtu::Mtu4096),
         };
         assert_eq!(
             infiniband.to_string(),
@@ -434,41 +359,41 @@ mod tests {
     }
 
     #[test]
-    fn mtu_values_are_the_five_verbs_defines() {
-        let bytes: Vec<Option<u32>> = (0..=6).map(mtu_bytes).collect();
-        assert_eq!(
-            bytes,
-            [
-                None,
-                Some(256),
-                Some(512),
-                Some(1024),
-                Some(2048),
-                Some(4096),
-                None
-            ]
-        );
-        assert_eq!(GidKind::of(7).to_string(), "GID type 7");
+    fn mtus_are_the_five_verbs_sizes() {
+        let bytes: Vec<u32> = [
+            Mtu::Mtu256,
+            Mtu::Mtu512,
+            Mtu::Mtu1024,
+            Mtu::Mtu2048,
+            Mtu::Mtu4096,
+        ]
+        .into_iter()
+        .map(mtu_bytes)
+        .collect();
+        assert_eq!(bytes, [256, 512, 1024, 2048, 4096]);
+        assert_eq!(GidKind::of(GidType::RoceV1).to_string(), "RoCE v1");
     }
 
-    fn entry(gid_index: u32, gid_type: ibv_gid_type) -> GidTableEntry {
+    fn entry(gid_index: u32, kind: GidKind) -> GidTableEntry {
         GidTableEntry {
             gid_index,
-            gid_type,
+            kind,
             ipv4_mapped: false,
         }
     }
 
-    fn ipv4_entry(gid_index: u32, gid_type: ibv_gid_type) -> GidTableEntry {
+    fn ipv4_entry(gid_index: u32, kind: GidKind) -> GidTableEntry {
         GidTableEntry {
             ipv4_mapped: true,
-            ..entry(gid_index, gid_type)
+            ..entry(gid_index, kind)
         }
     }
 
+    use GidKind::{InfiniBand, RoceV1, RoceV2};
+
     #[test]
     fn infiniband_routes_by_lid_unless_an_index_is_asked_for() {
-        let table = [entry(0, GID_TYPE_IB), entry(1, GID_TYPE_IB)];
+        let table = [entry(0, InfiniBand), entry(1, InfiniBand)];
         assert_eq!(routing_gid_index(&table, None), Ok(None));
         assert_eq!(routing_gid_index(&table, Some(1)), Ok(Some(1)));
     }
@@ -477,32 +402,31 @@ mod tests {
     fn roce_prefers_an_ipv4_v2_entry_then_any_v2_then_v1() {
         // A ConnectX port: v1 and v2 link-local, then v1 and v2 IPv4-mapped.
         let port = [
-            entry(0, GID_TYPE_ROCE_V1),
-            entry(1, GID_TYPE_ROCE_V2),
-            ipv4_entry(2, GID_TYPE_ROCE_V1),
-            ipv4_entry(3, GID_TYPE_ROCE_V2),
+            entry(0, RoceV1),
+            entry(1, RoceV2),
+            ipv4_entry(2, RoceV1),
+            ipv4_entry(3, RoceV2),
         ];
         assert_eq!(routing_gid_index(&port, None), Ok(Some(3)));
         assert_eq!(routing_gid_index(&port, Some(1)), Ok(Some(1)));
         // A soft-RoCE port, all v2: link-local, then IPv4-mapped.
-        let rxe = [entry(0, GID_TYPE_ROCE_V2), ipv4_entry(1, GID_TYPE_ROCE_V2)];
+        let rxe = [entry(0, RoceV2), ipv4_entry(1, RoceV2)];
         assert_eq!(routing_gid_index(&rxe, None), Ok(Some(1)));
         // No IPv4 address on the netdev: the link-local v2 entry.
-        let ipv6_only = [entry(0, GID_TYPE_ROCE_V1), entry(1, GID_TYPE_ROCE_V2)];
+        let ipv6_only = [entry(0, RoceV1), entry(1, RoceV2)];
         assert_eq!(routing_gid_index(&ipv6_only, None), Ok(Some(1)));
-        let v1_only = [entry(0, GID_TYPE_ROCE_V1), ipv4_entry(1, GID_TYPE_ROCE_V1)];
+        let v1_only = [entry(0, RoceV1), ipv4_entry(1, RoceV1)];
         assert_eq!(routing_gid_index(&v1_only, None), Ok(Some(0)));
     }
 
     #[test]
-    fn an_index_past_the_table_or_off_its_position_is_refused() {
-        // Index 1 is not valid, so the entry at position 1 has index 2.
-        let gapped = [entry(0, GID_TYPE_ROCE_V1), entry(2, GID_TYPE_ROCE_V2)];
+    fn an_index_that_is_no_valid_entry_is_refused() {
+        // Index 1 is not valid (a gap in the table), index 2 is.
+        let gapped = [entry(0, RoceV1), entry(2, RoceV2)];
         assert_eq!(routing_gid_index(&gapped, Some(1)), Err(2));
-        assert_eq!(routing_gid_index(&gapped, Some(2)), Err(2));
+        assert_eq!(routing_gid_index(&gapped, Some(2)), Ok(Some(2)));
         assert_eq!(routing_gid_index(&gapped, Some(7)), Err(2));
         assert_eq!(routing_gid_index(&[], Some(0)), Err(0));
-        // Automatic choice skips the misplaced v2 entry and takes the v1 one.
-        assert_eq!(routing_gid_index(&gapped, None), Ok(Some(0)));
+        assert_eq!(routing_gid_index(&gapped, None), Ok(Some(2)));
     }
 }

@@ -1,5 +1,5 @@
 //! [`VerbsEndpoint`]: one side of a reliable-connected queue pair, with a completion
-//! queue per direction.
+//! queue per direction and a completion channel to sleep on.
 //!
 //! # Invariants
 //!
@@ -13,37 +13,52 @@
 //!   they wait (in the device, or in `ready`); posting stops at the depths, and each
 //!   completion queue has room for its queue's depth, so a completion queue never
 //!   overruns.
-//! - `ibverbs` 0.9 cannot move a queue pair to the error state, so closing (or learning
-//!   that the peer closed) destroys the queue pair: first every completion already made
-//!   is taken, then the queue pair and its completion queues are destroyed, after which
-//!   the device touches none of the endpoint's buffers, then every request still listed
-//!   completes as `Flushed`.
-//! - The queue pair borrows its completion queues and the protection domain, the
-//!   completion queues borrow the context; one [`ConnectedQueuePair`] cell owns them all
-//!   (with the device's `Arc`), and drops the queue pair first, then the completion
-//!   queues, then its share of the device.
+//! - Closing (or learning that the peer closed) destroys the queue pair: first every
+//!   completion already made is taken, then the queue pair and its completion queues are
+//!   destroyed, after which the device touches none of the endpoint's buffers, then every
+//!   request still listed completes as `Flushed`.
+//! - **Waking.** Both completion queues report to the endpoint's one completion channel.
+//!   `arm` asks each queue for an event at its next completion (`ibv_req_notify_cq`) and
+//!   only then looks at both queues: a completion made before the request is found by
+//!   the look, one made after it raises an event. `disarm` reads every event and
+//!   acknowledges it at once, so destroying a queue never waits on an unacknowledged
+//!   event (`ibv_destroy_cq` would). The endpoint's descriptor is an `epoll` set holding
+//!   the channel and the handshake socket, so the peer's close or death wakes a sleeper
+//!   too; both live as long as the endpoint, the channel beyond its queues.
 
 use std::collections::VecDeque;
-use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use ibverbs::{
-    CompletionQueue, QueuePair, QueuePairEndpoint, ibv_access_flags, ibv_qp_type, ibv_wc,
+use rdma_mummy_sys::{
+    ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
     ibv_wc_status,
+};
+use rustix::event::epoll;
+use sideway::ibverbs::AccessFlags;
+use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
+use sideway::ibverbs::completion::{
+    BasicCompletionQueue, CompletionChannel, CompletionQueue, CompletionQueueBuilder,
+};
+use sideway::ibverbs::queue_pair::{
+    BasicQueuePair, PostRecvError, PostSendError, PostSendGuard, QueuePair, QueuePairAttribute,
+    QueuePairBuilder, QueuePairState, QueuePairType, SetScatterGatherEntry, WorkRequestFlags,
 };
 use tierbuf_tiers::TierIndex;
 
-use super::device::OpenDevice;
+use super::device::{OpenDevice, PORT};
 use super::error::VerbsError;
-use super::handshake::Hello;
+use super::handshake::{Hello, QueuePairAddress};
 use super::registrar::DeviceMemory;
 use super::rendezvous::{PeerWatch, Rendezvous};
 use super::status::DeviceFailure;
 use crate::error::{PostError, QueueKind, TransportError};
 use crate::provider::{
-    BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState, Opcode,
-    Outstanding,
+    Armed, BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState,
+    Opcode, Outstanding, Readiness,
 };
 use crate::registry::{RegionCache, RegionTable, Resolved};
 
@@ -129,36 +144,22 @@ impl EndpointOptions {
     }
 }
 
-/// An endpoint's two completion queues.
-struct CompletionQueues<'device> {
-    send: CompletionQueue<'device>,
-    recv: CompletionQueue<'device>,
+/// A queue pair connected to its peer's, and the completion queues it reports to.
+struct Connected {
+    /// Declared first: destroyed before the completion queues.
+    queue_pair: BasicQueuePair,
+    send: Arc<BasicCompletionQueue>,
+    recv: Arc<BasicCompletionQueue>,
 }
 
-self_cell::self_cell!(
-    /// The device and the completion queues created on it.
-    struct DeviceQueues {
-        owner: Arc<OpenDevice>,
-        #[covariant]
-        dependent: CompletionQueues,
+impl Connected {
+    fn queue(&self, opcode: Opcode) -> &BasicCompletionQueue {
+        match opcode {
+            Opcode::Send => &self.send,
+            Opcode::Recv => &self.recv,
+        }
     }
-);
-
-/// A queue pair connected to its peer's, and the hellos that connected them.
-struct Connected<'queues> {
-    queue_pair: QueuePair<'queues>,
-    local: Hello,
-    remote: Hello,
 }
-
-self_cell::self_cell!(
-    /// A connected queue pair with the completion queues and device it borrows.
-    struct ConnectedQueuePair {
-        owner: DeviceQueues,
-        #[covariant]
-        dependent: Connected,
-    }
-);
 
 /// Requests the device holds, by queue, in posting order.
 #[derive(Debug, Default)]
@@ -198,15 +199,19 @@ impl InDevice {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct VerbsEndpoint {
-    /// `None` once closed or once the peer is gone.
-    queue_pair: Option<ConnectedQueuePair>,
+    /// `None` once closed or once the peer is gone. Declared before `channel`: the
+    /// completion queues are destroyed before their channel.
+    connected: Option<Connected>,
+    channel: Arc<CompletionChannel>,
+    /// The `epoll` set of the channel and the peer socket: the endpoint's descriptor.
+    wake: OwnedFd,
     device: Arc<OpenDevice>,
     regions: RegionCache<DeviceMemory>,
     limits: EndpointLimits,
     in_device: InDevice,
     outstanding: Outstanding,
-    /// Completions taken from the device at teardown, or made for the requests it still
-    /// held, not yet handed to the caller.
+    /// Completions taken from the device, or made for the requests it still held at
+    /// teardown, not yet handed to the caller.
     ready: VecDeque<Completion>,
     state: EndpointState,
     /// The first error completion, as the device reported it.
@@ -215,7 +220,7 @@ pub struct VerbsEndpoint {
     next_peer_check: Instant,
     local: Hello,
     remote: Hello,
-    work_completions: [ibv_wc; POLL_BATCH],
+    work_completions: [MaybeUninit<ibv_wc>; POLL_BATCH],
 }
 
 impl VerbsEndpoint {
@@ -227,85 +232,79 @@ impl VerbsEndpoint {
         mut rendezvous: Rendezvous,
         options: &EndpointOptions,
     ) -> Result<VerbsEndpoint, VerbsError> {
-        // Depths were checked by `connect` or `listen`, so they are at most
-        // MAX_QUEUE_DEPTH and fit an i32.
-        let (send_entries, recv_entries) = (options.send_depth as i32, options.recv_depth as i32);
-        let queues = DeviceQueues::try_new(Arc::clone(device), |device| {
-            let context = device.context();
-            let send = context.create_cq(send_entries, 0).map_err(|source| {
-                device.error("creating the send completion queue (ibv_create_cq)", source)
-            })?;
-            let recv = context.create_cq(recv_entries, 0).map_err(|source| {
-                device.error(
-                    "creating the receive completion queue (ibv_create_cq)",
-                    source,
-                )
-            })?;
-            Ok::<_, VerbsError>(CompletionQueues { send, recv })
+        let channel = CompletionChannel::new(device.context()).map_err(|source| {
+            device.error(
+                "creating the completion channel (ibv_create_comp_channel)",
+                source,
+            )
         })?;
-        let queue_pair = ConnectedQueuePair::try_new(queues, |queues| {
-            let device = queues.borrow_owner();
-            let completion_queues = queues.borrow_dependent();
-            let mut builder = device.domain().create_qp(
-                &completion_queues.send,
-                &completion_queues.recv,
-                ibv_qp_type::IBV_QPT_RC,
-            );
-            // `ibverbs` registers every region with remote read, write and atomic rights,
-            // and a promotion's answer tells the peer a region's address and remote key:
-            // the queue pair's own access flags, local write only, are what refuse the
-            // peer any RDMA READ, WRITE or atomic on this side's memory (two-sided sends
-            // are all the provider uses). Set here rather than left to the crate's default.
-            builder
-                .set_access(ibv_access_flags::IBV_ACCESS_LOCAL_WRITE)
-                .set_max_send_wr(options.send_depth)
-                .set_max_recv_wr(options.recv_depth)
-                .set_rnr_retry(RNR_RETRY_FOREVER)
-                .set_min_rnr_timer(MIN_RNR_TIMER)
-                .set_timeout(ACK_TIMEOUT)
-                .set_retry_count(RETRY_COUNT);
-            if let Some(gid_index) = device.gid_index() {
-                // Checked against the GID table when the device was opened.
-                builder.set_gid_index(gid_index);
-            }
-            let prepared = builder.build().map_err(|source| {
+        channel
+            .set_nonblocking(true)
+            .map_err(|source| device.error("making the completion channel non-blocking", source))?;
+        let completion_queue = |depth: u32, operation| {
+            CompletionQueueBuilder::new(device.context())
+                .setup_cqe(depth)
+                .setup_comp_channel(&channel, 0)
+                .build()
+                .map_err(|source| device.error(operation, source))
+        };
+        let send = completion_queue(
+            options.send_depth,
+            "creating the send completion queue (ibv_create_cq)",
+        )?;
+        let recv = completion_queue(
+            options.recv_depth,
+            "creating the receive completion queue (ibv_create_cq)",
+        )?;
+        let mut queue_pair = QueuePairBuilder::new(device.domain())
+            .setup_qp_type(QueuePairType::ReliableConnection)
+            .setup_max_send_wr(options.send_depth)
+            .setup_max_recv_wr(options.recv_depth)
+            .setup_max_send_sge(1)
+            .setup_max_recv_sge(1)
+            .setup_send_cq(Arc::clone(&send))
+            .setup_recv_cq(Arc::clone(&recv))
+            .build()
+            .map_err(|source| {
                 device.error(
                     "creating the queue pair (ibv_create_qp; lower the queue depths if the \
                      device takes fewer)",
                     source,
                 )
             })?;
-            let local = Hello {
-                queue_pair: prepared.endpoint(),
-                initial_tier: options.initial_tier,
-            };
-            let remote = rendezvous.exchange_hello(local)?;
-            let (local_has_gid, peer_has_gid) = (
-                local.queue_pair.gid.is_some(),
-                remote.queue_pair.gid.is_some(),
-            );
-            if local_has_gid != peer_has_gid {
-                return Err(VerbsError::RoutingMismatch {
-                    local_has_gid,
-                    peer_has_gid,
-                });
-            }
-            let queue_pair = prepared.handshake(remote.queue_pair).map_err(|source| {
-                device.error(
-                    "connecting the queue pair to the peer's (ibv_modify_qp to RTR and RTS)",
-                    source,
-                )
-            })?;
-            Ok(Connected {
-                queue_pair,
-                local,
-                remote,
-            })
+        let mut init = QueuePairAttribute::new();
+        // Local write only: no RDMA READ, WRITE or atomic of the peer's is carried out on
+        // this side's memory, whatever keys it was told (its regions refuse them too).
+        init.setup_state(QueuePairState::Init)
+            .setup_pkey_index(0)
+            .setup_port(PORT)
+            .setup_access_flags(AccessFlags::LocalWrite);
+        queue_pair.modify(&init).map_err(|source| {
+            device.error("preparing the queue pair (ibv_modify_qp to INIT)", source)
         })?;
+        let local = Hello {
+            queue_pair: QueuePairAddress {
+                num: queue_pair.qp_number(),
+                lid: device.lid(),
+                gid: device.path().gid.map(|gid| gid.value),
+            },
+            initial_tier: options.initial_tier,
+        };
+        let remote = rendezvous.exchange_hello(local)?;
+        connect(device, &mut queue_pair, &remote.queue_pair)?;
         rendezvous.exchange_ready()?;
-        let Connected { local, remote, .. } = *queue_pair.borrow_dependent();
+        let peer = rendezvous.into_watch()?;
+        let wake = wake_set(&channel, &peer).map_err(|source| {
+            device.error("making the endpoint's wake descriptor (epoll)", source)
+        })?;
         Ok(VerbsEndpoint {
-            queue_pair: Some(queue_pair),
+            connected: Some(Connected {
+                queue_pair,
+                send,
+                recv,
+            }),
+            channel,
+            wake,
             device: Arc::clone(device),
             regions: RegionCache::new(Arc::clone(table)),
             limits: EndpointLimits {
@@ -319,21 +318,21 @@ impl VerbsEndpoint {
             ready: VecDeque::new(),
             state: EndpointState::Open,
             failure: None,
-            peer: rendezvous.into_watch()?,
+            peer,
             next_peer_check: Instant::now(),
             local,
             remote,
-            work_completions: [ibv_wc::default(); POLL_BATCH],
+            work_completions: [MaybeUninit::uninit(); POLL_BATCH],
         })
     }
 
     /// This side's queue pair: number, LID and, for RoCE, GID.
-    pub fn local_queue_pair(&self) -> QueuePairEndpoint {
+    pub fn local_queue_pair(&self) -> QueuePairAddress {
         self.local.queue_pair
     }
 
     /// The peer's queue pair, as its handshake gave it.
-    pub fn peer_queue_pair(&self) -> QueuePairEndpoint {
+    pub fn peer_queue_pair(&self) -> QueuePairAddress {
         self.remote.queue_pair
     }
 
@@ -348,8 +347,8 @@ impl VerbsEndpoint {
         self.failure
     }
 
-    /// Posts `range` of `resolved`'s region (or the empty message when `None`) to the
-    /// queue of `opcode`.
+    /// Posts `resolved`'s bytes (or the empty message when `None`) to the queue of
+    /// `opcode`.
     ///
     /// # Safety
     ///
@@ -361,34 +360,52 @@ impl VerbsEndpoint {
         resolved: Option<Resolved<DeviceMemory>>,
         wr_id: u64,
     ) -> Result<(), PostError> {
-        let Some(queue_pair) = self.queue_pair.as_mut() else {
+        let Some(connected) = self.connected.as_mut() else {
             return Err(PostError::Closed);
         };
-        let posted = queue_pair.with_dependent_mut(|_, connected| {
-            let queue_pair = &mut connected.queue_pair;
-            let (mut memory, range) = match &resolved {
-                Some(resolved) => (
-                    resolved.region.region().memory(),
-                    DeviceMemory::range_of(resolved),
-                ),
-                None => (self.device.empty_message(), 0..0),
-            };
-            // SAFETY: `ibverbs` asks that the posted bytes be left to the device until the
-            // request's completion has been polled. The caller promises exactly that for
-            // the bytes the buffer names (this function's contract), until the completion
-            // is handed back or the endpoint is closed; closing destroys the queue pair
-            // first, after which the device touches nothing. The owner may deregister the
-            // region earlier: the device then fails the request with a protection error
-            // and no longer reaches the memory (verbs semantics), so freeing it is sound.
-            // The empty message's range is empty. `range` lies inside the memory region
-            // (checked by `resolve`), so `ibverbs`' own indexing cannot panic.
-            unsafe {
-                match opcode {
-                    Opcode::Send => queue_pair.post_send(&mut *memory, range, wr_id),
-                    Opcode::Recv => queue_pair.post_receive(&mut *memory, range, wr_id),
+        let buffer = resolved.as_ref().map(|resolved| {
+            (
+                resolved.region.region().local_key(),
+                DeviceMemory::address_of(resolved),
+                resolved.len,
+            )
+        });
+        let queue_pair = &mut connected.queue_pair;
+        // SAFETY: the device reaches the posted bytes until the request's completion has
+        // been polled. The caller promises to leave them alone that long (this function's
+        // contract), or until the endpoint is closed; closing destroys the queue pair
+        // first, after which the device touches nothing. The owner may deregister the
+        // region earlier: the device then fails the request with a protection error and
+        // no longer reaches the memory (verbs semantics), so unmapping it is sound. The
+        // address and length lie inside the registered region (checked by `resolve`).
+        // The empty message names no bytes at all.
+        let posted = unsafe {
+            match opcode {
+                Opcode::Send => {
+                    let mut guard = queue_pair.start_post_send();
+                    let request = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
+                    let send = request.setup_send();
+                    if let Some((local_key, address, len)) = buffer {
+                        send.setup_sge(local_key, address, len);
+                    }
+                    guard.post().map_err(|error| match error {
+                        PostSendError::NotEnoughResources(_) => None,
+                        other => Some(other.to_string()),
+                    })
+                }
+                Opcode::Recv => {
+                    let mut guard = queue_pair.start_post_recv();
+                    let request = guard.construct_wr(wr_id);
+                    if let Some((local_key, address, len)) = buffer {
+                        request.setup_sge(local_key, address, len);
+                    }
+                    guard.post().map_err(|error| match error {
+                        PostRecvError::NotEnoughResources(_) => None,
+                        other => Some(other.to_string()),
+                    })
                 }
             }
-        });
+        };
         match posted {
             Ok(()) => {
                 self.in_device.queue(opcode).push_back(wr_id);
@@ -402,24 +419,25 @@ impl VerbsEndpoint {
         }
     }
 
-    /// The post error for a request the device refused. A device short of queue entries
-    /// is a full queue; anything else means the queue pair is unusable.
-    fn refused(&mut self, opcode: Opcode, error: io::Error) -> PostError {
+    /// The post error for a request the device refused: `None` for a device short of
+    /// queue entries (a full queue), else what it said, which means the queue pair is
+    /// unusable.
+    fn refused(&mut self, opcode: Opcode, error: Option<String>) -> PostError {
         let queue = match opcode {
             Opcode::Send => QueueKind::Send,
             Opcode::Recv => QueueKind::Recv,
         };
-        if error.kind() == io::ErrorKind::OutOfMemory {
+        let Some(error) = error else {
             let depth = match queue {
                 QueueKind::Send => self.outstanding.sends,
                 QueueKind::Recv => self.outstanding.recvs,
             };
             return PostError::QueueFull { queue, depth };
-        }
+        };
         tracing::error!(
             device = self.device.name(),
             %queue,
-            %error,
+            error,
             "the device refused a post; the connection is broken"
         );
         self.state = EndpointState::Broken;
@@ -432,26 +450,34 @@ impl VerbsEndpoint {
         self.outstanding.hand_out(completions, || ready.pop_front())
     }
 
-    /// Takes up to `wanted` (at most one batch of) completions from the completion queue
-    /// of `opcode` into `ready`, returning how many it took.
-    fn fetch(&mut self, opcode: Opcode, wanted: usize) -> Result<usize, TransportError> {
-        let Some(queue_pair) = &self.queue_pair else {
+    /// Takes up to one batch of completions from the completion queue of `opcode` into
+    /// `ready`, returning how many it took.
+    fn fetch(&mut self, opcode: Opcode) -> Result<usize, TransportError> {
+        let Some(connected) = &self.connected else {
             return Ok(0);
         };
-        let queues = queue_pair.borrow_owner().borrow_dependent();
-        let queue = match opcode {
-            Opcode::Send => &queues.send,
-            Opcode::Recv => &queues.recv,
+        let queue = raw_queue(connected.queue(opcode));
+        // SAFETY: the queue is alive (`connected` holds it) and polled by this endpoint
+        // alone; the array has room for `POLL_BATCH` work completions, which is what the
+        // device may write.
+        let taken = unsafe {
+            ibv_poll_cq(
+                queue,
+                POLL_BATCH as i32,
+                self.work_completions.as_mut_ptr().cast(),
+            )
         };
-        let batch = wanted.min(POLL_BATCH);
-        let taken = queue
-            .poll(&mut self.work_completions[..batch])
-            .map_err(|source| TransportError::Provider {
+        if taken < 0 {
+            return Err(TransportError::Provider {
                 provider: "verbs",
                 operation: "polling a completion queue (ibv_poll_cq)",
-                source,
-            })?;
-        for work_completion in taken.iter() {
+                source: std::io::Error::from_raw_os_error(-taken),
+            });
+        }
+        let taken = taken as usize;
+        for slot in &self.work_completions[..taken] {
+            // SAFETY: `ibv_poll_cq` wrote the first `taken` entries.
+            let work_completion = unsafe { slot.assume_init_ref() };
             let completion = complete(
                 work_completion,
                 opcode,
@@ -462,35 +488,30 @@ impl VerbsEndpoint {
             );
             self.ready.push_back(completion);
         }
-        Ok(taken.len())
+        Ok(taken)
     }
 
     /// Takes every completion the device has made for this endpoint into `ready`.
-    fn drain(&mut self) {
+    fn drain(&mut self) -> Result<(), TransportError> {
         for opcode in [Opcode::Send, Opcode::Recv] {
-            loop {
-                match self.fetch(opcode, POLL_BATCH) {
-                    Ok(taken) if taken == POLL_BATCH => {}
-                    Ok(_) => break,
-                    Err(error) => {
-                        // The requests left behind complete as flushed below.
-                        tracing::warn!(device = self.device.name(), %error, "draining a completion queue at teardown failed");
-                        break;
-                    }
-                }
-            }
+            while self.fetch(opcode)? == POLL_BATCH {}
         }
+        Ok(())
     }
 
     /// Destroys the queue pair, so that the device no longer touches any buffer of this
     /// endpoint; every request it held completes, as the device finished it or flushed.
     fn tear_down(&mut self) {
-        if self.queue_pair.is_none() {
+        if self.connected.is_none() {
             return;
         }
-        self.drain();
+        if let Err(error) = self.drain() {
+            // The requests left behind complete as flushed below.
+            tracing::warn!(device = self.device.name(), %error, "draining a completion queue at teardown failed");
+        }
+        self.take_events();
         // Destroys the queue pair, then its completion queues.
-        self.queue_pair = None;
+        self.connected = None;
         for (opcode, queue) in [
             (Opcode::Send, &mut self.in_device.sends),
             (Opcode::Recv, &mut self.in_device.recvs),
@@ -507,7 +528,7 @@ impl VerbsEndpoint {
     /// Checks, at most once per [`PEER_CHECK_INTERVAL`], whether the peer went away; if it
     /// did, tears this side down too.
     fn watch_peer(&mut self) {
-        if self.queue_pair.is_none() {
+        if self.connected.is_none() {
             return;
         }
         let now = Instant::now();
@@ -522,6 +543,125 @@ impl VerbsEndpoint {
             }
         }
     }
+
+    /// Asks both completion queues for an event at their next completion. `false` if the
+    /// device refused (the caller then polls instead of sleeping).
+    fn request_events(&self) -> bool {
+        let Some(connected) = &self.connected else {
+            return false;
+        };
+        [Opcode::Send, Opcode::Recv].into_iter().all(|opcode| {
+            // SAFETY: the queue is alive (`connected` holds it).
+            let requested = unsafe { ibv_req_notify_cq(raw_queue(connected.queue(opcode)), 0) };
+            if requested != 0 {
+                tracing::warn!(
+                    device = self.device.name(),
+                    errno = requested,
+                    "requesting a completion event (ibv_req_notify_cq) failed"
+                );
+            }
+            requested == 0
+        })
+    }
+
+    /// Reads every completion event the channel holds and acknowledges each at once.
+    fn take_events(&mut self) {
+        // SAFETY: the channel lives as long as this endpoint.
+        let channel = unsafe { self.channel.comp_channel() };
+        loop {
+            let mut queue: *mut ibv_cq = std::ptr::null_mut();
+            let mut context = std::ptr::null_mut();
+            // SAFETY: the channel is non-blocking, so this returns at once; `queue` and
+            // `context` are valid places for what it reports.
+            let got = unsafe { ibv_get_cq_event(channel.as_ptr(), &mut queue, &mut context) };
+            if got != 0 {
+                // No event left (EAGAIN), or none readable: either way nothing to ack.
+                break;
+            }
+            // SAFETY: `queue` is one of this endpoint's completion queues, alive: an event
+            // is read only while they live (`tear_down` reads before destroying them).
+            unsafe { ibv_ack_cq_events(queue, 1) };
+        }
+    }
+}
+
+/// The raw handle of `queue`, for the calls `sideway` leaves to the C API.
+fn raw_queue(queue: &BasicCompletionQueue) -> *mut ibv_cq {
+    // SAFETY: the handle is used only while `queue` lives (every caller holds it).
+    unsafe { queue.cq() }.as_ptr()
+}
+
+/// Moves `queue_pair`, in INIT, to RTR and RTS, connected to the peer at `remote`.
+fn connect(
+    device: &OpenDevice,
+    queue_pair: &mut BasicQueuePair,
+    remote: &QueuePairAddress,
+) -> Result<(), VerbsError> {
+    let (local_has_gid, peer_has_gid) = (device.gid_index().is_some(), remote.gid.is_some());
+    let mut path = AddressHandleAttribute::new();
+    path.setup_dest_lid(remote.lid).setup_port(PORT);
+    match (device.gid_index(), remote.gid) {
+        (Some(gid_index), Some(gid)) => {
+            // The index was checked against the GID table when the device was opened;
+            // tables hold far fewer than 256 entries.
+            path.setup_grh(&Gid::from(gid), 0, gid_index as u8, 0xff, 0);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(VerbsError::RoutingMismatch {
+                local_has_gid,
+                peer_has_gid,
+            });
+        }
+    }
+    let mut ready_to_receive = QueuePairAttribute::new();
+    ready_to_receive
+        .setup_state(QueuePairState::ReadyToReceive)
+        .setup_path_mtu(device.path_mtu())
+        .setup_dest_qp_num(remote.num)
+        .setup_rq_psn(0)
+        .setup_max_dest_read_atomic(0)
+        .setup_min_rnr_timer(MIN_RNR_TIMER)
+        .setup_address_vector(&path);
+    queue_pair.modify(&ready_to_receive).map_err(|source| {
+        device.error(
+            "connecting the queue pair to the peer's (ibv_modify_qp to RTR)",
+            source,
+        )
+    })?;
+    let mut ready_to_send = QueuePairAttribute::new();
+    ready_to_send
+        .setup_state(QueuePairState::ReadyToSend)
+        .setup_sq_psn(0)
+        .setup_timeout(ACK_TIMEOUT)
+        .setup_retry_cnt(RETRY_COUNT)
+        .setup_rnr_retry(RNR_RETRY_FOREVER)
+        .setup_max_read_atomic(0);
+    queue_pair.modify(&ready_to_send).map_err(|source| {
+        device.error(
+            "readying the queue pair to send (ibv_modify_qp to RTS)",
+            source,
+        )
+    })
+}
+
+/// An `epoll` set of `channel` and `peer`'s socket: readable when a completion event
+/// comes, or when the peer closes or dies.
+fn wake_set(channel: &CompletionChannel, peer: &PeerWatch) -> std::io::Result<OwnedFd> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    let set = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    // SAFETY: the channel's descriptor stays open while `channel` lives, and the set is
+    // only read while the endpoint holding both lives.
+    let channel_fd = unsafe { BorrowedFd::borrow_raw(channel.as_raw_fd()) };
+    for fd in [channel_fd, peer.as_fd()] {
+        epoll::add(
+            &set,
+            fd,
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
+    }
+    Ok(set)
 }
 
 /// The completion of `work_completion`, taken from the queue of `opcode`: the oldest
@@ -535,19 +675,21 @@ fn complete(
     failure: &mut Option<DeviceFailure>,
     device: &str,
 ) -> Completion {
-    let wr_id = work_completion.wr_id();
+    let wr_id = work_completion.wr_id;
     let oldest = in_device.queue(opcode).pop_front();
     debug_assert_eq!(
         oldest,
         Some(wr_id),
         "a reliable connection completes each queue in posting order"
     );
-    let (raw_status, vendor_error) = work_completion
-        .error()
-        .unwrap_or((ibv_wc_status::IBV_WC_SUCCESS, 0));
-    let failed = DeviceFailure::new(wr_id, opcode, raw_status, vendor_error);
+    let failed = DeviceFailure::new(
+        wr_id,
+        opcode,
+        work_completion.status,
+        work_completion.vendor_err,
+    );
     let status = failed.status;
-    if work_completion.error().is_some() {
+    if work_completion.status != ibv_wc_status::IBV_WC_SUCCESS {
         if status == CompletionStatus::Flushed {
             tracing::debug!(device, wr_id, ?opcode, "request flushed");
         } else {
@@ -559,8 +701,7 @@ fn complete(
         }
     }
     let byte_len = match (opcode, status) {
-        // A message is at most MAX_MESSAGE_LEN bytes, which fits a u32.
-        (Opcode::Recv, CompletionStatus::Success) => work_completion.len() as u32,
+        (Opcode::Recv, CompletionStatus::Success) => work_completion.byte_len,
         _ => 0,
     };
     Completion {
@@ -607,12 +748,7 @@ impl Endpoint for VerbsEndpoint {
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
         for opcode in [Opcode::Send, Opcode::Recv] {
-            loop {
-                let wanted = completions.len().saturating_sub(self.ready.len());
-                if wanted == 0 || self.fetch(opcode, wanted)? < wanted.min(POLL_BATCH) {
-                    break;
-                }
-            }
+            while self.ready.len() < completions.len() && self.fetch(opcode)? == POLL_BATCH {}
         }
         if self.ready.is_empty() {
             self.watch_peer();
@@ -627,6 +763,30 @@ impl Endpoint for VerbsEndpoint {
         self.tear_down();
         self.peer.close();
         self.state = EndpointState::Closed;
+    }
+
+    fn readiness(&self) -> Readiness<'_> {
+        Readiness::Fd(self.wake.as_fd())
+    }
+
+    fn arm(&mut self, _waker: &Waker) -> Armed {
+        self.watch_peer();
+        if !self.ready.is_empty() || self.state != EndpointState::Open || !self.request_events() {
+            return Armed::Pending;
+        }
+        // Looked at after the requests (module invariants).
+        for opcode in [Opcode::Send, Opcode::Recv] {
+            if self.fetch(opcode).map_or(true, |taken| taken > 0) {
+                return Armed::Pending;
+            }
+        }
+        Armed::Parked
+    }
+
+    fn disarm(&mut self) {
+        self.take_events();
+        // A wake may have been the peer's close: look at the socket at the next idle poll.
+        self.next_peer_check = Instant::now();
     }
 }
 

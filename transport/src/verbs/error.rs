@@ -1,6 +1,6 @@
 //! The verbs provider's errors: opening a device, checking limits, connecting.
 
-use std::io;
+use std::error::Error;
 
 use crate::error::QueueKind;
 
@@ -21,16 +21,20 @@ use super::handshake::HandshakeError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {
-    /// The RDMA devices could not even be listed: the kernel has no RDMA support loaded.
+    /// The RDMA devices could not even be listed: libibverbs is not installed, or the
+    /// kernel has no RDMA support loaded.
     #[error(
-        "no RDMA devices can be listed ({source}): this kernel has no InfiniBand/RDMA \
-         support loaded or /dev/infiniband is missing; load the NIC's RDMA driver, or for \
-         soft-RoCE run `modprobe rdma_rxe` and `rdma link add rxe0 type rxe netdev eth0`"
+        "no RDMA devices can be listed ({source}): libibverbs.so.1 cannot be loaded \
+         (install rdma-core's `libibverbs1` and `ibverbs-providers`), or this kernel has \
+         no InfiniBand/RDMA support loaded or /dev/infiniband is missing; load the NIC's \
+         RDMA driver, or for soft-RoCE run `modprobe rdma_rxe` and `rdma link add rxe0 \
+         type rxe netdev eth0`"
     )]
     DevicesUnavailable {
-        /// The error `ibv_get_device_list` reported.
+        /// The error `ibv_get_device_list` reported (or that libibverbs could not be
+        /// loaded).
         #[source]
-        source: io::Error,
+        source: Box<dyn Error + Send + Sync>,
     },
     /// The kernel supports RDMA but no device is present.
     #[error(
@@ -46,18 +50,17 @@ pub enum VerbsError {
         /// The names of the devices present.
         found: Vec<String>,
     },
-    /// The device's port 1 (the only port `ibverbs` 0.9 uses) is not up.
+    /// The device's port 1 (the port the provider uses) is not up.
     #[error(
-        "port 1 of RDMA device {device:?} is not ACTIVE or ARMED: check the link with \
-         `ibv_devinfo -d {device}` (state PORT_ACTIVE), the cable or the netdev under a \
-         soft-RoCE device, and the subnet manager on InfiniBand"
+        "port 1 of RDMA device {device:?} is {state}, not ACTIVE or ARMED: check the link \
+         with `ibv_devinfo -d {device}` (state PORT_ACTIVE), the cable or the netdev under \
+         a soft-RoCE device, and the subnet manager on InfiniBand"
     )]
     PortDown {
         /// The device.
         device: String,
-        /// The error opening the device reported.
-        #[source]
-        source: io::Error,
+        /// The state the port is in, as `ibv_query_port` gave it.
+        state: String,
     },
     /// The GID index asked for (RoCE) is not a usable entry of the device's GID table.
     #[error(
@@ -96,7 +99,7 @@ pub enum VerbsError {
         operation: &'static str,
         /// The error the call reported.
         #[source]
-        source: io::Error,
+        source: Box<dyn Error + Send + Sync>,
     },
     /// A queue depth outside what the provider takes was asked for.
     #[error("a {queue} queue depth of {depth} is outside 1..={max}")]
@@ -144,25 +147,10 @@ pub(crate) fn select_device(found: &[String], wanted: &str) -> Result<usize, Ver
         })
 }
 
-/// The error for a failure to open `device`. `ibverbs` 0.9.2 reports a port that is not
-/// up as an `Other` error with this text and no errno; everything else is a device error.
-pub(crate) fn open_error(device: &str, source: io::Error) -> VerbsError {
-    if source.raw_os_error().is_none() && source.to_string().contains("not ACTIVE or ARMED") {
-        VerbsError::PortDown {
-            device: device.to_owned(),
-            source,
-        }
-    } else {
-        VerbsError::Device {
-            device: device.to_owned(),
-            operation: "opening the device (ibv_open_device, ibv_query_port)",
-            source,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io;
+
     use super::*;
 
     fn names(list: &[&str]) -> Vec<String> {
@@ -197,24 +185,28 @@ mod tests {
     }
 
     #[test]
-    fn a_port_that_is_not_up_is_told_apart_from_other_open_failures() {
-        let down = open_error("rxe0", io::Error::other("port is not ACTIVE or ARMED"));
-        assert!(matches!(&down, VerbsError::PortDown { device, .. } if device == "rxe0"));
-        assert!(down.to_string().contains("ibv_devinfo -d rxe0"));
-
-        const ENOMEM: i32 = 12;
-        let other = open_error("rxe0", io::Error::from_raw_os_error(ENOMEM));
-        assert!(matches!(other, VerbsError::Device { .. }));
+    fn a_port_that_is_not_up_names_its_state_and_how_to_check_it() {
+        let down = VerbsError::PortDown {
+            device: "rxe0".into(),
+            state: "Down".into(),
+        };
+        let message = down.to_string();
+        assert!(
+            message.contains("is Down") && message.contains("ibv_devinfo -d rxe0"),
+            "{message}"
+        );
     }
 
     #[test]
     fn devices_unavailable_explains_kernel_support() {
         let error = VerbsError::DevicesUnavailable {
-            source: io::Error::from(io::ErrorKind::Unsupported),
+            source: Box::new(io::Error::from(io::ErrorKind::Unsupported)),
         };
         let message = error.to_string();
         assert!(
-            message.contains("kernel") && message.contains("rdma_rxe"),
+            message.contains("kernel")
+                && message.contains("rdma_rxe")
+                && message.contains("libibverbs1"),
             "{message}"
         );
     }

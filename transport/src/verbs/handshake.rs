@@ -18,9 +18,9 @@
 //! peer that closes mid-frame are each reported by their own [`HandshakeError`].
 
 use std::io::{self, Read, Write};
+use std::net::Ipv6Addr;
 use std::time::Duration;
 
-use ibverbs::QueuePairEndpoint;
 use serde::{Deserialize, Serialize};
 use tierbuf_tiers::TierIndex;
 
@@ -43,11 +43,10 @@ pub const VERSION: u16 = 1;
 /// The longest payload a frame may carry. A hello takes under 40 bytes.
 ///
 /// ```
-/// use ibverbs::QueuePairEndpoint;
 /// use tierbuf_tiers::TierIndex;
-/// use tierbuf_transport::verbs::handshake::{HEADER_LEN, HandshakeMessage, Hello, MAX_PAYLOAD_LEN, encode_frame};
+/// use tierbuf_transport::verbs::handshake::{HEADER_LEN, HandshakeMessage, Hello, MAX_PAYLOAD_LEN, QueuePairAddress, encode_frame};
 /// let largest = Hello {
-///     queue_pair: QueuePairEndpoint { num: u32::MAX, lid: u16::MAX, gid: None },
+///     queue_pair: QueuePairAddress { num: u32::MAX, lid: u16::MAX, gid: Some(std::net::Ipv6Addr::LOCALHOST) },
 ///     initial_tier: TierIndex::new(u8::MAX),
 /// };
 /// assert!(encode_frame(&HandshakeMessage::Hello(largest)).len() - HEADER_LEN < usize::from(MAX_PAYLOAD_LEN));
@@ -62,14 +61,36 @@ pub const MAX_PAYLOAD_LEN: u16 = 256;
 /// ```
 pub const HEADER_LEN: usize = 8;
 
+/// Where a queue pair is reached: what connecting a queue pair to it needs.
+///
+/// Encoded as the fields in order (postcard: the number and LID as varints, the GID as
+/// an option of sixteen bytes).
+///
+/// ```
+/// use std::net::Ipv6Addr;
+/// use tierbuf_transport::verbs::handshake::QueuePairAddress;
+/// let roce = QueuePairAddress { num: 17, lid: 0, gid: Some("::ffff:10.0.2.15".parse::<Ipv6Addr>()?) };
+/// assert_eq!(roce.gid.and_then(|gid| gid.to_ipv4_mapped()), Some([10, 0, 2, 15].into()));
+/// # Ok::<(), std::net::AddrParseError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuePairAddress {
+    /// The queue pair number.
+    pub num: u32,
+    /// The port's local identifier (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID the queue pair routes by (RoCE, or InfiniBand across subnets), as the
+    /// IPv6 address it is.
+    pub gid: Option<Ipv6Addr>,
+}
+
 /// What one side tells the other about itself.
 ///
 /// ```
-/// use ibverbs::QueuePairEndpoint;
 /// use tierbuf_tiers::TierIndex;
-/// use tierbuf_transport::verbs::handshake::Hello;
+/// use tierbuf_transport::verbs::handshake::{Hello, QueuePairAddress};
 /// let hello = Hello {
-///     queue_pair: QueuePairEndpoint { num: 17, lid: 3, gid: None },
+///     queue_pair: QueuePairAddress { num: 17, lid: 3, gid: None },
 ///     initial_tier: TierIndex::SMALLEST,
 /// };
 /// assert_eq!(hello.queue_pair.num, 17);
@@ -77,7 +98,7 @@ pub const HEADER_LEN: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
     /// The address of the sender's queue pair (number, LID and, for RoCE, GID).
-    pub queue_pair: QueuePairEndpoint,
+    pub queue_pair: QueuePairAddress,
     /// The tier the sender's connection starts on: the size of the receives it posts
     /// first. Both sides must start on the same tier.
     pub initial_tier: TierIndex,
@@ -113,7 +134,7 @@ impl HandshakeMessage {
 #[derive(Serialize, Deserialize)]
 enum WireMessage {
     Hello {
-        queue_pair: QueuePairEndpoint,
+        queue_pair: QueuePairAddress,
         initial_tier: u8,
     },
     Ready,
@@ -444,11 +465,10 @@ fn read_part<R: Read>(
 /// ```
 /// use std::net::{TcpListener, TcpStream};
 /// use std::time::Duration;
-/// use ibverbs::QueuePairEndpoint;
 /// use tierbuf_tiers::TierIndex;
-/// use tierbuf_transport::verbs::handshake::{HandshakeError, Hello, exchange_hello};
+/// use tierbuf_transport::verbs::handshake::{HandshakeError, Hello, QueuePairAddress, exchange_hello};
 /// let hello = |num, tier| Hello {
-///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     queue_pair: QueuePairAddress { num, lid: 1, gid: None },
 ///     initial_tier: TierIndex::new(tier),
 /// };
 /// let listener = TcpListener::bind("127.0.0.1:0")?;

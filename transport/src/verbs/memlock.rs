@@ -59,23 +59,19 @@ pub fn check_memlock(required: u128, facts: MemlockFacts) -> Result<(), VerbsErr
     }
 }
 
-/// The most bytes one region of `len` bytes aligned to `align` can pin when the verbs
-/// provider registers it.
+/// The bytes one region of `len` bytes pins when the verbs provider registers it.
 ///
-/// `ibverbs` 0.9 registers only memory it allocates itself, with no alignment beyond the
-/// byte, so the provider allocates `len + align - 1` bytes and hands out the aligned part;
-/// the kernel then pins every page those bytes touch, at most one more than they fill.
+/// The provider registers page-aligned memory it maps itself (through
+/// [`tierbuf_pool::HostRegistrar`]), so registration pins the region's length in whole
+/// pages: what the memory budget is charged.
 ///
 /// ```
 /// use tierbuf_transport::verbs::region_pinned_bytes;
-/// // 8 KiB aligned to 4 KiB pages: 12287 bytes registered, touching at most 4 pages.
-/// assert_eq!(region_pinned_bytes(8192, 4096, 4096), 4 * 4096);
-/// assert_eq!(region_pinned_bytes(1, 1, 4096), 2 * 4096);
+/// assert_eq!(region_pinned_bytes(8192, 4096), 2 * 4096);
+/// assert_eq!(region_pinned_bytes(1, 4096), 4096);
 /// ```
-pub fn region_pinned_bytes(len: usize, align: usize, page_size: usize) -> u128 {
-    let registered = len as u128 + align.max(1) as u128 - 1;
-    let page = page_size.max(1) as u128;
-    (registered.div_ceil(page) + 1) * page
+pub fn region_pinned_bytes(len: usize, page_size: usize) -> u128 {
+    (len as u128).next_multiple_of(page_size.max(1) as u128)
 }
 
 /// The most bytes `connections` connections of `ladder`, and the ladder's process-wide
@@ -83,7 +79,7 @@ pub fn region_pinned_bytes(len: usize, align: usize, page_size: usize) -> u128 {
 /// [`TierLadder::memory_table`] (one send and one receive region per connection at its
 /// tier, and those of the tiers below when the ladder retains replaced tiers; the
 /// largest such figure for every connection; plus the reserve), each region counted by
-/// [`region_pinned_bytes`] at page alignment as [`tierbuf_pool::SlotPool`] registers.
+/// [`region_pinned_bytes`].
 ///
 /// ```
 /// use tierbuf_tiers::ladder::TierLadder;
@@ -100,7 +96,7 @@ pub fn ladder_pinned_bytes(ladder: &TierLadder, connections: usize, page_size: u
     let pinned: Vec<u128> = ladder
         .tiers()
         .iter()
-        .map(|spec| region_pinned_bytes(spec.region_len(), page_size, page_size))
+        .map(|spec| region_pinned_bytes(spec.region_len(), page_size))
         .collect();
     let retain_replaced = ladder.policy().retain_replaced();
     let mut held_below = 0;
@@ -182,19 +178,15 @@ mod tests {
     }
 
     #[test]
-    fn a_region_pins_its_aligned_allocation_and_one_straddled_page() {
-        assert_eq!(region_pinned_bytes(4096, 4096, 4096), 3 * 4096);
-        assert_eq!(region_pinned_bytes(4097, 1, 4096), 3 * 4096);
-        assert_eq!(region_pinned_bytes(4096, 1, 4096), 2 * 4096);
-        assert_eq!(
-            region_pinned_bytes(128 << 10, 4096, 4096),
-            (32 + 1 + 1) * 4096
-        );
+    fn a_region_pins_its_length_in_whole_pages() {
+        assert_eq!(region_pinned_bytes(4096, 4096), 4096);
+        assert_eq!(region_pinned_bytes(4097, 4096), 2 * 4096);
+        assert_eq!(region_pinned_bytes(128 << 10, 4096), 32 * 4096);
     }
 
     #[test]
     fn ladder_figures_follow_the_memory_table_with_verbs_rounding() {
-        // Regions: 256 B, 3 KiB, 12 KiB; each pins (ceil((len + 4095) / 4096) + 1) pages.
+        // Regions: 256 B, 3 KiB, 12 KiB; each pins its length in whole pages.
         let pages = |count: u128| count * 4096;
         let ladder = TierLadder::builder()
             .tier(64, 4, 64)
@@ -202,7 +194,7 @@ mod tests {
             .tier(4096, 3, 4096)
             .build()
             .unwrap();
-        let region = [pages(3), pages(3), pages(5)];
+        let region = [pages(1), pages(1), pages(3)];
         assert_eq!(ladder_pinned_bytes(&ladder, 10, 4096), 10 * 2 * region[2]);
 
         let retaining = TierLadder::builder()
@@ -232,7 +224,7 @@ mod tests {
             .tier(4096, 3, 4096)
             .build()
             .unwrap();
-        let tier0 = region_pinned_bytes(64 << 10, 4096, 4096);
+        let tier0 = region_pinned_bytes(64 << 10, 4096);
         assert_eq!(ladder_pinned_bytes(&ladder, 3, 4096), 3 * 2 * tier0);
     }
 

@@ -1,17 +1,17 @@
 //! The verbs provider: InfiniBand, RoCE and iWARP hardware (or soft-RoCE) through the
-//! `ibverbs` crate, behind the `verbs` cargo feature.
+//! `sideway` crate, behind the `verbs` cargo feature.
 //!
 //! - [`VerbsProvider::open`] opens a device by name (with a GID index for RoCE) and its
 //!   protection domain; its [`VerbsRegistrar`] registers memory there.
-//! - Endpoints are reliable-connected queue pairs with a completion queue per direction,
-//!   connected over TCP: [`VerbsProvider::listen`] accepts any number of peers,
+//! - Endpoints are reliable-connected queue pairs with a completion queue per direction
+//!   and a completion channel a caller can sleep on, connected over TCP: [`VerbsProvider::listen`] accepts any number of peers,
 //!   [`VerbsProvider::connect`] dials one, and [`VerbsProvider::pair`] connects two on one
 //!   device. The TCP part ([`rendezvous`], [`handshake`]) works without a device.
 //! - [`completion_status`] maps `ibv_wc_status` values to [`CompletionStatus`](crate::CompletionStatus),
 //!   and [`check_memlock`] with [`ladder_pinned_bytes`] tells whether `RLIMIT_MEMLOCK` lets
 //!   a ladder's connections pin what they may need.
 //!
-//! `docs/verbs.md` says what `ibverbs` 0.9 cannot do and what that costs, and how to run
+//! `docs/verbs.md` says what the provider does not do and what that costs, and how to run
 //! the device tests.
 //!
 //! ```no_run
@@ -57,6 +57,9 @@ pub use device::{GidKind, PortPath, RoutingGid};
 pub use endpoint::{EndpointOptions, MAX_MESSAGE_LEN, MAX_QUEUE_DEPTH, VerbsEndpoint};
 pub use error::VerbsError;
 pub use memlock::{MemlockFacts, check_memlock, ladder_pinned_bytes, region_pinned_bytes};
+/// The values of `verbs.h`'s `enum ibv_wc_status`, as [`DeviceFailure::device_status`]
+/// holds them.
+pub use rdma_mummy_sys::ibv_wc_status;
 pub use registrar::VerbsRegistrar;
 use rendezvous::{Rendezvous, RendezvousListener};
 pub use status::{DeviceFailure, completion_status, status_name};

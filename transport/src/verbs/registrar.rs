@@ -1,79 +1,66 @@
-//! The verbs provider's memory registration: [`VerbsRegistrar`] allocates and registers
-//! memory regions through `ibverbs` and records them by remote key in the providers'
-//! shared region table (`crate::registry`), through whose per-endpoint caches posts
-//! resolve and check buffers.
+//! The verbs provider's memory registration: [`VerbsRegistrar`] maps memory through the
+//! pool's [`HostRegistrar`], registers it with the device for local access only, and
+//! records it by remote key in the providers' shared region table (`crate::registry`),
+//! through whose per-endpoint caches posts resolve and check buffers.
 //!
 //! # Invariants
 //!
 //! How regions are shared between their owner and the endpoints that post them:
 //!
-//! - Every region is one `Arc` (the registry's `Registered`) around a [`DeviceMemory`]
-//!   holding the `ibverbs` `MemoryRegion`. The owner's handle holds one strong reference;
-//!   a post holds another only for the length of the call (the device keeps requests, not
-//!   references). The table and the endpoints' caches hold weak references, so the memory
-//!   is deregistered and freed exactly once, when the last strong reference drops —
-//!   normally the owner's, at the latest when a post in progress returns.
-//! - `ibverbs` 0.9 posts through `&mut MemoryRegion`, so the memory region sits behind
-//!   a mutex and every post takes it for the length of the call: no two `&mut` to one
-//!   `MemoryRegion` exist, even when endpoints on two threads post from one region.
-//!   The lock is uncontended unless two threads post from one region at the same instant.
-//! - The owner reaches the bytes only through the base pointer taken once at
-//!   registration; the provider reaches them only by naming them to the device. The one
-//!   other reference ever formed is the whole-region `&[u8]` that `ibverbs` 0.9 builds
-//!   inside `post_send`/`post_receive` to take the address of the posted range; no byte
-//!   is read or written through it.
+//! - Every region is one `Arc` (the registry's `Registered`) around a [`DeviceMemory`]:
+//!   the host mapping and the device's memory region over it. The owner's handle holds
+//!   one strong reference; a post holds another only for the length of the call (the
+//!   device keeps requests, not references). The table and the endpoints' caches hold
+//!   weak references, so the memory is deregistered and unmapped exactly once, when the
+//!   last strong reference drops: normally the owner's, at the latest when a post in
+//!   progress returns.
+//! - The memory region is deregistered before its mapping is unmapped (field order), so
+//!   the device never holds a registration of memory the process gave back.
+//! - Registration grants local write and nothing else: no remote read, write or atomic
+//!   right. A peer told a region's address and remote key (a promotion's answer does)
+//!   can reach its bytes only by sending into a receive this side posted.
+//! - The owner reaches the bytes only through the base pointer of the mapping; the
+//!   provider reaches them only by naming them to the device, by address and local key.
 //! - When the owner drops the region, the registry marks it dead and removes its table
 //!   entry; from then on resolving its key fails. Requests the device still holds for it
 //!   complete with a protection error once it is deregistered, as verbs defines, and the
 //!   device no longer touches its memory.
-//! - The device's remote keys are unique among its registered regions, and a region
-//!   leaves the table before it is deregistered, so the table never maps a key to a
-//!   region other than the one the device knows by that key.
-//! - Every `MemoryRegion` holds the `Arc<OpenDevice>` of its protection domain and is
-//!   dropped before it (field order), so the domain outlives its regions.
+//! - A region is recorded under its local key (`RegionKeys::remote_key` is the local key
+//!   too: a region registered without remote rights has no remote key, and soft-RoCE
+//!   reports 0 for every one). The device's local keys are unique among its registered
+//!   regions, and a region leaves the table before it is deregistered, so the table never
+//!   maps a key to a region other than the one the device knows by that key.
 
-use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use ibverbs::MemoryRegion;
-use tierbuf_pool::{MemoryBudget, PoolError, Region, RegionKeys, Registrar, Reservation};
+use sideway::ibverbs::AccessFlags;
+use sideway::ibverbs::memory_region::MemoryRegion;
+use sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind;
+use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, RegionKeys, Registrar};
 
-use super::device::{OpenDevice, lock};
+use super::device::OpenDevice;
 use crate::registry::{RegionTable, Resolved};
 
 /// Memory registered with the device, owned through the registry's `Registered`.
 pub(crate) struct DeviceMemory {
-    /// Declared first: deregistered before the reservation and the device are let go.
-    memory: Mutex<MemoryRegion<u8>>,
-    /// The region handed out: `len` bytes from `base`, which lies `offset` bytes into
-    /// `memory`'s allocation, aligned as asked.
-    base: NonNull<u8>,
-    offset: usize,
-    len: usize,
+    /// Declared first: deregistered before the mapping is unmapped.
+    registration: Arc<MemoryRegion>,
+    /// The mapping, charged to the budget in whole pages, every one of which the
+    /// registration may pin.
+    host: Box<dyn Region>,
     keys: RegionKeys,
-    _reservation: Reservation,
-    _device: Arc<OpenDevice>,
 }
 
-// SAFETY: `base` is only an address into the memory region's allocation, which this value
-// owns and which stays put while it lives; the `MemoryRegion` is `Send` and sits behind a
-// mutex; the bytes are reached only as the module invariants say.
-unsafe impl Send for DeviceMemory {}
-// SAFETY: `&DeviceMemory` exposes the pointer value, the length, the keys, and the memory
-// region only through its mutex.
-unsafe impl Sync for DeviceMemory {}
-
 impl DeviceMemory {
-    /// Locks the memory region for one post.
-    pub(crate) fn memory(&self) -> MutexGuard<'_, MemoryRegion<u8>> {
-        lock(&self.memory)
+    /// The local key posts name the region's bytes by.
+    pub(crate) fn local_key(&self) -> u32 {
+        self.registration.lkey()
     }
 
-    /// The range of the memory region's allocation that `resolved` names.
-    pub(crate) fn range_of(resolved: &Resolved<DeviceMemory>) -> Range<usize> {
-        let start = resolved.region.region().offset + resolved.offset;
-        start..start + resolved.len as usize
+    /// The address of the first byte `resolved` names.
+    pub(crate) fn address_of(resolved: &Resolved<DeviceMemory>) -> u64 {
+        resolved.region.region().keys.remote_addr + resolved.offset as u64
     }
 }
 
@@ -81,23 +68,21 @@ impl std::fmt::Debug for DeviceMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceMemory")
             .field("keys", &self.keys)
-            .field("len", &self.len)
+            .field("len", &self.host.len())
             .finish_non_exhaustive()
     }
 }
 
-// SAFETY: `base` points at `len` bytes inside the memory region's allocation
-// (`offset + len <= len + align - 1`), which `ibverbs` allocated as a `Vec<u8>` that
-// never reallocates and which lives as long as this value. Nothing but the owner, through
-// this pointer, and the device, on the owner's posts, reaches those bytes (module
-// invariants).
+// SAFETY: the bytes are the host region's, which keeps `Region`'s promise; the
+// registration only lets the device reach them on this side's own posts (module
+// invariants), and it is undone before the mapping goes.
 unsafe impl Region for DeviceMemory {
     fn base(&self) -> NonNull<u8> {
-        self.base
+        self.host.base()
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.host.len()
     }
 
     fn keys(&self) -> RegionKeys {
@@ -105,14 +90,10 @@ unsafe impl Region for DeviceMemory {
     }
 }
 
-/// Registers memory with an RDMA device for the verbs provider: `ibverbs` allocates it
-/// (it registers only memory it allocates), the registrar charges it to a
-/// [`MemoryBudget`] and records it by remote key so that endpoints can check every
-/// buffer they are given.
-///
-/// A region of `len` bytes aligned to `align` registers `len + align - 1` bytes (the
-/// allocation has no alignment of its own) and charges the budget the pages those can
-/// pin: their length in whole pages, and one more.
+/// Registers memory with an RDMA device for the verbs provider: maps it through a
+/// [`HostRegistrar`] (page-aligned anonymous memory, charged to the [`MemoryBudget`] in
+/// the whole pages that registration pins), registers it for local access only, and
+/// records it by remote key so that endpoints can check every buffer they are given.
 ///
 /// ```no_run
 /// use tierbuf_pool::{MemoryBudget, SlotPool};
@@ -120,13 +101,13 @@ unsafe impl Region for DeviceMemory {
 /// use tierbuf_transport::verbs::{VerbsConfig, VerbsProvider};
 /// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
 /// let pool = SlotPool::new(&*provider.registrar(), 4096, 16)?;
-/// assert!(provider.registrar().budget().in_use() >= 16 * 4096);
+/// assert_eq!(provider.registrar().budget().in_use(), 16 * 4096);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct VerbsRegistrar {
     device: Arc<OpenDevice>,
-    budget: MemoryBudget,
+    host: HostRegistrar,
     table: Arc<RegionTable<DeviceMemory>>,
 }
 
@@ -134,7 +115,7 @@ impl VerbsRegistrar {
     pub(crate) fn new(device: Arc<OpenDevice>, budget: MemoryBudget) -> VerbsRegistrar {
         VerbsRegistrar {
             device,
-            budget,
+            host: HostRegistrar::new(budget),
             table: Arc::new(RegionTable::new()),
         }
     }
@@ -146,56 +127,38 @@ impl VerbsRegistrar {
 
 impl Registrar for VerbsRegistrar {
     fn register(&self, len: usize, align: usize) -> Result<Box<dyn Region>, PoolError> {
-        if len == 0 {
-            return Err(PoolError::ZeroLength);
-        }
-        if !align.is_power_of_two() {
-            return Err(PoolError::AlignmentNotPowerOfTwo { align });
-        }
-        let registered_len = len.checked_add(align - 1).ok_or(PoolError::SizeOverflow {
-            slot_size: len,
-            slot_count: 1,
+        let host = self.host.register(len, align)?;
+        let base = host.base();
+        // SAFETY: `[base, base + len)` is the host region's mapping, which lives as long
+        // as the registration (it is dropped after it, field order of `DeviceMemory`).
+        let registered = unsafe {
+            self.device
+                .domain()
+                .reg_mr(base.as_ptr() as usize, len, AccessFlags::LocalWrite)
+        };
+        let registration = registered.map_err(|error| PoolError::Lock {
+            len,
+            source: match error.0 {
+                RegisterMemoryRegionErrorKind::Ibverbs(source) => source,
+                other => std::io::Error::other(other),
+            },
         })?;
-        // `ibv_reg_mr` pins every page the allocation touches: at most its length in
-        // whole pages and one more, since `ibverbs` places it wherever the heap does.
-        let pinned = registered_len
-            .div_ceil(tierbuf_pool::page_size())
-            .checked_add(1)
-            .and_then(|pages| pages.checked_mul(tierbuf_pool::page_size()))
-            .ok_or(PoolError::SizeOverflow {
-                slot_size: len,
-                slot_count: 1,
-            })?;
-        let reservation = self.budget.reserve(pinned as u64)?;
-        let mut memory = self
-            .device
-            .domain()
-            .allocate::<u8>(registered_len)
-            .map_err(|source| PoolError::Lock {
-                len: registered_len,
-                source,
-            })?;
-        // `align_offset` of a byte pointer to a power of two is below `align`, so the
-        // aligned part lies inside the allocation of `len + align - 1` bytes.
-        let offset = memory.as_ptr().align_offset(align);
-        let base = NonNull::from(&mut memory[offset..]).cast::<u8>();
+        // No remote right, so no remote key: soft-RoCE reports 0 for every such region.
+        // The local key, unique among the device's live regions, names the region in the
+        // table and to the peer (a promotion's answer), which can do nothing with it.
         let keys = RegionKeys {
-            local_key: None,
-            remote_key: memory.rkey().key,
+            local_key: Some(registration.lkey()),
+            remote_key: registration.lkey(),
             remote_addr: base.as_ptr() as u64,
         };
         Ok(Box::new(self.table.add(DeviceMemory {
-            memory: Mutex::new(memory),
-            base,
-            offset,
-            len,
+            registration,
+            host,
             keys,
-            _reservation: reservation,
-            _device: Arc::clone(&self.device),
         })))
     }
 
     fn budget(&self) -> &MemoryBudget {
-        &self.budget
+        self.host.budget()
     }
 }

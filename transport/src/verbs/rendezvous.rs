@@ -12,14 +12,15 @@
 //!   handshake timeout at most; the `accept` that finds one silent past it drops it and
 //!   returns the timeout.
 //!
-//! Verbs has no way to tell a queue pair that its peer closed (the `ibverbs` 0.9 crate
-//! cannot even move a queue pair to the error state), so the TCP connection the
-//! handshake ran on stays open for the life of the endpoint: closing an endpoint shuts
+//! Verbs has no way to tell a queue pair that its peer closed (a destroyed peer shows
+//! only as retries running out, seconds later), so the TCP connection the handshake ran
+//! on stays open for the life of the endpoint: closing an endpoint shuts
 //! it down, and the peer reads the end of the stream, as `rdma_cm` uses its own
 //! connection for the same purpose.
 
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -32,12 +33,11 @@ use crate::unheard::UnheardPeers;
 /// ```
 /// use std::net::TcpStream;
 /// use std::time::Duration;
-/// use ibverbs::QueuePairEndpoint;
 /// use tierbuf_tiers::TierIndex;
-/// use tierbuf_transport::verbs::handshake::Hello;
+/// use tierbuf_transport::verbs::handshake::{Hello, QueuePairAddress};
 /// use tierbuf_transport::verbs::rendezvous::{Rendezvous, RendezvousListener};
 /// let hello = |num| Hello {
-///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     queue_pair: QueuePairAddress { num, lid: 1, gid: None },
 ///     initial_tier: TierIndex::SMALLEST,
 /// };
 /// let listener = RendezvousListener::bind("127.0.0.1:0", Duration::from_secs(5))?;
@@ -178,13 +178,12 @@ fn is_out_of_files(error: &io::Error) -> bool {
 ///
 /// ```
 /// use std::time::Duration;
-/// use ibverbs::QueuePairEndpoint;
 /// use tierbuf_tiers::TierIndex;
-/// use tierbuf_transport::verbs::handshake::Hello;
+/// use tierbuf_transport::verbs::handshake::{Hello, QueuePairAddress};
 /// use tierbuf_transport::verbs::rendezvous::{Rendezvous, RendezvousListener};
 /// let timeout = Duration::from_secs(5);
 /// let hello = |num| Hello {
-///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     queue_pair: QueuePairAddress { num, lid: 1, gid: None },
 ///     initial_tier: TierIndex::SMALLEST,
 /// };
 /// let listener = RendezvousListener::bind("127.0.0.1:0", timeout)?;
@@ -282,12 +281,11 @@ impl Rendezvous {
 ///
 /// ```
 /// use std::time::Duration;
-/// use ibverbs::QueuePairEndpoint;
 /// use tierbuf_tiers::TierIndex;
-/// use tierbuf_transport::verbs::handshake::{HandshakeError, Hello};
+/// use tierbuf_transport::verbs::handshake::{HandshakeError, Hello, QueuePairAddress};
 /// use tierbuf_transport::verbs::rendezvous::{Rendezvous, RendezvousListener};
 /// let hello = |num| Hello {
-///     queue_pair: QueuePairEndpoint { num, lid: 1, gid: None },
+///     queue_pair: QueuePairAddress { num, lid: 1, gid: None },
 ///     initial_tier: TierIndex::SMALLEST,
 /// };
 /// let listener = RendezvousListener::bind("127.0.0.1:0", Duration::from_secs(5))?;
@@ -330,6 +328,12 @@ impl PeerWatch {
                 Err(_) => true,
             };
         }
+    }
+
+    /// The connection's socket: readable (or hung up) once the peer closes or dies, so a
+    /// sleeper can wait on it.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
     }
 
     /// Tells the peer this side closed. Closing twice does nothing more.

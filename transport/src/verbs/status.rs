@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use ibverbs::ibv_wc_status;
+use rdma_mummy_sys::ibv_wc_status;
 
 use crate::provider::{CompletionStatus, Opcode};
 
@@ -11,7 +11,7 @@ use crate::provider::{CompletionStatus, Opcode};
 /// otherwise hide ([`VerbsEndpoint::failure`](super::VerbsEndpoint::failure)).
 ///
 /// ```
-/// use ibverbs::ibv_wc_status;
+/// use tierbuf_transport::verbs::ibv_wc_status;
 /// use tierbuf_transport::{CompletionStatus, Opcode};
 /// use tierbuf_transport::verbs::DeviceFailure;
 /// let failure = DeviceFailure::new(1, Opcode::Recv, ibv_wc_status::IBV_WC_LOC_QP_OP_ERR, 0);
@@ -85,7 +85,7 @@ impl fmt::Display for DeviceFailure {
 /// status visible. `docs/verbs.md` has the full table.
 ///
 /// ```
-/// use ibverbs::ibv_wc_status;
+/// use tierbuf_transport::verbs::ibv_wc_status;
 /// use tierbuf_transport::CompletionStatus;
 /// use tierbuf_transport::verbs::completion_status;
 /// assert_eq!(completion_status(ibv_wc_status::IBV_WC_SUCCESS), CompletionStatus::Success);
@@ -113,7 +113,7 @@ pub fn completion_status(status: ibv_wc_status::Type) -> CompletionStatus {
 /// the device's own word is never lost.
 ///
 /// ```
-/// use ibverbs::ibv_wc_status;
+/// use tierbuf_transport::verbs::ibv_wc_status;
 /// use tierbuf_transport::verbs::status_name;
 /// assert_eq!(status_name(ibv_wc_status::IBV_WC_LOC_QP_OP_ERR), Some("IBV_WC_LOC_QP_OP_ERR"));
 /// assert_eq!(status_name(9999), None);

@@ -37,6 +37,41 @@ impl PairProvider for ShmProvider {
     }
 }
 
+/// Why the verbs provider cannot be tested here, if it cannot: it runs on the RDMA device
+/// `TIERBUF_VERBS_DEVICE` names (soft-RoCE will do; `.ci/verbs-rxe` runs the tests so).
+#[cfg(feature = "verbs")]
+#[allow(dead_code)] // Not every test binary runs on verbs.
+pub(crate) fn verbs_unavailable() -> Option<String> {
+    match std::env::var("TIERBUF_VERBS_DEVICE") {
+        Ok(name) if !name.is_empty() => None,
+        _ => Some("TIERBUF_VERBS_DEVICE names no RDMA device; see docs/verbs.md".to_owned()),
+    }
+}
+
+/// The verbs provider on the device `TIERBUF_VERBS_DEVICE` names ([`verbs_unavailable`]
+/// says whether there is one), with the GID index `TIERBUF_VERBS_GID_INDEX` gives, if any.
+#[cfg(feature = "verbs")]
+impl PairProvider for tierbuf_transport::verbs::VerbsProvider {
+    fn make() -> Self {
+        use tierbuf_transport::verbs::{VerbsConfig, VerbsProvider};
+        let name = std::env::var("TIERBUF_VERBS_DEVICE").expect("checked by verbs_unavailable");
+        let mut config = VerbsConfig::new(name);
+        if let Ok(index) = std::env::var("TIERBUF_VERBS_GID_INDEX") {
+            config = config.with_gid_index(index.parse().expect("a GID index"));
+        }
+        VerbsProvider::open(&config, MemoryBudget::with_cap(1 << 30))
+            .unwrap_or_else(|error| panic!("opening {}: {error}", config.device()))
+    }
+    fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint) {
+        let options = tierbuf_transport::verbs::EndpointOptions {
+            send_depth: depth,
+            recv_depth: depth,
+            ..Default::default()
+        };
+        self.pair(&options).unwrap()
+    }
+}
+
 /// The preset ladder `name`.
 #[allow(dead_code)] // Not every test binary takes a preset.
 pub(crate) fn preset(name: &str) -> TierLadder {

@@ -47,9 +47,10 @@ mod verbs {
     pub(super) fn run(_: &DemoArgs) -> Result<(), DemoError> {
         Err(
             "--provider verbs needs tierbuf built with the verbs feature: install the \
-             build dependencies (`apt-get install cmake libclang1-14 libclang-common-14-dev \
-             libibverbs-dev`, see docs/verbs.md), then rebuild with `cargo build --release \
-             -p tierbuf-examples --features verbs`"
+             build dependencies (`apt-get install cmake libclang1-14 libclang-common-14-dev`) \
+             and, to run it, rdma-core's `libibverbs1 ibverbs-providers` (see \
+             docs/verbs.md), then rebuild with `cargo build --release -p tierbuf-examples \
+             --features verbs`"
                 .into(),
         )
     }
