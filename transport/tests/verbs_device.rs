@@ -132,6 +132,31 @@ fn opening_a_missing_device_says_what_is_there() {
     }
 }
 
+/// The descriptors this process has open.
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// What the front door counts against the open-file limit for a verbs connection
+/// (`transport/src/front/verbs.rs`): its handshake socket, its completion channel and the
+/// `epoll` set of the two. Run alone (`--test-threads=1`, as `.ci/verbs-rxe` does), since
+/// other tests' descriptors would count too.
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn an_endpoint_holds_three_descriptors_and_gives_them_back() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let before = open_descriptors();
+    let (a, b) = provider.pair(&options()).unwrap();
+    assert_eq!(open_descriptors(), before + 2 * 3);
+    drop((a, b));
+    assert_eq!(open_descriptors(), before);
+}
+
 #[test]
 #[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
 fn a_pair_on_one_device_is_connected_queue_pair_to_queue_pair() {

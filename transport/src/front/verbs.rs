@@ -42,9 +42,14 @@ impl Kind for Verbs {
     }
 
     fn open_files(&self) -> Option<OpenFiles> {
-        // A socket per connection; besides, the standard streams, the device, listeners,
-        // and room to spare.
-        Some(OpenFiles::new(1, "a socket per connection", 64))
+        // Per connection its handshake socket, its completion channel and the epoll set
+        // of the two that a sleeper waits on; besides, the standard streams, the device,
+        // listeners, and room to spare.
+        Some(OpenFiles::new(
+            3,
+            "a socket, a completion channel and an epoll set per connection",
+            64,
+        ))
     }
 
     fn check_connections(&self, ladder: &TierLadder, connections: usize) -> Result<(), SetupError> {
