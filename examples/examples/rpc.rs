@@ -111,6 +111,10 @@ struct Args {
     #[cfg(feature = "verbs")]
     #[arg(long)]
     device: Option<String>,
+    /// The device's port, with `--provider verbs` (1 unless given).
+    #[cfg(feature = "verbs")]
+    #[arg(long)]
+    ib_port: Option<u8>,
     /// The device port's GID index, with `--provider verbs` (RoCE).
     #[cfg(feature = "verbs")]
     #[arg(long)]
@@ -266,14 +270,17 @@ where
     runtime()?.block_on(serve(connections, budget.clone(), args.fault, args.spin))
 }
 
-/// The device `--device` and `--gid-index` name.
+/// The device, port and GID entry `--device`, `--ib-port` and `--gid-index` name.
 #[cfg(feature = "verbs")]
 fn verbs_config(args: &Args) -> Result<tierbuf_transport::verbs::VerbsConfig, BoxError> {
     let device = args
         .device
         .as_deref()
         .ok_or("--provider verbs needs --device NAME")?;
-    let config = tierbuf_transport::verbs::VerbsConfig::new(device);
+    let mut config = tierbuf_transport::verbs::VerbsConfig::new(device);
+    if let Some(port) = args.ib_port {
+        config = config.with_port(port);
+    }
     Ok(match args.gid_index {
         Some(index) => config.with_gid_index(index),
         None => config,
@@ -372,6 +379,9 @@ fn server_command(args: &Args) -> Result<Command, BoxError> {
     {
         if let Some(device) = &args.device {
             command.args(["--device", device]);
+        }
+        if let Some(port) = args.ib_port {
+            command.args(["--ib-port", &port.to_string()]);
         }
         if let Some(index) = args.gid_index {
             command.args(["--gid-index", &index.to_string()]);

@@ -111,6 +111,35 @@ fn slot(pool: &SlotPool) -> OwnedSlot {
 }
 
 #[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_port_the_device_lacks_is_refused_with_the_ports_it_has() {
+    let budget = MemoryBudget::with_cap(1 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let device = provider.device_name().to_owned();
+    let error = VerbsProvider::open(&VerbsConfig::new(&device).with_port(200), budget.clone())
+        .expect_err("no device here has 200 ports");
+    println!("{error}");
+    match error {
+        VerbsError::PortOutOfRange {
+            device: named,
+            port,
+            ports,
+        } => {
+            assert_eq!((named, port), (device.clone(), 200));
+            assert!((1..200).contains(&ports), "{ports} ports");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        VerbsProvider::open(&VerbsConfig::new(&device).with_port(0), budget),
+        Err(VerbsError::PortOutOfRange { port: 0, .. })
+    ));
+    assert_eq!(provider.path().port, 1);
+}
+
+#[test]
 fn opening_a_missing_device_says_what_is_there() {
     let budget = MemoryBudget::with_cap(1 << 20);
     let error = VerbsProvider::open(&VerbsConfig::new("tierbuf-no-such-device"), budget)

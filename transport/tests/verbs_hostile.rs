@@ -59,7 +59,12 @@ struct HostilePeer {
 
 impl HostilePeer {
     /// Connects to the endpoint `listener` accepts, through the provider's handshake.
-    fn connect(device: &str, gid_index: Option<u32>, addr: std::net::SocketAddr) -> HostilePeer {
+    fn connect(
+        device: &str,
+        port: u8,
+        gid_index: Option<u32>,
+        addr: std::net::SocketAddr,
+    ) -> HostilePeer {
         let list = DeviceList::new().unwrap();
         let context = list
             .iter()
@@ -97,11 +102,12 @@ impl HostilePeer {
         let mut init = QueuePairAttribute::new();
         init.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
-            .setup_port(1)
+            .setup_port(port)
             .setup_access_flags(AccessFlags::LocalWrite);
         queue_pair.modify(&init).unwrap();
-        let port = context.query_port(1).unwrap();
-        let gid = gid_index.map(|index| Ipv6Addr::from(context.query_gid(1, index).unwrap()));
+        let gid = gid_index.map(|index| Ipv6Addr::from(context.query_gid(port, index).unwrap()));
+        let port_number = port;
+        let port = context.query_port(port_number).unwrap();
         let mut rendezvous = Rendezvous::connect(addr, WAIT).unwrap();
         let remote = rendezvous
             .exchange_hello(Hello {
@@ -114,7 +120,8 @@ impl HostilePeer {
             })
             .unwrap();
         let mut path = AddressHandleAttribute::new();
-        path.setup_dest_lid(remote.queue_pair.lid).setup_port(1);
+        path.setup_dest_lid(remote.queue_pair.lid)
+            .setup_port(port_number);
         if let (Some(index), Some(peer_gid)) = (gid_index, remote.queue_pair.gid) {
             path.setup_grh(&Gid::from(peer_gid), 0, index as u8, 0xff, 0);
         }
@@ -189,8 +196,12 @@ fn one_sided_operations_on_a_told_region_fail(attack: Attack) {
         config = config.with_gid_index(index);
     }
     let provider = VerbsProvider::open(&config, MemoryBudget::with_cap(1 << 20)).unwrap();
-    // The same GID the provider routes by, so that the two queue pairs reach each other.
-    let gid_index = provider.path().gid.map(|gid| gid.index);
+    // The same port and GID the provider goes out by, so that the two queue pairs reach
+    // each other.
+    let (port, gid_index) = (
+        provider.path().port,
+        provider.path().gid.map(|gid| gid.index),
+    );
     let pool = SlotPool::new(&*provider.registrar(), 4096, 1).unwrap();
     let mut victim = pool.try_acquire_owned().unwrap();
     victim.fill(0x5a);
@@ -199,7 +210,7 @@ fn one_sided_operations_on_a_told_region_fail(attack: Attack) {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let accepting = std::thread::spawn(move || listener.accept().unwrap());
-    let mut peer = HostilePeer::connect(&device, gid_index, addr);
+    let mut peer = HostilePeer::connect(&device, port, gid_index, addr);
     let endpoint: VerbsEndpoint = accepting.join().unwrap();
     let keys = pool.keys();
     let status = peer.attempt(attack, victim.remote_addr(), keys.remote_key);

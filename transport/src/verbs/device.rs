@@ -7,8 +7,9 @@
 //!   context, a memory region or queue pair its domain, a completion queue its context
 //!   and completion channel), so no object is destroyed while anything made from it
 //!   lives, whatever order their owners drop in.
-//! - The port was `ACTIVE` or `ARMED` when the device was opened; the path MTU and LID
-//!   kept here are that port's, and every queue pair of the provider uses that port.
+//! - The port is one the device has, and was `ACTIVE` or `ARMED` when the device was
+//!   opened; the path MTU, LID and GID kept here are that port's, and every queue pair of
+//!   the provider goes out by it.
 
 use std::error::Error;
 use std::fmt;
@@ -25,6 +26,7 @@ use super::error::{VerbsError, select_device};
 /// An opened device, shared by a provider, its registrar, its regions and its endpoints.
 pub(crate) struct OpenDevice {
     name: String,
+    port: u8,
     gid_index: Option<u32>,
     path: PortPath,
     lid: u16,
@@ -34,11 +36,12 @@ pub(crate) struct OpenDevice {
 }
 
 impl OpenDevice {
-    /// Opens the device named `name`, checks that its port is up, picks the GID index to
-    /// route by ([`routing_gid_index`], `requested_gid_index` if given) and allocates the
-    /// protection domain.
+    /// Opens the device named `name`, checks that it has port `port` and that the port is
+    /// up, picks the GID index to route by ([`routing_gid_index`], `requested_gid_index`
+    /// if given) and allocates the protection domain.
     pub(crate) fn open(
         name: &str,
+        port_number: u8,
         requested_gid_index: Option<u32>,
     ) -> Result<OpenDevice, VerbsError> {
         let list = DeviceList::new().map_err(|source| VerbsError::DevicesUnavailable {
@@ -53,13 +56,25 @@ impl OpenDevice {
         let context = device
             .open()
             .map_err(|source| device_error(name, "opening the device (ibv_open_device)", source))?;
+        let ports = context
+            .query_device()
+            .map_err(|source| device_error(name, "querying the device (ibv_query_device)", source))?
+            .phys_port_cnt();
+        if !(1..=ports).contains(&port_number) {
+            return Err(VerbsError::PortOutOfRange {
+                device: name.to_owned(),
+                port: port_number,
+                ports,
+            });
+        }
         let port = context
-            .query_port(PORT)
-            .map_err(|source| device_error(name, "querying port 1 (ibv_query_port)", source))?;
+            .query_port(port_number)
+            .map_err(|source| device_error(name, "querying the port (ibv_query_port)", source))?;
         let state = port.port_state();
         if !matches!(state, PortState::Active | PortState::Armed) {
             return Err(VerbsError::PortDown {
                 device: name.to_owned(),
+                port: port_number,
                 state: format!("{state:?}"),
             });
         }
@@ -69,7 +84,7 @@ impl OpenDevice {
                 device_error(name, "reading the GID table (ibv_query_gid_table)", source)
             })?
             .into_iter()
-            .filter(|entry| entry.port_num() == u32::from(PORT))
+            .filter(|entry| entry.port_num() == u32::from(port_number))
             .collect();
         let gid_entries: Vec<GidTableEntry> = gid_table
             .iter()
@@ -83,6 +98,7 @@ impl OpenDevice {
             routing_gid_index(&gid_entries, requested_gid_index).map_err(|entries| {
                 VerbsError::GidIndexOutOfRange {
                     device: name.to_owned(),
+                    port: port_number,
                     gid_index: requested_gid_index.unwrap_or_default(),
                     entries,
                 }
@@ -90,7 +106,7 @@ impl OpenDevice {
         let path_mtu = port.active_mtu();
         let path = PortPath {
             device: name.to_owned(),
-            port: PORT,
+            port: port_number,
             gid: gid_index.and_then(|index| {
                 let entry = gid_table.iter().find(|entry| entry.gid_index() == index)?;
                 Some(RoutingGid {
@@ -110,6 +126,7 @@ impl OpenDevice {
         })?;
         Ok(OpenDevice {
             name: name.to_owned(),
+            port: port_number,
             gid_index,
             path,
             lid: port.lid(),
@@ -122,6 +139,11 @@ impl OpenDevice {
     /// The device's name.
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The port every queue pair goes out by.
+    pub(crate) fn port(&self) -> u8 {
+        self.port
     }
 
     /// The GID index queue pairs route by, if any (RoCE).
@@ -172,9 +194,6 @@ impl std::fmt::Debug for OpenDevice {
             .finish_non_exhaustive()
     }
 }
-
-/// The port every queue pair uses.
-pub(crate) const PORT: u8 = 1;
 
 /// Where a provider's queue pairs go out: the device and port, the GID entry they route
 /// by (RoCE; none on InfiniBand, which routes by LID) and the port's active MTU, which

@@ -49,7 +49,7 @@ use sideway::ibverbs::queue_pair::{
 };
 use tierbuf_tiers::TierIndex;
 
-use super::device::{OpenDevice, PORT};
+use super::device::OpenDevice;
 use super::error::VerbsError;
 use super::handshake::{Hello, QueuePairAddress};
 use super::registrar::DeviceMemory;
@@ -277,7 +277,7 @@ impl VerbsEndpoint {
         // this side's memory, whatever keys it was told (its regions refuse them too).
         init.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
-            .setup_port(PORT)
+            .setup_port(device.port())
             .setup_access_flags(AccessFlags::LocalWrite);
         queue_pair.modify(&init).map_err(|source| {
             device.error("preparing the queue pair (ibv_modify_qp to INIT)", source)
@@ -599,7 +599,7 @@ fn connect(
 ) -> Result<(), VerbsError> {
     let (local_has_gid, peer_has_gid) = (device.gid_index().is_some(), remote.gid.is_some());
     let mut path = AddressHandleAttribute::new();
-    path.setup_dest_lid(remote.lid).setup_port(PORT);
+    path.setup_dest_lid(remote.lid).setup_port(device.port());
     match (device.gid_index(), remote.gid) {
         (Some(gid_index), Some(gid)) => {
             // The index was checked against the GID table when the device was opened;

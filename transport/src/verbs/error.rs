@@ -50,31 +50,48 @@ pub enum VerbsError {
         /// The names of the devices present.
         found: Vec<String>,
     },
-    /// The device's port 1 (the port the provider uses) is not up.
+    /// The device has no port of the number asked for.
     #[error(
-        "port 1 of RDMA device {device:?} is {state}, not ACTIVE or ARMED: check the link \
-         with `ibv_devinfo -d {device}` (state PORT_ACTIVE), the cable or the netdev under \
-         a soft-RoCE device, and the subnet manager on InfiniBand"
+        "RDMA device {device:?} has no port {port}: its ports are 1 to {ports} \
+         (`ibv_devinfo -d {device}` lists them)"
+    )]
+    PortOutOfRange {
+        /// The device.
+        device: String,
+        /// The port asked for.
+        port: u8,
+        /// The device's ports (`phys_port_cnt`).
+        ports: u8,
+    },
+    /// The port the provider goes out by is not up.
+    #[error(
+        "port {port} of RDMA device {device:?} is {state}, not ACTIVE or ARMED: check the \
+         link with `ibv_devinfo -d {device}` (state PORT_ACTIVE), the cable or the netdev \
+         under a soft-RoCE device, and the subnet manager on InfiniBand"
     )]
     PortDown {
         /// The device.
         device: String,
+        /// The port.
+        port: u8,
         /// The state the port is in, as `ibv_query_port` gave it.
         state: String,
     },
-    /// The GID index asked for (RoCE) is not a usable entry of the device's GID table.
+    /// The GID index asked for (RoCE) is not a valid entry of the port's GID table.
     #[error(
-        "GID index {gid_index} is not a usable entry of the GID table of {device:?} \
-         ({entries} valid entries); list them with `ibv_devinfo -v -d {device}` (RoCE v2 \
-         entries usually sit at odd indices), or leave the index unset to take the first \
-         IPv4-mapped RoCE v2 entry"
+        "GID index {gid_index} is not a valid entry of the GID table of {device:?} port \
+         {port} ({entries} valid entries); list them with `ibv_devinfo -v -d {device}` \
+         (RoCE v2 entries usually sit at odd indices), or leave the index unset to take \
+         the first IPv4-mapped RoCE v2 entry"
     )]
     GidIndexOutOfRange {
         /// The device.
         device: String,
+        /// The port.
+        port: u8,
         /// The index asked for.
         gid_index: u32,
-        /// The valid entries of the device's GID table.
+        /// The valid entries of the port's GID table.
         entries: usize,
     },
     /// One side routes by GID (RoCE) and the other by LID (InfiniBand).
@@ -188,12 +205,25 @@ mod tests {
     fn a_port_that_is_not_up_names_its_state_and_how_to_check_it() {
         let down = VerbsError::PortDown {
             device: "rxe0".into(),
+            port: 1,
             state: "Down".into(),
         };
         let message = down.to_string();
         assert!(
-            message.contains("is Down") && message.contains("ibv_devinfo -d rxe0"),
+            message.contains("port 1 of")
+                && message.contains("is Down")
+                && message.contains("ibv_devinfo -d rxe0"),
             "{message}"
+        );
+        let missing = VerbsError::PortOutOfRange {
+            device: "mlx5_0".into(),
+            port: 3,
+            ports: 2,
+        };
+        assert_eq!(
+            missing.to_string(),
+            "RDMA device \"mlx5_0\" has no port 3: its ports are 1 to 2 (`ibv_devinfo -d \
+             mlx5_0` lists them)"
         );
     }
 

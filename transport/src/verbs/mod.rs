@@ -64,17 +64,19 @@ pub use registrar::VerbsRegistrar;
 use rendezvous::{Rendezvous, RendezvousListener};
 pub use status::{DeviceFailure, completion_status, status_name};
 
-/// Which device to open, and how its queue pairs route.
+/// Which device and port to open, and how its queue pairs route.
 ///
 /// ```
 /// use tierbuf_transport::verbs::VerbsConfig;
 /// let roce = VerbsConfig::new("mlx5_0").with_gid_index(3);
-/// assert_eq!(roce.device(), "mlx5_0");
+/// assert_eq!((roce.device(), roce.port()), ("mlx5_0", 1));
 /// assert_eq!(roce.gid_index(), Some(3));
+/// assert_eq!(VerbsConfig::new("mlx5_0").with_port(2).port(), 2);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerbsConfig {
     device: String,
+    port: u8,
     gid_index: Option<u32>,
 }
 
@@ -82,11 +84,21 @@ impl VerbsConfig {
     /// The device named `device` (as `ibv_devices` lists it). Queue pairs route by the
     /// first IPv4-mapped RoCE v2 entry of its GID table, else its first RoCE v2 entry
     /// (else RoCE v1) where it has one, as RoCE needs, and by LID on InfiniBand.
+    /// Its queue pairs go out by port 1.
     pub fn new(device: impl Into<String>) -> VerbsConfig {
         VerbsConfig {
             device: device.into(),
+            port: 1,
             gid_index: None,
         }
+    }
+
+    /// Goes out by port `port` of the device (ports count from 1; `ibv_devinfo` lists
+    /// them), for a NIC with several. A port the device does not have is refused when the
+    /// provider opens ([`VerbsError::PortOutOfRange`]).
+    pub fn with_port(mut self, port: u8) -> VerbsConfig {
+        self.port = port;
+        self
     }
 
     /// Routes by the GID at `gid_index` of the device's GID table (`ibv_devinfo -v`
@@ -101,6 +113,11 @@ impl VerbsConfig {
     /// The device's name.
     pub fn device(&self) -> &str {
         &self.device
+    }
+
+    /// The port the queue pairs go out by.
+    pub fn port(&self) -> u8 {
+        self.port
     }
 
     /// The GID index asked for, if any.
@@ -134,10 +151,15 @@ impl VerbsProvider {
     ///
     /// Fails with [`VerbsError::DevicesUnavailable`] where the kernel has no RDMA
     /// support, [`VerbsError::NoDevices`] or [`VerbsError::DeviceNotFound`] (listing the
-    /// devices present), [`VerbsError::PortDown`], [`VerbsError::GidIndexOutOfRange`], or
+    /// devices present), [`VerbsError::PortOutOfRange`], [`VerbsError::PortDown`],
+    /// [`VerbsError::GidIndexOutOfRange`], or
     /// [`VerbsError::Device`] for a failing verbs call.
     pub fn open(config: &VerbsConfig, budget: MemoryBudget) -> Result<VerbsProvider, VerbsError> {
-        let device = Arc::new(OpenDevice::open(&config.device, config.gid_index)?);
+        let device = Arc::new(OpenDevice::open(
+            &config.device,
+            config.port,
+            config.gid_index,
+        )?);
         Ok(VerbsProvider {
             registrar: Arc::new(VerbsRegistrar::new(Arc::clone(&device), budget)),
             device,

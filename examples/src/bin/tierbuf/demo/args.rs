@@ -73,6 +73,10 @@ pub(crate) struct DemoArgs {
     /// With `--provider verbs`: the RDMA device, as `ibv_devices` lists it.
     #[arg(long, value_name = "NAME")]
     pub(super) device: Option<String>,
+    /// With `--provider verbs`: go out by this port of the device (1 unless given;
+    /// `ibv_devinfo` lists them).
+    #[arg(long, value_name = "PORT", requires = "device")]
+    pub(super) ib_port: Option<u8>,
     /// With `--provider verbs`: route by this entry of the device's GID table (RoCE; see
     /// docs/verbs.md). Both sides must route the same way.
     #[arg(long, value_name = "INDEX", requires = "device")]
@@ -100,6 +104,7 @@ impl DemoArgs {
         }
         let given: Vec<&str> = [
             ("--device", self.device.is_some()),
+            ("--ib-port", self.ib_port.is_some()),
             ("--gid-index", self.gid_index.is_some()),
             ("--listen", self.listen.is_some()),
             ("--peer", self.peer.is_some()),

@@ -59,6 +59,9 @@ pub(super) fn run(args: &DemoArgs) -> Result<(), DemoError> {
 /// the reservoir.
 fn open(args: &DemoArgs, device: &str) -> Result<(Setup, Transport<Verbs>), DemoError> {
     let mut config = VerbsConfig::new(device);
+    if let Some(port) = args.ib_port {
+        config = config.with_port(port);
+    }
     if let Some(gid_index) = args.gid_index {
         config = config.with_gid_index(gid_index);
     }
