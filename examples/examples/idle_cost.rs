@@ -4,7 +4,12 @@
 //!
 //! ```text
 //! cargo run --release -p tierbuf-examples --example idle_cost
+//! cargo run --release -p tierbuf-examples --features verbs --example idle_cost -- verbs rxe0 400
 //! ```
+//!
+//! The first measures the loopback and shm providers; the second, in a build with the
+//! `verbs` feature, the verbs provider on the RDMA device named, over the number of idle
+//! connections given (400 unless given). `.ci/verbs-rxe` runs the second on soft-RoCE.
 //!
 //! Each figure is the CPU time (user and system, `getrusage`) the waiting thread used
 //! over the wait, as a share of the wait's wall time: 2 % is 20 ms of a 1 s wait. It
@@ -100,6 +105,75 @@ fn progress_thread<E: Endpoint + 'static>(
 }
 
 fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        None => software_providers(),
+        Some("verbs") => {
+            let device = args
+                .get(1)
+                .ok_or("usage: idle_cost verbs DEVICE [CONNECTIONS]")?;
+            let connections = match args.get(2) {
+                Some(count) => count.parse()?,
+                None => 400,
+            };
+            verbs(device, connections)
+        }
+        Some(other) => {
+            Err(format!("unknown argument {other:?}: give none, or verbs DEVICE [N]").into())
+        }
+    }
+}
+
+/// The figures of the verbs provider on `device`, over `connections` idle connections.
+#[cfg(feature = "verbs")]
+fn verbs(device: &str, connections: usize) -> Result<(), Error> {
+    use tierbuf_transport::verbs::VerbsConfig;
+    let verbs = Transport::verbs(VerbsConfig::new(device))
+        .ladder_preset("patent")
+        .budget_bytes(1 << 30)
+        // The table's connections, and both ends of the blocked receive's pair.
+        .connections(connections + 2)
+        .build()?;
+    let listener = verbs.listen("127.0.0.1:0")?;
+    let addr: std::net::SocketAddr = listener.address().parse()?;
+    let pair = || -> Result<_, Error> {
+        let client = verbs.connect(addr)?;
+        Ok((client, listener.accept()?))
+    };
+    println!("CPU used while waiting {WAIT:?}, as a share of one core (device {device}):");
+    let (_client, mut connection) = pair()?;
+    // The connection's start-up work first, as the tables' below: under an emulated CPU
+    // (soft-RoCE in CI) it takes a good part of a second.
+    if connection.recv_deadline(Instant::now() + WAIT)?.is_some() {
+        return Err("a message came on a connection nothing was sent on".into());
+    }
+    println!(
+        "  blocked recv, verbs:                  {:6.3} %",
+        100.0 * blocked_recv(connection)?
+    );
+    println!(
+        "  {connections:>6} idle verbs connections:   {:6.3} %",
+        100.0 * idle_table(pair, connections)?
+    );
+    let (share, looks) = progress_thread(pair, connections)?;
+    println!(
+        "  progress thread, {connections:>6} verbs:       {:6.3} % ({looks} looks)",
+        100.0 * share
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "verbs"))]
+fn verbs(_device: &str, _connections: usize) -> Result<(), Error> {
+    Err(
+        "the verbs figures need a build with the verbs feature: cargo run --release -p \
+         tierbuf-examples --features verbs --example idle_cost -- verbs DEVICE"
+            .into(),
+    )
+}
+
+/// The figures of the loopback and shm providers.
+fn software_providers() -> Result<(), Error> {
     let loopback = Transport::loopback()
         .ladder_preset("patent")
         .budget_bytes(1 << 30)
