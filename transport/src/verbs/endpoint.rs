@@ -34,8 +34,9 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use rdma_mummy_sys::{
-    ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
-    ibv_wc_status,
+    ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_post_recv, ibv_post_send,
+    ibv_recv_wr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status,
+    ibv_wr_opcode,
 };
 use rustix::event::epoll;
 use sideway::ibverbs::AccessFlags;
@@ -44,8 +45,7 @@ use sideway::ibverbs::completion::{
     BasicCompletionQueue, CompletionChannel, CompletionQueue, CompletionQueueBuilder,
 };
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, PostRecvError, PostSendError, PostSendGuard, QueuePair, QueuePairAttribute,
-    QueuePairBuilder, QueuePairState, QueuePairType, SetScatterGatherEntry, WorkRequestFlags,
+    BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairBuilder, QueuePairState, QueuePairType,
 };
 use tierbuf_tiers::TierIndex;
 
@@ -363,15 +363,21 @@ impl VerbsEndpoint {
         let Some(connected) = self.connected.as_mut() else {
             return Err(PostError::Closed);
         };
-        let buffer = resolved.as_ref().map(|resolved| {
-            (
-                resolved.region.region().local_key(),
-                DeviceMemory::address_of(resolved),
-                resolved.len,
-            )
+        let mut element = resolved.as_ref().map(|resolved| ibv_sge {
+            addr: DeviceMemory::address_of(resolved),
+            length: resolved.len,
+            lkey: resolved.region.region().local_key(),
         });
-        let queue_pair = &mut connected.queue_pair;
-        // SAFETY: the device reaches the posted bytes until the request's completion has
+        // One request of at most one element, built on the stack: `sideway`'s post guards
+        // would allocate their request lists on every post.
+        let (sg_list, num_sge) = match element.as_mut() {
+            Some(element) => (element as *mut ibv_sge, 1),
+            None => (std::ptr::null_mut(), 0),
+        };
+        // SAFETY: the queue pair is alive (`connected` holds it).
+        let queue_pair = unsafe { connected.queue_pair.qp() }.as_ptr();
+        // SAFETY: the requests and their element are valid for the call, which copies
+        // them. The device reaches the posted bytes until the request's completion has
         // been polled. The caller promises to leave them alone that long (this function's
         // contract), or until the endpoint is closed; closing destroys the queue pair
         // first, after which the device touches nothing. The owner may deregister the
@@ -379,32 +385,36 @@ impl VerbsEndpoint {
         // no longer reaches the memory (verbs semantics), so unmapping it is sound. The
         // address and length lie inside the registered region (checked by `resolve`).
         // The empty message names no bytes at all.
-        let posted = unsafe {
+        let errno = unsafe {
             match opcode {
                 Opcode::Send => {
-                    let mut guard = queue_pair.start_post_send();
-                    let request = guard.construct_wr(wr_id, WorkRequestFlags::Signaled);
-                    let send = request.setup_send();
-                    if let Some((local_key, address, len)) = buffer {
-                        send.setup_sge(local_key, address, len);
-                    }
-                    guard.post().map_err(|error| match error {
-                        PostSendError::NotEnoughResources(_) => None,
-                        other => Some(other.to_string()),
-                    })
+                    let mut request: ibv_send_wr = MaybeUninit::zeroed().assume_init();
+                    request.wr_id = wr_id;
+                    request.sg_list = sg_list;
+                    request.num_sge = num_sge;
+                    request.opcode = ibv_wr_opcode::IBV_WR_SEND;
+                    request.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+                    let mut refused = std::ptr::null_mut();
+                    ibv_post_send(queue_pair, &mut request, &mut refused)
                 }
                 Opcode::Recv => {
-                    let mut guard = queue_pair.start_post_recv();
-                    let request = guard.construct_wr(wr_id);
-                    if let Some((local_key, address, len)) = buffer {
-                        request.setup_sge(local_key, address, len);
-                    }
-                    guard.post().map_err(|error| match error {
-                        PostRecvError::NotEnoughResources(_) => None,
-                        other => Some(other.to_string()),
-                    })
+                    let mut request = ibv_recv_wr {
+                        wr_id,
+                        next: std::ptr::null_mut(),
+                        sg_list,
+                        num_sge,
+                    };
+                    let mut refused = std::ptr::null_mut();
+                    ibv_post_recv(queue_pair, &mut request, &mut refused)
                 }
             }
+        };
+        let posted = if errno == 0 {
+            Ok(())
+        } else {
+            // `ENOMEM` is a queue out of entries; anything else breaks the queue pair.
+            let error = std::io::Error::from_raw_os_error(errno);
+            Err((error.kind() != std::io::ErrorKind::OutOfMemory).then_some(error))
         };
         match posted {
             Ok(()) => {
@@ -422,7 +432,7 @@ impl VerbsEndpoint {
     /// The post error for a request the device refused: `None` for a device short of
     /// queue entries (a full queue), else what it said, which means the queue pair is
     /// unusable.
-    fn refused(&mut self, opcode: Opcode, error: Option<String>) -> PostError {
+    fn refused(&mut self, opcode: Opcode, error: Option<std::io::Error>) -> PostError {
         let queue = match opcode {
             Opcode::Send => QueueKind::Send,
             Opcode::Recv => QueueKind::Recv,
@@ -437,7 +447,7 @@ impl VerbsEndpoint {
         tracing::error!(
             device = self.device.name(),
             %queue,
-            error,
+            %error,
             "the device refused a post; the connection is broken"
         );
         self.state = EndpointState::Broken;
