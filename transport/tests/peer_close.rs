@@ -386,3 +386,17 @@ fn a_close_right_after_a_flush_loses_nothing_while_the_peer_receives_over_loopba
 fn a_close_right_after_a_flush_loses_nothing_while_the_peer_receives_over_shm() {
     a_close_right_after_a_flush_loses_nothing_while_the_peer_receives::<ShmProvider>();
 }
+
+/// Over verbs where `TIERBUF_VERBS_DEVICE` names a device (`.ci/verbs-rxe` runs it on
+/// soft-RoCE): the close travels on the handshake socket, the messages on the fabric.
+#[cfg(feature = "verbs")]
+#[test]
+fn a_close_right_after_a_flush_loses_nothing_while_the_peer_receives_over_verbs() {
+    if let Some(reason) = pairs::verbs_unavailable() {
+        println!("skipped: {reason}");
+        return;
+    }
+    a_close_right_after_a_flush_loses_nothing_while_the_peer_receives::<
+        tierbuf_transport::verbs::VerbsProvider,
+    >();
+}

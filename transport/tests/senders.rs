@@ -259,6 +259,34 @@ macro_rules! on_each_provider {
     };
 }
 
+/// Over verbs where `TIERBUF_VERBS_DEVICE` names a device (`.ci/verbs-rxe` runs them on
+/// soft-RoCE).
+#[cfg(feature = "verbs")]
+mod verbs {
+    use super::*;
+    use tierbuf_transport::verbs::VerbsProvider;
+
+    macro_rules! on_verbs {
+        ($($test:ident),* $(,)?) => {
+            $(#[test] fn $test() {
+                if let Some(reason) = pairs::verbs_unavailable() {
+                    println!("skipped: {reason}");
+                    return;
+                }
+                super::$test::<VerbsProvider>();
+            })*
+        };
+    }
+
+    on_verbs!(
+        a_flush_ends_while_other_senders_go_on_queueing,
+        flush_posts_what_the_senders_queued,
+        small_messages_queued_together_share_frames,
+        workers_send_in_order_while_the_connection_sleeps_between,
+        a_full_queue_refuses_and_a_closed_connection_fails_its_senders,
+    );
+}
+
 on_each_provider!(
     a_flush_ends_while_other_senders_go_on_queueing,
     flush_posts_what_the_senders_queued,

@@ -361,6 +361,38 @@ async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
     serving.await.unwrap();
 }
 
+/// Over verbs where `TIERBUF_VERBS_DEVICE` names a device (`.ci/verbs-rxe` runs them on
+/// soft-RoCE): the tasks are woken through the endpoints' completion channels.
+#[cfg(feature = "verbs")]
+mod verbs {
+    use super::*;
+    use tierbuf_transport::verbs::VerbsProvider;
+
+    macro_rules! on_verbs {
+        ($($test:ident),* $(,)?) => {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                if let Some(reason) = pairs::verbs_unavailable() {
+                    println!("skipped: {reason}");
+                    return;
+                }
+                tokio::time::timeout(BOUND, super::$test::<VerbsProvider>()).await.unwrap();
+            })*
+        };
+    }
+
+    on_verbs!(
+        reading_then_flushing_in_one_poll_keeps_the_read_wake,
+        reading_then_writing_replies_from_other_tasks,
+        every_size_echoes_back,
+        the_sink_keeps_several_in_flight_and_the_stream_ends_at_close,
+        many_connections_at_once,
+        a_send_dropped_halfway_fails_the_connection,
+        one_task_reads_and_writes_with_four_in_flight,
+        batches_arrive_message_by_message,
+    );
+}
+
 on_each_provider!(
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
