@@ -1,12 +1,13 @@
 //! The verbs provider: InfiniBand, RoCE and iWARP hardware (or soft-RoCE) through the
 //! `sideway` crate, behind the `verbs` cargo feature.
 //!
-//! - [`VerbsProvider::open`] opens a device by name (with a GID index for RoCE) and its
-//!   protection domain; its [`VerbsRegistrar`] registers memory there.
+//! - [`VerbsProvider::open`] opens a device by name (with a port, and a GID index for
+//!   RoCE) and its protection domain; its [`VerbsRegistrar`] registers memory there, for
+//!   local access only.
 //! - Endpoints are reliable-connected queue pairs with a completion queue per direction
-//!   and a completion channel a caller can sleep on, connected over TCP: [`VerbsProvider::listen`] accepts any number of peers,
-//!   [`VerbsProvider::connect`] dials one, and [`VerbsProvider::pair`] connects two on one
-//!   device. The TCP part ([`rendezvous`], [`handshake`]) works without a device.
+//!   and a completion channel a caller can sleep on, connected over TCP:
+//!   [`VerbsProvider::listen`] accepts any number of peers, [`VerbsProvider::connect`]
+//!   dials one, and [`VerbsProvider::pair`] connects two on one device. The TCP part ([`rendezvous`], [`handshake`]) works without a device.
 //! - [`completion_status`] maps `ibv_wc_status` values to [`CompletionStatus`](crate::CompletionStatus),
 //!   and [`check_memlock`] with [`ladder_pinned_bytes`] tells whether `RLIMIT_MEMLOCK` lets
 //!   a ladder's connections pin what they may need.
@@ -83,8 +84,8 @@ pub struct VerbsConfig {
 impl VerbsConfig {
     /// The device named `device` (as `ibv_devices` lists it). Queue pairs route by the
     /// first IPv4-mapped RoCE v2 entry of its GID table, else its first RoCE v2 entry
-    /// (else RoCE v1) where it has one, as RoCE needs, and by LID on InfiniBand.
-    /// Its queue pairs go out by port 1.
+    /// (else RoCE v1) where it has one, as RoCE needs, and by LID on InfiniBand. Its queue
+    /// pairs go out by port 1.
     pub fn new(device: impl Into<String>) -> VerbsConfig {
         VerbsConfig {
             device: device.into(),
@@ -149,11 +150,12 @@ impl VerbsProvider {
     /// Opens the device `config` names and allocates its protection domain; memory
     /// registered through the provider is charged to `budget`.
     ///
-    /// Fails with [`VerbsError::DevicesUnavailable`] where the kernel has no RDMA
-    /// support, [`VerbsError::NoDevices`] or [`VerbsError::DeviceNotFound`] (listing the
-    /// devices present), [`VerbsError::PortOutOfRange`], [`VerbsError::PortDown`],
-    /// [`VerbsError::GidIndexOutOfRange`], or
-    /// [`VerbsError::Device`] for a failing verbs call.
+    /// Fails with [`VerbsError::DevicesUnavailable`] where libibverbs cannot be loaded or
+    /// the kernel has no RDMA support, [`VerbsError::NoDevices`] or
+    /// [`VerbsError::DeviceNotFound`] (listing the devices present),
+    /// [`VerbsError::PortOutOfRange`], [`VerbsError::PortDown`],
+    /// [`VerbsError::GidIndexOutOfRange`], or [`VerbsError::Device`] for a failing verbs
+    /// call.
     pub fn open(config: &VerbsConfig, budget: MemoryBudget) -> Result<VerbsProvider, VerbsError> {
         let device = Arc::new(OpenDevice::open(
             &config.device,

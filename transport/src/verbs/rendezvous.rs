@@ -13,10 +13,10 @@
 //!   returns the timeout.
 //!
 //! Verbs has no way to tell a queue pair that its peer closed (a destroyed peer shows
-//! only as retries running out, seconds later), so the TCP connection the handshake ran
-//! on stays open for the life of the endpoint: closing an endpoint shuts
-//! it down, and the peer reads the end of the stream, as `rdma_cm` uses its own
-//! connection for the same purpose.
+//! only as a send's retries running out, and not at all to a side that only receives),
+//! so the TCP connection the handshake ran on stays open for the life of the endpoint:
+//! closing an endpoint shuts it down, and the peer reads the end of the stream, as
+//! `rdma_cm` uses its own connection for the same purpose.
 
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
