@@ -423,8 +423,7 @@ macro_rules! on_verbs {
             use super::*;
             use tierbuf_transport::verbs::VerbsProvider;
             $(#[test] fn $test() {
-                if let Some(reason) = pairs::verbs_unavailable() {
-                    println!("skipped: {reason}");
+                if pairs::skipped_without_a_verbs_device() {
                     return;
                 }
                 super::$test::<VerbsProvider>($($arg)?);

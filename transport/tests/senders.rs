@@ -1,6 +1,7 @@
 //! `Sender`s: many threads sending on one connection through the tier's lock-free slots,
 //! while the connection's own thread sleeps until they queue something, with tier changes
-//! under them; over loopback and shared memory.
+//! under them; over loopback and shared memory, and over verbs where
+//! `TIERBUF_VERBS_DEVICE` names a device.
 
 mod pairs;
 
@@ -256,35 +257,19 @@ macro_rules! on_each_provider {
             use super::*;
             $(#[test] fn $test() { super::$test::<ShmProvider>(); })*
         }
-    };
-}
-
-/// Over verbs where `TIERBUF_VERBS_DEVICE` names a device (`.ci/verbs-rxe` runs them on
-/// soft-RoCE).
-#[cfg(feature = "verbs")]
-mod verbs {
-    use super::*;
-    use tierbuf_transport::verbs::VerbsProvider;
-
-    macro_rules! on_verbs {
-        ($($test:ident),* $(,)?) => {
+        /// Where `TIERBUF_VERBS_DEVICE` names a device (`.ci/verbs-rxe` runs them on
+        /// soft-RoCE).
+        #[cfg(feature = "verbs")]
+        mod verbs {
+            use super::*;
             $(#[test] fn $test() {
-                if let Some(reason) = pairs::verbs_unavailable() {
-                    println!("skipped: {reason}");
+                if pairs::skipped_without_a_verbs_device() {
                     return;
                 }
-                super::$test::<VerbsProvider>();
+                super::$test::<tierbuf_transport::verbs::VerbsProvider>();
             })*
-        };
-    }
-
-    on_verbs!(
-        a_flush_ends_while_other_senders_go_on_queueing,
-        flush_posts_what_the_senders_queued,
-        small_messages_queued_together_share_frames,
-        workers_send_in_order_while_the_connection_sleeps_between,
-        a_full_queue_refuses_and_a_closed_connection_fails_its_senders,
-    );
+        }
+    };
 }
 
 on_each_provider!(

@@ -1,6 +1,6 @@
-//! `AsyncConnection` (feature `tokio`) over loopback and shared memory: messages of every
-//! size both ways, the `Stream` and `Sink`, many connections at once, and a send future
-//! dropped halfway.
+//! `AsyncConnection` (feature `tokio`) over loopback and shared memory, and over verbs
+//! where `TIERBUF_VERBS_DEVICE` names a device: messages of every size both ways, the
+//! `Stream` and `Sink`, many connections at once, and a send future dropped halfway.
 #![cfg(feature = "tokio")]
 
 mod pairs;
@@ -207,6 +207,9 @@ async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
     );
 }
 
+/// Each test over loopback and shm, and over verbs where `TIERBUF_VERBS_DEVICE` names a
+/// device (`.ci/verbs-rxe` runs them on soft-RoCE: the tasks are woken through the
+/// endpoints' completion channels).
 macro_rules! on_each_provider {
     ($($test:ident),* $(,)?) => {
         mod loopback {
@@ -221,6 +224,22 @@ macro_rules! on_each_provider {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $test() {
                 tokio::time::timeout(BOUND, super::$test::<ShmProvider>()).await.unwrap();
+            })*
+        }
+        #[cfg(feature = "verbs")]
+        mod verbs {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                if pairs::skipped_without_a_verbs_device() {
+                    return;
+                }
+                tokio::time::timeout(
+                    BOUND,
+                    super::$test::<tierbuf_transport::verbs::VerbsProvider>(),
+                )
+                .await
+                .unwrap();
             })*
         }
     };
@@ -359,38 +378,6 @@ async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
     }
     drop(client);
     serving.await.unwrap();
-}
-
-/// Over verbs where `TIERBUF_VERBS_DEVICE` names a device (`.ci/verbs-rxe` runs them on
-/// soft-RoCE): the tasks are woken through the endpoints' completion channels.
-#[cfg(feature = "verbs")]
-mod verbs {
-    use super::*;
-    use tierbuf_transport::verbs::VerbsProvider;
-
-    macro_rules! on_verbs {
-        ($($test:ident),* $(,)?) => {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                if let Some(reason) = pairs::verbs_unavailable() {
-                    println!("skipped: {reason}");
-                    return;
-                }
-                tokio::time::timeout(BOUND, super::$test::<VerbsProvider>()).await.unwrap();
-            })*
-        };
-    }
-
-    on_verbs!(
-        reading_then_flushing_in_one_poll_keeps_the_read_wake,
-        reading_then_writing_replies_from_other_tasks,
-        every_size_echoes_back,
-        the_sink_keeps_several_in_flight_and_the_stream_ends_at_close,
-        many_connections_at_once,
-        a_send_dropped_halfway_fails_the_connection,
-        one_task_reads_and_writes_with_four_in_flight,
-        batches_arrive_message_by_message,
-    );
 }
 
 on_each_provider!(

@@ -37,24 +37,26 @@ impl PairProvider for ShmProvider {
     }
 }
 
-/// Why the verbs provider cannot be tested here, if it cannot: it runs on the RDMA device
-/// `TIERBUF_VERBS_DEVICE` names (soft-RoCE will do; `.ci/verbs-rxe` runs the tests so).
+/// Whether the verbs provider cannot be tested here, having said why: it runs on the RDMA
+/// device `TIERBUF_VERBS_DEVICE` names (soft-RoCE will do; `.ci/verbs-rxe` runs the tests
+/// so). A verbs test returns at once where this is `true`.
 #[cfg(feature = "verbs")]
 #[allow(dead_code)] // Not every test binary runs on verbs.
-pub(crate) fn verbs_unavailable() -> Option<String> {
-    match std::env::var("TIERBUF_VERBS_DEVICE") {
-        Ok(name) if !name.is_empty() => None,
-        _ => Some("TIERBUF_VERBS_DEVICE names no RDMA device; see docs/verbs.md".to_owned()),
+pub(crate) fn skipped_without_a_verbs_device() -> bool {
+    let missing = !std::env::var("TIERBUF_VERBS_DEVICE").is_ok_and(|name| !name.is_empty());
+    if missing {
+        println!("skipped: TIERBUF_VERBS_DEVICE names no RDMA device; see docs/verbs.md");
     }
+    missing
 }
 
-/// The verbs provider on the device `TIERBUF_VERBS_DEVICE` names ([`verbs_unavailable`]
-/// says whether there is one), with the GID index `TIERBUF_VERBS_GID_INDEX` gives, if any.
+/// The verbs provider on the device `TIERBUF_VERBS_DEVICE` names
+/// ([`skipped_without_a_verbs_device`] says whether there is one), with the GID index `TIERBUF_VERBS_GID_INDEX` gives, if any.
 #[cfg(feature = "verbs")]
 impl PairProvider for tierbuf_transport::verbs::VerbsProvider {
     fn make() -> Self {
         use tierbuf_transport::verbs::{VerbsConfig, VerbsProvider};
-        let name = std::env::var("TIERBUF_VERBS_DEVICE").expect("checked by verbs_unavailable");
+        let name = std::env::var("TIERBUF_VERBS_DEVICE").expect("checked before");
         let mut config = VerbsConfig::new(name);
         if let Ok(index) = std::env::var("TIERBUF_VERBS_GID_INDEX") {
             config = config.with_gid_index(index.parse().expect("a GID index"));
