@@ -16,14 +16,20 @@
 //! `8 × ROUNDS` for a message); `batched` sends batches of 64 with one `try_send_batch`
 //! each, as `transport/stream/shm_batched` sends them (small messages share packed
 //! frames), each batch taken whole on the other side (divide by `64 × ROUNDS`); `sum`
-//! times the benches' word sum alone. It prints the
+//! times the benches' word sum alone; `frames-loopback` and `frames-shm` are the floor
+//! of a segmented message under any connection layer: the provider alone carrying a
+//! `SIZE`-byte message one way in frames of a tier-0 slot (512 bytes, 496 of them
+//! payload), from registered slots already holding the bytes into posted receives, each
+//! completion reaped and its receive posted again, nothing copied out; and
+//! `whole-frame-loopback` and `whole-frame-shm` the same message in one frame. It prints the
 //! time a round trip (a batch, a sum) took, which is only worth comparing between runs
 //! made in the same minutes.
 //!
 //! `cargo build --profile bench -p tierbuf-benches --example message_instructions`, then
 //! `valgrind --tool=callgrind target/release/examples/message_instructions MODE ROUNDS
 //! SIZE`, `MODE` one of `endpoint`, `spot`, `whole`, `segmented`, `spot-loopback`,
-//! `segmented-loopback`, `stream`, `batched`, `sum`;
+//! `segmented-loopback`, `frames-loopback`, `frames-shm`, `whole-frame-loopback`,
+//! `whole-frame-shm`, `stream`, `batched`, `sum`;
 //! `SIZE` in bytes,
 //! 64 unless given. See `docs/transport.md`, "What the consumed figures are made of".
 
@@ -60,6 +66,23 @@ fn main() {
         "segmented" => (connection(rounds, size, false, true), "a round trip"),
         "spot-loopback" => (connection_loopback(rounds, size, false), "a round trip"),
         "segmented-loopback" => (connection_loopback(rounds, size, true), "a round trip"),
+        "frames-loopback" | "frames-shm" | "whole-frame-loopback" | "whole-frame-shm" => {
+            let frame = if mode.starts_with("frames") {
+                SEGMENT_FRAME
+            } else {
+                size + FRAME_HEADER
+            };
+            let elapsed = if mode.ends_with("loopback") {
+                let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 30));
+                let pair = provider.pair(DEPTH, DEPTH).expect("a loopback pair");
+                frames(&provider, pair, rounds, size, frame)
+            } else {
+                let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 30));
+                let pair = provider.pair(DEPTH, DEPTH).expect("an shm pair");
+                frames(&provider, pair, rounds, size, frame)
+            };
+            (elapsed, "a message, one way")
+        }
         "stream" => (stream(rounds, size), "a batch of 8"),
         "batched" => (batched(rounds, size), "a batch of 64"),
         "sum" => {
@@ -162,6 +185,79 @@ fn round_trips<E: Endpoint>(
         send(&mut b, &mut a, &received);
         drop(received);
         reading.check(&recv(&mut a, &mut b), seq, &expected, rest);
+    }
+    start.elapsed()
+}
+
+/// The bench ladder's tier-0 slot: the frame of a segmented message.
+const SEGMENT_FRAME: usize = 512;
+
+/// A connection frame's header: what a frame carries besides its payload.
+const FRAME_HEADER: usize = 16;
+
+/// `rounds` messages of `size` bytes one way from `a` to `b`, each in frames of at most
+/// `frame` bytes (payload and a header's room), by the provider alone: every frame sent
+/// from a registered slot that already holds it into a receive of `frame` bytes posted
+/// beforehand, every completion reaped on both sides and every receive posted again.
+fn frames<E: Endpoint>(
+    provider: &impl Provider,
+    (mut a, mut b): (E, E),
+    rounds: u64,
+    size: usize,
+    frame: usize,
+) -> Duration {
+    let count = size.div_ceil(frame - FRAME_HEADER);
+    assert!(count <= DEPTH as usize, "a message's frames fit the queues");
+    let registrar = provider.registrar();
+    let sends = SlotPool::new(&*registrar, frame, count).expect("send slots");
+    let receives = SlotPool::new(&*registrar, frame, count).expect("receive slots");
+    let outgoing: Vec<OwnedSlot> = (0..count)
+        .map(|_| {
+            let mut slot = sends.try_acquire_owned().expect("a send slot");
+            slot.fill(7);
+            slot
+        })
+        .collect();
+    let inbox: Vec<OwnedSlot> = (0..count)
+        .map(|_| receives.try_acquire_owned().expect("a receive slot"))
+        .collect();
+    for (at, slot) in inbox.iter().enumerate() {
+        // SAFETY: a receive slot is read only after its completion, and posted again only
+        // after that.
+        unsafe { b.post_recv(BufferRef::from(slot), at as u64) }.expect("post");
+    }
+    let mut completions = [Completion::default(); 64];
+    let mut start = Instant::now();
+    for round in 0..WARM + rounds {
+        if round == WARM {
+            start = Instant::now();
+        }
+        let mut left = size;
+        for (at, slot) in outgoing.iter().enumerate() {
+            let len = (left.min(frame - FRAME_HEADER) + FRAME_HEADER) as u32;
+            left = left.saturating_sub(frame - FRAME_HEADER);
+            let part = BufferRef::from(slot).prefix(len).expect("within");
+            // SAFETY: the send slots are never written while sends are posted.
+            unsafe { a.post_send(&[part], at as u64) }.expect("send");
+        }
+        let (mut sent, mut received, mut bytes) = (0, 0, 0);
+        while sent < count || received < count {
+            let ready = b.poll(&mut completions).expect("poll");
+            for done in &completions[..ready] {
+                assert!(done.status.is_success() && done.opcode == Opcode::Recv);
+                received += 1;
+                bytes += done.byte_len as usize;
+                let slot = &inbox[done.wr_id as usize];
+                // SAFETY: as above.
+                unsafe { b.post_recv(BufferRef::from(slot), done.wr_id) }.expect("post");
+            }
+            let ready = a.poll(&mut completions).expect("poll");
+            for done in &completions[..ready] {
+                assert!(done.status.is_success() && done.opcode == Opcode::Send);
+                sent += 1;
+            }
+        }
+        assert_eq!(bytes, size + count * FRAME_HEADER, "every byte delivered");
     }
     start.elapsed()
 }
