@@ -17,7 +17,12 @@
 //!   echoes from the buffer the message arrived in), so the difference to
 //!   `transport/pingpong/shm` is what the connection layer costs. This is the figure to
 //!   hold against an MPI or UCX shared-memory pingpong; its throughput is the size over
-//!   the one-way time, with one message in flight.
+//!   the one-way time, with one message in flight. `transport/pingpong_endpoint/shm_copied/64`
+//!   is the floor under a connection's 64 B one-way time: the provider alone carrying
+//!   what a connection's frame of a 64 B message is (a 16-byte header and the 64 bytes,
+//!   two parts) as the connection sends it, copied by the provider from the sender's
+//!   bytes (`Endpoint::try_post_send_copied`, inline in the ring entry), each side
+//!   reaping its completions and posting its receive again, and nothing else.
 //! - `transport/stream`: bandwidth of a stream of messages (a window of them in flight,
 //!   bounded by the receiver's credits: the slot count of the tier, less the one credit
 //!   kept back), receiver on the other core; the time runs from the first `send` to the
@@ -125,6 +130,40 @@ const BATCHED_MAX: usize = 232;
 
 /// The sizes of `transport/pingpong_endpoint`.
 const ENDPOINT_SIZES: [usize; 2] = [64, 64 * 1024];
+
+/// The size of `transport/pingpong_endpoint/shm_copied`.
+const ENDPOINT_COPIED_SIZE: usize = 64;
+
+/// A connection frame's header, which `shm_copied` sends ahead of the message.
+const FRAME_HEADER: usize = 16;
+
+/// How `transport/pingpong_endpoint` sends a message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EndpointSend {
+    /// Posted from the registered slot that holds it (`shm`).
+    Registered,
+    /// A frame's header and the message, copied by the provider from the sender's bytes
+    /// (`shm_copied`).
+    Copied,
+}
+
+impl EndpointSend {
+    /// The peer process's role for sessions that send this way.
+    fn role(self) -> &'static str {
+        match self {
+            EndpointSend::Registered => "endpoint",
+            EndpointSend::Copied => "endpoint_copied",
+        }
+    }
+
+    /// The bytes on the wire for a message of `size` bytes.
+    fn wire_len(self, size: usize) -> usize {
+        match self {
+            EndpointSend::Registered => size,
+            EndpointSend::Copied => FRAME_HEADER + size,
+        }
+    }
+}
 
 /// The receives each side of `transport/pingpong_endpoint` keeps posted: one takes the
 /// next message while the other's buffer is being echoed.
@@ -389,10 +428,14 @@ fn pingpong_reading(c: &mut Criterion, name: &str, reading: Reading) {
 
 fn pingpong_endpoint(c: &mut Criterion) {
     let mut group = c.benchmark_group("transport/pingpong_endpoint");
-    for size in ENDPOINT_SIZES {
-        let mut session = EndpointSession::new(size);
+    let runs = ENDPOINT_SIZES
+        .map(|size| ("shm", EndpointSend::Registered, size))
+        .into_iter()
+        .chain([("shm_copied", EndpointSend::Copied, ENDPOINT_COPIED_SIZE)]);
+    for (name, send, size) in runs {
+        let mut session = EndpointSession::new(send, size);
         group.throughput(Throughput::Bytes(size as u64));
-        group.bench_function(BenchmarkId::new("shm", size), |bench| {
+        group.bench_function(BenchmarkId::new(name, size), |bench| {
             bench.iter_custom(|iters| {
                 let first = session.next_seq;
                 session.next_seq += iters;
@@ -1023,6 +1066,7 @@ impl ShmSession {
 struct EndpointSession {
     endpoint: ShmEndpoint,
     peer: PeerProcess,
+    send: EndpointSend,
     /// The message, restamped with each sequence number before it is sent.
     ping: OwnedSlot,
     /// The receive buffers, each posted with its index as work-request id.
@@ -1037,20 +1081,21 @@ impl EndpointSession {
     /// The work-request id of the ping's send.
     const PING: u64 = u64::MAX;
 
-    /// Starts a peer process echoing messages of `size` bytes, connects to it, posts the
-    /// receives, and sends one message there and back (so both sides have mapped each
-    /// other's buffers).
-    fn new(size: usize) -> EndpointSession {
+    /// Starts a peer process echoing messages of `size` bytes sent as `send` says,
+    /// connects to it, posts the receives, and sends one message there and back (so both
+    /// sides have mapped each other's buffers).
+    fn new(send: EndpointSend, size: usize) -> EndpointSession {
         pin_to_core(0);
         let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
-        let pool = SlotPool::new(&*provider.registrar(), size, ENDPOINT_RECEIVES + 1)
+        let wire_len = send.wire_len(size);
+        let pool = SlotPool::new(&*provider.registrar(), wire_len, ENDPOINT_RECEIVES + 1)
             .expect("a slot pool");
         let mut slots = std::iter::from_fn(|| pool.try_acquire_owned());
-        let expected = message(size);
+        let expected = message(wire_len);
         let mut ping = slots.next().expect("a slot for the ping");
         ping.copy_from_slice(&expected);
         let inboxes: Vec<OwnedSlot> = slots.collect();
-        let (peer, mut endpoint) = PeerProcess::start(&provider, "endpoint", size);
+        let (peer, mut endpoint) = PeerProcess::start(&provider, send.role(), size);
         for (wr_id, inbox) in inboxes.iter().enumerate() {
             // SAFETY: the inbox is read only once its completion has been polled.
             unsafe { endpoint.post_recv(BufferRef::from(inbox), wr_id as u64) }
@@ -1059,6 +1104,7 @@ impl EndpointSession {
         let mut session = EndpointSession {
             endpoint,
             peer,
+            send,
             ping,
             inboxes,
             expected,
@@ -1073,13 +1119,14 @@ impl EndpointSession {
     /// checks the echo and posts its buffer again.
     fn round_trip(&mut self, seq: u64) {
         stamp(&mut self.ping, seq);
-        // SAFETY: the ping is written again only after this send's completion, which this
-        // call waits for.
-        unsafe {
-            self.endpoint
-                .post_send(&[BufferRef::from(&self.ping)], EndpointSession::PING)
-        }
-        .expect("post the ping");
+        let len = self.ping.len();
+        send_echoed(
+            &mut self.endpoint,
+            self.send,
+            &self.ping,
+            len,
+            EndpointSession::PING,
+        );
         let (mut sent, mut echo) = (false, None);
         while !sent || echo.is_none() {
             let ready = self.endpoint.poll(&mut self.completions).expect("poll");
@@ -1118,7 +1165,8 @@ fn run_peer(role: &str) {
         .expect("a message size");
     match role {
         "connection" => serve_connection(&socket, size),
-        "endpoint" => serve_endpoint(&socket, size),
+        "endpoint" => serve_endpoint(&socket, EndpointSend::Registered, size),
+        "endpoint_copied" => serve_endpoint(&socket, EndpointSend::Copied, size),
         other => panic!("unknown peer role {other}"),
     }
 }
@@ -1169,11 +1217,12 @@ fn serve_connection(socket: &Path, size: usize) {
 }
 
 /// Serves an [`EndpointSession`]: echoes every message back from the buffer it arrived
-/// in, checking each, and posts the buffer again once the echo has left. Returns once
-/// the bench has closed the connection.
-fn serve_endpoint(socket: &Path, size: usize) {
+/// in, sent as `send` says, checking each, and posts the buffer again once the echo has
+/// left. Returns once the bench has closed the connection.
+fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
     let provider = ShmProvider::new(MemoryBudget::with_cap(BUDGET));
-    let pool = SlotPool::new(&*provider.registrar(), size, ENDPOINT_RECEIVES).expect("a pool");
+    let wire_len = send.wire_len(size);
+    let pool = SlotPool::new(&*provider.registrar(), wire_len, ENDPOINT_RECEIVES).expect("a pool");
     let inboxes: Vec<OwnedSlot> = std::iter::from_fn(|| pool.try_acquire_owned()).collect();
     let mut endpoint = provider.connect(socket, DEPTH, DEPTH).expect("connect");
     for (wr_id, inbox) in inboxes.iter().enumerate() {
@@ -1181,7 +1230,7 @@ fn serve_endpoint(socket: &Path, size: usize) {
         unsafe { endpoint.post_recv(BufferRef::from(inbox), wr_id as u64) }
             .expect("post a receive");
     }
-    let expected = message(size);
+    let expected = message(wire_len);
     let mut next_seq = 0;
     let mut completions = [Completion::default(); 4];
     loop {
@@ -1193,12 +1242,7 @@ fn serve_endpoint(socket: &Path, size: usize) {
                     let len = completion.byte_len;
                     check(&inbox[..len as usize], next_seq, &expected);
                     next_seq += 1;
-                    let echo = BufferRef::from(inbox)
-                        .prefix(len)
-                        .expect("within the inbox");
-                    // SAFETY: the inbox is neither written nor posted again before this
-                    // send's completion has been polled.
-                    unsafe { endpoint.post_send(&[echo], completion.wr_id) }.expect("echo");
+                    send_echoed(&mut endpoint, send, inbox, len as usize, completion.wr_id);
                 }
                 (CompletionStatus::Success, Opcode::Send) => {
                     // SAFETY: the inbox is read again only once this receive's completion
@@ -1213,6 +1257,33 @@ fn serve_endpoint(socket: &Path, size: usize) {
             }
         }
     }
+}
+
+/// Sends the first `len` bytes of `slot` as `send` says: from the slot, or as a frame's
+/// header and the rest copied by the provider (from the slot after all, where no receive
+/// of the peer's is posted yet to copy into).
+fn send_echoed(
+    endpoint: &mut ShmEndpoint,
+    send: EndpointSend,
+    slot: &OwnedSlot,
+    len: usize,
+    wr_id: u64,
+) {
+    if send == EndpointSend::Copied {
+        let (header, rest) = slot[..len].split_at(FRAME_HEADER);
+        if endpoint
+            .try_post_send_copied(&[header, rest], wr_id)
+            .expect("post a copied send")
+        {
+            return;
+        }
+    }
+    let buffer = BufferRef::from(slot)
+        .prefix(len as u32)
+        .expect("within the slot");
+    // SAFETY: the caller neither writes `slot` nor posts it as a receive before this
+    // send's completion has been polled.
+    unsafe { endpoint.post_send(&[buffer], wr_id) }.expect("post a send");
 }
 
 /// Messages each of the two replying threads sends per iteration of `transport/senders`.
