@@ -10,6 +10,7 @@
 //! why it skips and passes.
 #![cfg(feature = "verbs")]
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +20,12 @@ use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::verbs::{
-    EndpointOptions, VerbsConfig, VerbsEndpoint, VerbsError, VerbsProvider, ibv_wc_status,
+    EndpointOptions, MAX_QUEUE_DEPTH, VerbsConfig, VerbsEndpoint, VerbsError, VerbsProvider,
+    ibv_wc_status,
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, PostError, Provider,
+    QueueKind,
 };
 
 const DEVICE_VARIABLE: &str = "TIERBUF_VERBS_DEVICE";
@@ -137,6 +140,72 @@ fn a_port_the_device_lacks_is_refused_with_the_ports_it_has() {
         Err(VerbsError::PortOutOfRange { port: 0, .. })
     ));
     assert_eq!(provider.path().port, 1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn a_queue_deeper_than_the_device_takes_is_refused_and_its_deepest_is_taken() {
+    let budget = MemoryBudget::with_cap(16 << 20);
+    let Some(provider) = provider(&budget) else {
+        return;
+    };
+    let device = provider.device_name().to_owned();
+    let max = provider.max_queue_depth();
+    assert!((1..=MAX_QUEUE_DEPTH).contains(&max), "{max}");
+    if max < MAX_QUEUE_DEPTH {
+        let past = |options: EndpointOptions, queue: QueueKind, error: VerbsError| {
+            println!("{error}");
+            assert!(error.to_string().contains("max_qp_wr"), "{error}");
+            match error {
+                VerbsError::DepthPastDevice {
+                    device: named,
+                    queue: refused,
+                    depth,
+                    max: said,
+                } => {
+                    assert_eq!((named, refused, said), (device.clone(), queue, max));
+                    let asked = match queue {
+                        QueueKind::Send => options.send_depth,
+                        QueueKind::Recv => options.recv_depth,
+                    };
+                    assert_eq!(depth, asked);
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let deep_receives = EndpointOptions {
+            recv_depth: max + 1,
+            ..options()
+        };
+        let error = provider
+            .listen((Ipv4Addr::LOCALHOST, 0), deep_receives)
+            .expect_err("a receive queue past the device's");
+        past(deep_receives, QueueKind::Recv, error);
+        // Refused before any connection is tried: nothing listens at this address.
+        let deep_sends = EndpointOptions {
+            send_depth: max + 1,
+            ..options()
+        };
+        let nowhere = SocketAddr::from((Ipv4Addr::LOCALHOST, 9));
+        let error = provider
+            .connect(nowhere, &deep_sends)
+            .expect_err("a send queue past the device's");
+        past(deep_sends, QueueKind::Send, error);
+    } else {
+        println!("{device} takes queues of {MAX_QUEUE_DEPTH}: no depth of ours is past it");
+    }
+    let deepest = EndpointOptions {
+        send_depth: max,
+        recv_depth: max,
+        ..options()
+    };
+    let (a, b) = provider
+        .pair(&deepest)
+        .expect("queues as deep as the device takes");
+    for endpoint in [&a, &b] {
+        let limits = endpoint.limits();
+        assert_eq!((limits.send_depth, limits.recv_depth), (max, max));
+    }
 }
 
 #[test]

@@ -148,21 +148,15 @@ impl<K: Kind> TransportBuilder<K> {
     /// ([`SetupError::QueueTooDeep`]), the budget ([`SetupError::Budget`],
     /// [`SetupError::BudgetTooSmall`]), the limits for the connections expected
     /// ([`SetupError::OpenFiles`], [`SetupError::RaiseOpenFiles`], the verbs memlock
-    /// check); then opening the provider and filling the reservoir
-    /// ([`SetupError::Reservoir`]).
+    /// check); then opening the provider, its queue depth again where the opened
+    /// provider takes less (an RDMA device's `max_qp_wr`, [`SetupError::QueueTooDeep`]),
+    /// and filling the reservoir ([`SetupError::Reservoir`]).
     pub fn build(self) -> Result<Transport<K>, SetupError> {
         let ladder = Arc::new(self.load_ladder()?);
         let config = ConnectionConfig::new(Arc::clone(&ladder))
             .map_err(|source| SetupError::Config { source })?;
         let depth = config.queue_depth();
-        let max = self.kind.max_depth();
-        if depth > max {
-            return Err(SetupError::QueueTooDeep {
-                provider: K::NAME,
-                needed: depth,
-                max,
-            });
-        }
+        check_depth::<K>(depth, self.kind.max_depth())?;
         let budget = match self.budget {
             Some(budget) => budget,
             None => MemoryBudget::from_system(BudgetConfig {
@@ -185,6 +179,7 @@ impl<K: Kind> TransportBuilder<K> {
             self.kind.check_connections(&ladder, connections)?;
         }
         let provider = self.kind.open(&budget)?;
+        check_depth::<K>(depth, self.kind.opened_max_depth(&provider))?;
         let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(&ladder)));
         reservoir
             .fill()
@@ -412,4 +407,16 @@ impl<K: Kind> fmt::Debug for Transport<K> {
             .field("budget", &self.shared.budget)
             .finish_non_exhaustive()
     }
+}
+
+/// Refuses a ladder whose queue `depth` is past `max`, the deepest a `K` endpoint takes.
+fn check_depth<K: Kind>(depth: u32, max: u32) -> Result<(), SetupError> {
+    if depth > max {
+        return Err(SetupError::QueueTooDeep {
+            provider: K::NAME,
+            needed: depth,
+            max,
+        });
+    }
+    Ok(())
 }

@@ -252,7 +252,11 @@ impl SetupError {
                 _ => Fault::Local,
             },
             #[cfg(feature = "verbs")]
-            SetupError::Verbs { .. } => Fault::Local,
+            SetupError::Verbs { source, .. } => match **source {
+                crate::verbs::VerbsError::InvalidDepth { .. }
+                | crate::verbs::VerbsError::DepthPastDevice { .. } => Fault::Caller,
+                _ => Fault::Local,
+            },
             SetupError::Connection { source } => source.fault(),
         }
     }

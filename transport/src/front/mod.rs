@@ -121,6 +121,13 @@ pub trait Kind: sealed::Sealed + fmt::Debug + Send + Sync + Sized + 'static {
     #[doc(hidden)]
     fn max_depth(&self) -> u32;
 
+    /// The deepest queues `provider`'s endpoints take once it is open: less than
+    /// [`Kind::max_depth`] where its device says so.
+    #[doc(hidden)]
+    fn opened_max_depth(&self, _provider: &Self::Provider) -> u32 {
+        self.max_depth()
+    }
+
     /// Opens the provider, charging what it registers to `budget`.
     #[doc(hidden)]
     fn open(&self, budget: &MemoryBudget) -> Result<Self::Provider, SetupError>;

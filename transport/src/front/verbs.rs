@@ -37,6 +37,10 @@ impl Kind for Verbs {
         MAX_QUEUE_DEPTH
     }
 
+    fn opened_max_depth(&self, provider: &VerbsProvider) -> u32 {
+        provider.max_queue_depth()
+    }
+
     fn open(&self, budget: &MemoryBudget) -> Result<VerbsProvider, SetupError> {
         VerbsProvider::open(&self.config, budget.clone()).map_err(verbs("opening the device"))
     }

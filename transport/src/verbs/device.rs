@@ -31,6 +31,9 @@ pub(crate) struct OpenDevice {
     path: PortPath,
     lid: u16,
     path_mtu: Mtu,
+    /// The deepest send or receive queue the device takes, with a completion queue as
+    /// deep: the least of its `max_qp_wr` and `max_cqe`.
+    max_queue_depth: u32,
     context: Arc<DeviceContext>,
     domain: Arc<ProtectionDomain>,
 }
@@ -56,10 +59,15 @@ impl OpenDevice {
         let context = device
             .open()
             .map_err(|source| device_error(name, "opening the device (ibv_open_device)", source))?;
-        let ports = context
-            .query_device()
-            .map_err(|source| device_error(name, "querying the device (ibv_query_device)", source))?
-            .phys_port_cnt();
+        let attributes = context.query_device().map_err(|source| {
+            device_error(name, "querying the device (ibv_query_device)", source)
+        })?;
+        let ports = attributes.phys_port_cnt();
+        let max_queue_depth = attributes
+            .max_qp_wr()
+            .min(attributes.max_cqe())
+            .try_into()
+            .unwrap_or(0);
         if !(1..=ports).contains(&port_number) {
             return Err(VerbsError::PortOutOfRange {
                 device: name.to_owned(),
@@ -131,9 +139,15 @@ impl OpenDevice {
             path,
             lid: port.lid(),
             path_mtu,
+            max_queue_depth,
             context,
             domain,
         })
+    }
+
+    /// The deepest send or receive queue the device takes (its `max_qp_wr` and `max_cqe`).
+    pub(crate) fn max_queue_depth(&self) -> u32 {
+        self.max_queue_depth
     }
 
     /// The device's name.

@@ -63,7 +63,9 @@ use crate::provider::{
 use crate::registry::{RegionCache, RegionTable, Resolved};
 
 /// The deepest queue a verbs endpoint asks the device for. Devices differ (`ibv_devinfo
-/// -v` shows `max_qp_wr`); one that takes fewer refuses when the endpoint is connected.
+/// -v` shows `max_qp_wr` and `max_cqe`); a depth past the device's own is refused before
+/// anything is created ([`VerbsError::DepthPastDevice`],
+/// [`VerbsProvider::max_queue_depth`](super::VerbsProvider::max_queue_depth)).
 ///
 /// ```
 /// use tierbuf_transport::verbs::{EndpointOptions, MAX_QUEUE_DEPTH};
@@ -126,8 +128,14 @@ impl Default for EndpointOptions {
 }
 
 impl EndpointOptions {
-    /// Checks the depths.
-    pub(crate) fn check(&self) -> Result<(), VerbsError> {
+    /// Checks the depths against the provider's bound and `device`'s own.
+    pub(crate) fn check(&self, device: &OpenDevice) -> Result<(), VerbsError> {
+        self.check_against(device.name(), device.max_queue_depth())
+    }
+
+    /// Checks the depths against the provider's bound and `device_max`, the deepest
+    /// queue the device named `device` takes.
+    fn check_against(&self, device: &str, device_max: u32) -> Result<(), VerbsError> {
         for (queue, depth) in [
             (QueueKind::Send, self.send_depth),
             (QueueKind::Recv, self.recv_depth),
@@ -137,6 +145,14 @@ impl EndpointOptions {
                     queue,
                     depth,
                     max: MAX_QUEUE_DEPTH,
+                });
+            }
+            if depth > device_max {
+                return Err(VerbsError::DepthPastDevice {
+                    device: device.to_owned(),
+                    queue,
+                    depth,
+                    max: device_max,
                 });
             }
         }
@@ -265,13 +281,7 @@ impl VerbsEndpoint {
             .setup_send_cq(Arc::clone(&send))
             .setup_recv_cq(Arc::clone(&recv))
             .build()
-            .map_err(|source| {
-                device.error(
-                    "creating the queue pair (ibv_create_qp; lower the queue depths if the \
-                     device takes fewer)",
-                    source,
-                )
-            })?;
+            .map_err(|source| device.error("creating the queue pair (ibv_create_qp)", source))?;
         let mut init = QueuePairAttribute::new();
         // Local write only: no RDMA READ, WRITE or atomic of the peer's is carried out on
         // this side's memory, whatever keys it was told (its regions refuse them too).
@@ -816,5 +826,59 @@ impl std::fmt::Debug for VerbsEndpoint {
             .field("state", &self.state)
             .field("outstanding", &self.outstanding)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn depths(send_depth: u32, recv_depth: u32) -> EndpointOptions {
+        EndpointOptions {
+            send_depth,
+            recv_depth,
+            ..EndpointOptions::default()
+        }
+    }
+
+    #[test]
+    fn depths_past_the_provider_or_the_device_are_refused_and_say_which() {
+        assert!(depths(4063, 4063).check_against("nic0", 4063).is_ok());
+        assert!(matches!(
+            depths(0, 16).check_against("nic0", 4063),
+            Err(VerbsError::InvalidDepth {
+                queue: QueueKind::Send,
+                depth: 0,
+                ..
+            })
+        ));
+        assert!(matches!(
+            depths(16, MAX_QUEUE_DEPTH + 1).check_against("mlx5_0", u32::MAX),
+            Err(VerbsError::InvalidDepth {
+                queue: QueueKind::Recv,
+                max: MAX_QUEUE_DEPTH,
+                ..
+            })
+        ));
+        let error = depths(16, 4064)
+            .check_against("nic0", 4063)
+            .expect_err("one past the device's max_qp_wr");
+        assert!(matches!(
+            &error,
+            VerbsError::DepthPastDevice { device, queue: QueueKind::Recv, depth: 4064, max: 4063 }
+                if device == "nic0"
+        ));
+        assert_eq!(
+            error.to_string(),
+            "RDMA device \"nic0\" takes receive queues of at most 4063 work requests (the \
+             least of its max_qp_wr and max_cqe), not 4064: ask for fewer"
+        );
+        assert!(matches!(
+            depths(4064, 16).check_against("nic0", 4063),
+            Err(VerbsError::DepthPastDevice {
+                queue: QueueKind::Send,
+                ..
+            })
+        ));
     }
 }

@@ -128,6 +128,22 @@ pub enum VerbsError {
         /// The deepest queue the provider takes.
         max: u32,
     },
+    /// A queue depth past what the device takes: its `max_qp_wr` or its `max_cqe`
+    /// (`ibv_devinfo -v`). The caller's to lower.
+    #[error(
+        "RDMA device {device:?} takes {queue} queues of at most {max} work requests \
+         (the least of its max_qp_wr and max_cqe), not {depth}: ask for fewer"
+    )]
+    DepthPastDevice {
+        /// The device.
+        device: String,
+        /// Which queue.
+        queue: QueueKind,
+        /// The depth asked for.
+        depth: u32,
+        /// The deepest queue the device takes.
+        max: u32,
+    },
     /// The memory a plan may pin passes `RLIMIT_MEMLOCK`.
     #[error(
         "the plan may pin {required} bytes but RLIMIT_MEMLOCK allows {limit}: raise the \

@@ -178,6 +178,23 @@ impl VerbsProvider {
         self.device.path()
     }
 
+    /// The deepest send or receive queue an endpoint of this provider may ask for: the
+    /// least of [`MAX_QUEUE_DEPTH`] and the device's `max_qp_wr` and `max_cqe`. A deeper
+    /// one is refused with [`VerbsError::DepthPastDevice`] before anything is created.
+    ///
+    /// ```no_run
+    /// use tierbuf_pool::MemoryBudget;
+    /// use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider, MAX_QUEUE_DEPTH};
+    /// let provider = VerbsProvider::open(&VerbsConfig::new("rxe0"), MemoryBudget::with_cap(64 << 20))?;
+    /// assert!(provider.max_queue_depth() <= MAX_QUEUE_DEPTH);
+    /// let options = EndpointOptions { recv_depth: provider.max_queue_depth(), ..EndpointOptions::default() };
+    /// let listener = provider.listen("0.0.0.0:0", options)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_queue_depth(&self) -> u32 {
+        self.device.max_queue_depth().min(MAX_QUEUE_DEPTH)
+    }
+
     /// Connects to the peer listening at `addr` ([`VerbsProvider::listen`]).
     ///
     /// ```no_run
@@ -194,7 +211,7 @@ impl VerbsProvider {
         addr: SocketAddr,
         options: &EndpointOptions,
     ) -> Result<VerbsEndpoint, VerbsError> {
-        options.check()?;
+        options.check(&self.device)?;
         let rendezvous = Rendezvous::connect(addr, options.handshake_timeout)?;
         VerbsEndpoint::establish(&self.device, self.registrar.table(), rendezvous, options)
     }
@@ -220,7 +237,7 @@ impl VerbsProvider {
         addr: impl ToSocketAddrs,
         options: EndpointOptions,
     ) -> Result<VerbsListener, VerbsError> {
-        options.check()?;
+        options.check(&self.device)?;
         Ok(VerbsListener {
             provider: self.clone(),
             rendezvous: RendezvousListener::bind(addr, options.handshake_timeout)?,
