@@ -1067,6 +1067,8 @@ struct EndpointSession {
     endpoint: ShmEndpoint,
     peer: PeerProcess,
     send: EndpointSend,
+    /// Copied sends posted from the slot instead ([`send_echoed`]).
+    uncopied: u64,
     /// The message, restamped with each sequence number before it is sent.
     ping: OwnedSlot,
     /// The receive buffers, each posted with its index as work-request id.
@@ -1105,6 +1107,7 @@ impl EndpointSession {
             endpoint,
             peer,
             send,
+            uncopied: 0,
             ping,
             inboxes,
             expected,
@@ -1120,13 +1123,15 @@ impl EndpointSession {
     fn round_trip(&mut self, seq: u64) {
         stamp(&mut self.ping, seq);
         let len = self.ping.len();
-        send_echoed(
+        if send_echoed(
             &mut self.endpoint,
             self.send,
             &self.ping,
             len,
             EndpointSession::PING,
-        );
+        ) {
+            self.uncopied += 1;
+        }
         let (mut sent, mut echo) = (false, None);
         while !sent || echo.is_none() {
             let ready = self.endpoint.poll(&mut self.completions).expect("poll");
@@ -1150,6 +1155,7 @@ impl EndpointSession {
 
     /// Closes the endpoint and waits for the peer process to exit.
     fn finish(self) {
+        report_uncopied("the pinging side", self.uncopied, self.next_seq);
         drop(self.endpoint);
         self.peer.finish();
     }
@@ -1232,6 +1238,7 @@ fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
     }
     let expected = message(wire_len);
     let mut next_seq = 0;
+    let mut uncopied = 0;
     let mut completions = [Completion::default(); 4];
     loop {
         let ready = endpoint.poll(&mut completions).expect("poll");
@@ -1242,7 +1249,9 @@ fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
                     let len = completion.byte_len;
                     check(&inbox[..len as usize], next_seq, &expected);
                     next_seq += 1;
-                    send_echoed(&mut endpoint, send, inbox, len as usize, completion.wr_id);
+                    if send_echoed(&mut endpoint, send, inbox, len as usize, completion.wr_id) {
+                        uncopied += 1;
+                    }
                 }
                 (CompletionStatus::Success, Opcode::Send) => {
                     // SAFETY: the inbox is read again only once this receive's completion
@@ -1251,6 +1260,7 @@ fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
                         .expect("post the receive again");
                 }
                 (CompletionStatus::Flushed, _) if endpoint.state() == EndpointState::PeerClosed => {
+                    report_uncopied("the echoing peer", uncopied, next_seq);
                     return;
                 }
                 _ => panic!("{completion:?} on a connection {:?}", endpoint.state()),
@@ -1261,21 +1271,22 @@ fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
 
 /// Sends the first `len` bytes of `slot` as `send` says: from the slot, or as a frame's
 /// header and the rest copied by the provider (from the slot after all, where no receive
-/// of the peer's is posted yet to copy into).
+/// of the peer's is posted yet to copy into). Returns whether a copied send had to be
+/// posted from the slot.
 fn send_echoed(
     endpoint: &mut ShmEndpoint,
     send: EndpointSend,
     slot: &OwnedSlot,
     len: usize,
     wr_id: u64,
-) {
+) -> bool {
     if send == EndpointSend::Copied {
         let (header, rest) = slot[..len].split_at(FRAME_HEADER);
         if endpoint
             .try_post_send_copied(&[header, rest], wr_id)
             .expect("post a copied send")
         {
-            return;
+            return false;
         }
     }
     let buffer = BufferRef::from(slot)
@@ -1284,6 +1295,15 @@ fn send_echoed(
     // SAFETY: the caller neither writes `slot` nor posts it as a receive before this
     // send's completion has been polled.
     unsafe { endpoint.post_send(&[buffer], wr_id) }.expect("post a send");
+    send == EndpointSend::Copied
+}
+
+/// Says on stderr how many of `sent` copied sends of `side` were posted from a slot
+/// instead, which would make `shm_copied` read slower than the path it stands for.
+fn report_uncopied(side: &str, uncopied: u64, sent: u64) {
+    if uncopied > 0 {
+        eprintln!("{side}: {uncopied} of {sent} copied sends were posted from a slot");
+    }
 }
 
 /// Messages each of the two replying threads sends per iteration of `transport/senders`.
