@@ -111,7 +111,7 @@ use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionError, ConnectionStats, SendError,
+    Connection, ConnectionConfig, ConnectionError, ConnectionStats, HEADER_LEN, SendError,
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
@@ -133,9 +133,6 @@ const ENDPOINT_SIZES: [usize; 2] = [64, 64 * 1024];
 
 /// The size of `transport/pingpong_endpoint/shm_copied`.
 const ENDPOINT_COPIED_SIZE: usize = 64;
-
-/// A connection frame's header, which `shm_copied` sends ahead of the message.
-const FRAME_HEADER: usize = 16;
 
 /// How `transport/pingpong_endpoint` sends a message.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -160,7 +157,7 @@ impl EndpointSend {
     fn wire_len(self, size: usize) -> usize {
         match self {
             EndpointSend::Registered => size,
-            EndpointSend::Copied => FRAME_HEADER + size,
+            EndpointSend::Copied => HEADER_LEN + size,
         }
     }
 }
@@ -1281,7 +1278,7 @@ fn send_echoed(
     wr_id: u64,
 ) -> bool {
     if send == EndpointSend::Copied {
-        let (header, rest) = slot[..len].split_at(FRAME_HEADER);
+        let (header, rest) = slot[..len].split_at(HEADER_LEN);
         if endpoint
             .try_post_send_copied(&[header, rest], wr_id)
             .expect("post a copied send")

@@ -41,7 +41,7 @@ use tierbuf_benches::messages::{Reading, check, message, rest_sum, word_sum};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, Message, SendError};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, HEADER_LEN, Message, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, LoopbackProvider, Opcode, Provider, ShmProvider,
 };
@@ -70,7 +70,7 @@ fn main() {
             let frame = if mode.starts_with("frames") {
                 SEGMENT_FRAME
             } else {
-                size + FRAME_HEADER
+                size + HEADER_LEN
             };
             let elapsed = if mode.ends_with("loopback") {
                 let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 30));
@@ -192,9 +192,6 @@ fn round_trips<E: Endpoint>(
 /// The bench ladder's tier-0 slot: the frame of a segmented message.
 const SEGMENT_FRAME: usize = 512;
 
-/// A connection frame's header: what a frame carries besides its payload.
-const FRAME_HEADER: usize = 16;
-
 /// `rounds` messages of `size` bytes one way from `a` to `b`, each in frames of at most
 /// `frame` bytes (payload and a header's room), by the provider alone: every frame sent
 /// from a registered slot that already holds it into a receive of `frame` bytes posted
@@ -206,7 +203,7 @@ fn frames<E: Endpoint>(
     size: usize,
     frame: usize,
 ) -> Duration {
-    let count = size.div_ceil(frame - FRAME_HEADER);
+    let count = size.div_ceil(frame - HEADER_LEN);
     assert!(count <= DEPTH as usize, "a message's frames fit the queues");
     let registrar = provider.registrar();
     let sends = SlotPool::new(&*registrar, frame, count).expect("send slots");
@@ -234,8 +231,8 @@ fn frames<E: Endpoint>(
         }
         let mut left = size;
         for (at, slot) in outgoing.iter().enumerate() {
-            let len = (left.min(frame - FRAME_HEADER) + FRAME_HEADER) as u32;
-            left = left.saturating_sub(frame - FRAME_HEADER);
+            let len = (left.min(frame - HEADER_LEN) + HEADER_LEN) as u32;
+            left = left.saturating_sub(frame - HEADER_LEN);
             let part = BufferRef::from(slot).prefix(len).expect("within");
             // SAFETY: the send slots are never written while sends are posted.
             unsafe { a.post_send(&[part], at as u64) }.expect("send");
@@ -257,7 +254,7 @@ fn frames<E: Endpoint>(
                 sent += 1;
             }
         }
-        assert_eq!(bytes, size + count * FRAME_HEADER, "every byte delivered");
+        assert_eq!(bytes, size + count * HEADER_LEN, "every byte delivered");
     }
     start.elapsed()
 }
