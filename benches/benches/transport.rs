@@ -1064,7 +1064,7 @@ struct EndpointSession {
     endpoint: ShmEndpoint,
     peer: PeerProcess,
     send: EndpointSend,
-    /// Copied sends posted from the slot instead ([`send_echoed`]).
+    /// Copied sends posted from the slot instead ([`post_message`]).
     uncopied: u64,
     /// The message, restamped with each sequence number before it is sent.
     ping: OwnedSlot,
@@ -1120,7 +1120,7 @@ impl EndpointSession {
     fn round_trip(&mut self, seq: u64) {
         stamp(&mut self.ping, seq);
         let len = self.ping.len();
-        if send_echoed(
+        if post_message(
             &mut self.endpoint,
             self.send,
             &self.ping,
@@ -1246,7 +1246,7 @@ fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
                     let len = completion.byte_len;
                     check(&inbox[..len as usize], next_seq, &expected);
                     next_seq += 1;
-                    if send_echoed(&mut endpoint, send, inbox, len as usize, completion.wr_id) {
+                    if post_message(&mut endpoint, send, inbox, len as usize, completion.wr_id) {
                         uncopied += 1;
                     }
                 }
@@ -1270,7 +1270,7 @@ fn serve_endpoint(socket: &Path, send: EndpointSend, size: usize) {
 /// header and the rest copied by the provider (from the slot after all, where no receive
 /// of the peer's is posted yet to copy into). Returns whether a copied send had to be
 /// posted from the slot.
-fn send_echoed(
+fn post_message(
     endpoint: &mut ShmEndpoint,
     send: EndpointSend,
     slot: &OwnedSlot,

@@ -261,3 +261,35 @@ impl SetupError {
         }
     }
 }
+
+#[cfg(all(test, feature = "verbs"))]
+mod tests {
+    use super::*;
+    use crate::error::QueueKind;
+    use crate::verbs::{MAX_QUEUE_DEPTH, VerbsError};
+
+    fn verbs(source: VerbsError) -> SetupError {
+        SetupError::Verbs {
+            operation: "listening",
+            source: Box::new(source),
+        }
+    }
+
+    #[test]
+    fn a_verbs_queue_depth_refused_is_the_callers_and_a_missing_device_is_local() {
+        let past_device = VerbsError::DepthPastDevice {
+            device: "nic0".to_owned(),
+            queue: QueueKind::Recv,
+            depth: 4064,
+            max: 4063,
+        };
+        assert_eq!(verbs(past_device).fault(), Fault::Caller);
+        let past_provider = VerbsError::InvalidDepth {
+            queue: QueueKind::Send,
+            depth: MAX_QUEUE_DEPTH + 1,
+            max: MAX_QUEUE_DEPTH,
+        };
+        assert_eq!(verbs(past_provider).fault(), Fault::Caller);
+        assert_eq!(verbs(VerbsError::NoDevices).fault(), Fault::Local);
+    }
+}

@@ -7,7 +7,8 @@
 //! - Endpoints are reliable-connected queue pairs with a completion queue per direction
 //!   and a completion channel a caller can sleep on, connected over TCP:
 //!   [`VerbsProvider::listen`] accepts any number of peers, [`VerbsProvider::connect`]
-//!   dials one, and [`VerbsProvider::pair`] connects two on one device. The TCP part ([`rendezvous`], [`handshake`]) works without a device.
+//!   dials one, and [`VerbsProvider::pair`] connects two on one device. The TCP part
+//!   ([`rendezvous`], [`handshake`]) works without a device.
 //! - [`completion_status`] maps `ibv_wc_status` values to [`CompletionStatus`](crate::CompletionStatus),
 //!   and [`check_memlock`] with [`ladder_pinned_bytes`] tells whether `RLIMIT_MEMLOCK` lets
 //!   a ladder's connections pin what they may need.
