@@ -169,8 +169,8 @@ pub enum TransportError {
         provider: &'static str,
     },
     /// The peer left this side waiting, past the provider's deadline, for something only
-    /// it can do (finish a copy it started into this side's buffers, send the records it
-    /// counted as sent, say its hello); the connection is broken. A live peer that stalls
+    /// it can do (finish a copy it started into this side's buffers, read the records
+    /// sent to it, say its hello); the connection is broken. A live peer that stalls
     /// this long is treated as one that broke the protocol: waits on it are bounded.
     #[error("the {provider} peer stalled: {waiting_for} did not come within {timeout:?}")]
     PeerStalled {

@@ -314,47 +314,110 @@ fn a_peer_holding_its_copy_gate_cannot_hang_close() {
     drop((peer, inbox));
 }
 
-/// A peer that counts an announcement it never sends: a non-blocking send does not wait
-/// for the record (it used to block for the socket's 10 s timeout), and a peer that never
-/// sends it is failed as stalled once the peer timeout has passed.
+/// A peer that counts an announcement it never sends. It sends each record before it
+/// counts it, and a record sent on a Unix socket is queued when the send returns, so a
+/// drained socket with the count ahead proves the violation: it is found at the first
+/// send that needs the announcement, not after the peer timeout (here an hour, so a test
+/// that waited for it would be held hostage). The non-blocking send takes nothing.
 #[test]
-fn announcements_counted_but_never_sent_block_no_try_send() {
-    let provider = provider();
+fn announcements_counted_but_never_sent_are_found_at_once() {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(4 << 20))
+        .with_peer_timeout(Duration::from_secs(3600));
     let path = socket_path("announce");
     let (mut endpoint, peer) =
         RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
     peer.post_without_announcing();
-    let ((endpoint, first, error), _) = within_bound("try_post_send_copied", move || {
-        let started = Instant::now();
+    let ((endpoint, first, error), _) = within_bound("finding the missing record", move || {
         // Longer than travels inline: a copy into the announced region it names.
         let first = endpoint.try_post_send_copied(&[&[7u8; 512]], 1);
-        let first_took = started.elapsed();
-        let mut completions = [Completion::default(); 4];
-        let error = loop {
-            if let Err(error) = endpoint.poll(&mut completions) {
-                break error;
-            }
-            match endpoint.try_post_send_copied(&[&[7u8; 512]], 1) {
-                Ok(false) => {}
-                Ok(true) => panic!("a send into a region never announced"),
-                Err(_) => {}
-            }
-            std::thread::yield_now();
-        };
-        (endpoint, (first, first_took), error)
+        let error = poll_for_failure(&mut endpoint, 1).expect("the violation is reported");
+        (endpoint, first, error)
     });
-    let (first, first_took) = first;
-    assert_eq!(first, Ok(false), "nothing taken, nothing waited for");
+    assert_eq!(first, Ok(false), "nothing taken");
     assert!(
-        first_took < PEER_TIMEOUT,
-        "a non-blocking send took {first_took:?}"
-    );
-    assert!(
-        matches!(error, TransportError::PeerStalled { .. }),
+        matches!(error, TransportError::ProtocolViolation { .. }),
         "{error}"
     );
-    assert!(error.to_string().contains("announce"), "{error}");
+    assert!(
+        error.to_string().contains("counted 1 region announcements"),
+        "{error}"
+    );
     drop((endpoint, peer));
+}
+
+/// A peer that raises its ring's `posted` count past anything it could have posted: the
+/// word is bounded by the ring's size before it is used, so no message goes into an entry
+/// the peer never posted and is counted as sent; the peer is blamed, naming the word.
+#[test]
+fn a_posted_count_past_the_ring_is_refused_and_nothing_counted_sent() {
+    let provider = provider();
+    let path = socket_path("posted-count");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    let direction: *const Direction<RING_CAPACITY> = peer.segment.segment().direction(0);
+    // SAFETY: `Direction` is `repr(C)` and starts with `posted`, an `AtomicU64`, inside
+    // the mapping.
+    let posted = unsafe { &*direction.cast::<AtomicU64>() };
+    posted.store(1 << 40, Ordering::Release);
+    // Short enough to travel inline in the ring entry, with nothing else to check.
+    assert_eq!(
+        endpoint.try_post_send_copied(&[&[7u8; 16]], 1),
+        Ok(false),
+        "a message went into a ring entry the peer never posted"
+    );
+    let error = poll_for_failure(&mut endpoint, 1).expect("the violation is reported");
+    assert!(
+        matches!(error, TransportError::ProtocolViolation { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("posted count"), "{error}");
+    drop((endpoint, peer));
+}
+
+/// A peer that posts a receive naming a region it never announced (and counts no
+/// announcement): a connection's send copied into it fails the connection as the peer's
+/// fault, naming the receive, not as a refusal of this side's.
+#[test]
+fn a_receive_in_no_announced_region_is_the_peer_s_fault() {
+    let provider = provider();
+    let path = socket_path("unreachable");
+    let (endpoint, peer) =
+        RawPeer::accept_from(&path, 64, |path| provider.connect(path, 64, 64).unwrap());
+    peer.segment.segment().ring(0, RingSize::of_depth(64)).post(
+        0,
+        PostedBuffer {
+            remote_key: 0x7e57,
+            addr: 0x10_0000,
+            len: 4096,
+        },
+    );
+    let ladder = Arc::new(TierLadder::preset("patent").unwrap());
+    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
+    let reservoir = Arc::new(Reservoir::new(
+        provider.registrar(),
+        Arc::clone(config.ladder()),
+    ));
+    let core =
+        ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now()).unwrap();
+    let (error, _) = within_bound("finding the peer's receive unreachable", move || {
+        let mut connection = match Connection::new(core, endpoint) {
+            Ok(connection) => connection,
+            Err(error) => return error,
+        };
+        // Longer than travels inline: copied into the buffer the receive names.
+        loop {
+            let step = connection
+                .send(&[1u8; 200])
+                .and_then(|()| connection.progress().map_err(SendError::Failed));
+            if let Err(SendError::Failed(error)) = step {
+                return error;
+            }
+        }
+    });
+    let text = chain(&*error);
+    assert_eq!(error.fault(), Fault::Peer, "{text}");
+    assert!(text.contains("key 0x7e57"), "the cause is lost: {text}");
+    drop(peer);
 }
 
 /// The same peer: a message short enough to travel inline goes into the ring entry, not

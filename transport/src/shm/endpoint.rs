@@ -22,18 +22,26 @@
 //!   receive posted in a region already exposed to another endpoint is refused
 //!   ([`PostError::SharedWithAnotherPeer`]) and nothing is posted, so no peer maps memory
 //!   that receives for another.
-//! - **The peer is untrusted input.** Ring entries and records are checked before use:
-//!   a key that was not announced, a buffer outside its region, a delivery longer than the
-//!   buffer or an unknown result code breaks the connection with a protocol error; the
+//! - **The peer is untrusted input.** Every word of the segment the peer writes, and
+//!   every record, is checked before use, each by one function: the ring's `posted` count
+//!   by `Ring::is_posted` (it never goes back, nor passes the receives filled plus the
+//!   ring's size); the `announced` count by `catch_up_with_announcements` (the socket
+//!   holds every record counted); an entry's buffer by `peer_buffer` (inside a region the
+//!   peer announced) and `fill` (long enough); an entry's result and length by
+//!   `reap_receives` (against this side's own record of the buffer, `Ring::delivered` for
+//!   the code); the state word by `StateWord` (any value reads as a state). `short_posted`
+//!   and the gate's bits need none: a wrong `short_posted` only makes the sender read a
+//!   buffer it could have skipped, or deliver inline into a receive the peer checks
+//!   itself, and a held gate is bounded by the peer timeout. Past a check the connection
+//!   breaks with a protocol error naming the word; the
 //!   peer's memory is written only within a mapping this side made and checked, and an
 //!   announced region is mapped only within the endpoint's mapping limit and the
 //!   provider's total, whose ledger each mapping holds a charge of until it is undone
 //!   (`limits`). A mapping the kernel refuses (out of mappings or address space) is this
 //!   process's resource exhausted, not the peer's violation.
 //! - **No wait on the peer outlasts the peer timeout.** What only the peer can do (leave
-//!   its copy gate, so that a close or a flush may give this side's buffers back; send the
-//!   announcements it counted) is waited for without blocking or for `peer_timeout` at
-//!   most; past it the endpoint fails with [`TransportError::PeerStalled`], and `close`
+//!   its copy gate, so that a close or a flush may give this side's buffers back) is
+//!   waited for without blocking or for `peer_timeout` at most; past it the endpoint fails with [`TransportError::PeerStalled`], and `close`
 //!   and drop return. A peer that stalls inside a copy may still write into the buffers
 //!   given back afterwards, as a hostile peer can write any region announced to it at any
 //!   time: the gate orders an honest peer's copies, it does not fence a hostile one.
@@ -254,8 +262,6 @@ pub struct ShmEndpoint {
     /// How long to wait for what only the peer can do (module invariants), and how much
     /// of its memory to map.
     peer: PeerBounds,
-    /// Since when a send has waited for announcements the peer counted and has not sent.
-    announcements_missing_since: Option<Instant>,
     /// An error to report from the next `poll`, once.
     failure: Option<TransportError>,
 }
@@ -298,7 +304,6 @@ impl ShmEndpoint {
             idle_polls: 0,
             peer_gone: false,
             peer,
-            announcements_missing_since: None,
             failure: None,
         }
     }
@@ -492,9 +497,10 @@ impl ShmEndpoint {
     }
 
     /// Reads the socket, without waiting, until the first `needed` announcements of the
-    /// peer's are handled; returns whether they are. An honest peer sends them before it
-    /// counts them, so they are there; one that counted them and has not sent them within
-    /// the peer timeout is failed as stalled.
+    /// peer's are handled; returns whether they are. The peer sends each record before it
+    /// counts it, and a record sent on a Unix socket is in this side's queue when the send
+    /// returns (segment invariants), so a socket drained short of the count proves the peer
+    /// counted records it never sent: its violation, found at once.
     fn catch_up_with_announcements(&mut self, needed: u64) -> bool {
         while self.announcements_read < needed {
             if self.failure.is_some() {
@@ -503,14 +509,11 @@ impl ShmEndpoint {
             match receive_record(self.socket.as_fd(), false) {
                 Ok(Incoming::Record(received)) => self.handle_record(received),
                 Ok(Incoming::Nothing) => {
-                    let now = Instant::now();
-                    let since = *self.announcements_missing_since.get_or_insert(now);
-                    if now.saturating_duration_since(since) >= self.peer.timeout {
-                        self.stalled(
-                            "the region announcements the peer counted as sent",
-                            self.peer.timeout,
-                        );
-                    }
+                    let read = self.announcements_read;
+                    self.violation(format!(
+                        "the peer counted {needed} region announcements as sent, and its \
+                         socket held {read}"
+                    ));
                     return false;
                 }
                 Ok(Incoming::Closed) => {
@@ -523,7 +526,6 @@ impl ShmEndpoint {
                 }
             }
         }
-        self.announcements_missing_since = None;
         true
     }
 
@@ -605,8 +607,13 @@ impl ShmEndpoint {
         let mut view = self.peer_posts;
         let posted = self.outgoing().is_posted(count, &mut view);
         self.peer_posts = view;
-        if !posted {
-            return None;
+        match posted {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(bad) => {
+                self.violation(bad.to_string());
+                return None;
+            }
         }
         // A message short enough for any receive the view shows long leaves the entry's
         // buffer unread: its stores then wait for no line the peer wrote (`segment`).
@@ -620,7 +627,8 @@ impl ShmEndpoint {
             && self.announcements_read < self.peer_posts.announced()
             && !self.catch_up_with_announcements(self.peer_posts.announced())
         {
-            // Tried again at the next call: a non-blocking send takes nothing meanwhile.
+            // The peer counted announcements it never sent: the connection has failed,
+            // and a non-blocking send takes nothing.
             return None;
         }
         let status = match self.fill(source, len, copy_into) {
@@ -640,7 +648,9 @@ impl ShmEndpoint {
                         CompletionStatus::RemoteInvalidRequest
                     }
                     Filled::Unreachable => {
-                        self.segment().break_connection();
+                        // An honest peer posts only buffers inside regions it announced
+                        // before the post: this entry's words name none, so it wrote them.
+                        self.violation(unreachable_receive(count, copy_into));
                         CompletionStatus::RemoteOperationError
                     }
                 }
@@ -948,6 +958,21 @@ impl ShmEndpoint {
         );
         Ok(())
     }
+}
+
+/// What a peer did that posted its `count`-th receive as `buffer`, in no region it
+/// announced.
+fn unreachable_receive(count: u64, buffer: Option<PostedBuffer>) -> String {
+    let named = buffer.map_or_else(
+        || "no buffer".to_owned(),
+        |buffer| {
+            format!(
+                "{:#x}+{} under key {:#x}",
+                buffer.addr, buffer.len, buffer.remote_key
+            )
+        },
+    );
+    format!("the peer posted receive {count} as {named}, which lies in no region it announced")
 }
 
 /// Why a receive region was not announced.

@@ -24,8 +24,7 @@
 //! - **A peer that dies** is noticed when its socket closes while the connection is
 //!   open: the next `poll` fails with [`TransportError::PeerDied`], and every
 //!   outstanding request is flushed.
-//! - **A peer that stalls** (holds its copy gate, counts announcements it never sends,
-//!   says no hello) is waited for the provider's peer timeout at most
+//! - **A peer that stalls** (holds its copy gate, says no hello) is waited for the provider's peer timeout at most
 //!   ([`ShmProvider::with_peer_timeout`]); then the endpoint fails with
 //!   [`TransportError::PeerStalled`], and `close` and drop return.
 //!

@@ -104,8 +104,7 @@ impl ShmProvider {
     /// How long an endpoint waits, unless told otherwise
     /// ([`ShmProvider::with_peer_timeout`]), for what only its peer can do: finish a copy
     /// it started into this side's buffers (before a close or a flush can give them
-    /// back), send the region announcements it counted as sent, say its hello to a
-    /// listener. An honest peer does each in microseconds (a copy of the largest slot in
+    /// back), say its hello to a listener. An honest peer does each in microseconds (a copy of the largest slot in
     /// milliseconds), so five seconds only runs out for a peer that stopped, or holds
     /// this side hostage; then the endpoint fails with [`TransportError::PeerStalled`],
     /// and a close or a drop returns.

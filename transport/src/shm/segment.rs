@@ -54,7 +54,9 @@
 //!   memory file on the bootstrap socket, then bumps `announced` (`Release`), then posts
 //!   the receive naming it. A sender reads `announced` right after `posted` (both
 //!   `Acquire`), so for every entry below that `posted` it has seen the bumps made before
-//!   it, and drains the socket up to them before it looks the key up.
+//!   it, and drains the socket up to them before it looks the key up. A record sent on a
+//!   Unix socket is in the receiver's queue when the send returns, so a socket drained
+//!   short of the count proves the peer counted a record it never sent.
 //! - **No delivery after shutting.** Each direction has a `gate` word with two bits: the
 //!   sender sets `COPYING` with a compare-and-swap that fails if `SHUT` is set, and clears
 //!   it (`Release`) after the delivery, copied or inline; the receiver sets `SHUT` with a
@@ -118,6 +120,35 @@ pub enum Filled {
     /// The sender could not reach the buffer (an unknown key or a buffer outside its
     /// region); nothing was written.
     Unreachable,
+}
+
+/// A word of the segment that the peer wrote out of protocol, as the check that reads it
+/// found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BadWord {
+    /// The receiver's `posted` count went back below what the sender had seen, or ran
+    /// past the receives its ring can hold ([`Ring::is_posted`]).
+    Posted {
+        /// The value read.
+        read: u64,
+        /// The value the sender had seen before.
+        seen: u64,
+        /// The most it may be: the receives filled plus the ring's size.
+        most: u64,
+    },
+}
+
+impl std::fmt::Display for BadWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadWord::Posted { read, seen, most } => write!(
+                f,
+                "the ring's posted count read {read}, outside {seen}..={most} (it never goes \
+                 back, and never passes the receives filled plus the ring's size)"
+            ),
+        }
+    }
 }
 
 /// Gate bits: `COPYING` and `SHUT` order the sender's copies with the receiver's close;
@@ -454,18 +485,34 @@ impl<'s, const N: usize> Ring<'s, N> {
         self.direction.posted.store(count + 1, publication());
     }
 
-    /// Whether the receiver has posted its `count`-th receive. Reads the shared counters
-    /// (into `view`) only when `count` is past what `view` has seen; a sender passes the
-    /// same view every time.
-    pub fn is_posted(&self, count: u64, view: &mut PostedView) -> bool {
+    /// Whether the receiver has posted its `count`-th receive, where `count` is the
+    /// number of receives the sender has filled. Reads the shared counters (into `view`)
+    /// only when `count` is past what `view` has seen; a sender passes the same view every
+    /// time.
+    ///
+    /// `posted` is the peer's word, so it is checked before use: it never goes back, and
+    /// it never runs more than the ring's size past `count` (the receiver reaps only what
+    /// the sender filled, and has at most the ring's size of receives posted and not
+    /// reaped). A value outside that is [`BadWord::Posted`] and `view` keeps what it had,
+    /// so no entry the receiver never posted is ever filled or counted as sent.
+    pub fn is_posted(&self, count: u64, view: &mut PostedView) -> Result<bool, BadWord> {
         if count >= view.posted {
-            view.posted = self.direction.posted.load(Ordering::Acquire);
+            let posted = self.direction.posted.load(Ordering::Acquire);
+            let most = count.saturating_add(self.size.entries());
+            if posted < view.posted || posted > most {
+                return Err(BadWord::Posted {
+                    read: posted,
+                    seen: view.posted,
+                    most,
+                });
+            }
+            view.posted = posted;
             view.announced = self.direction.announced.load(Ordering::Acquire);
             // Stored before the `posted` just read, whose `Acquire` orders it (module
             // invariants); a later value only marks more receives short.
             view.short_posted = self.direction.short_posted.load(Ordering::Relaxed);
         }
-        count < view.posted
+        Ok(count < view.posted)
     }
 
     /// The buffer of the `count`-th receive, which the sender has seen posted
@@ -481,9 +528,14 @@ impl<'s, const N: usize> Ring<'s, N> {
 
     /// The buffer of the `count`-th receive if the receiver has posted it:
     /// [`Ring::is_posted`], then [`Ring::posted_buffer`].
-    pub fn posted(&self, count: u64, view: &mut PostedView) -> Option<PostedBuffer> {
-        self.is_posted(count, view)
-            .then(|| self.posted_buffer(count))
+    pub fn posted(
+        &self,
+        count: u64,
+        view: &mut PostedView,
+    ) -> Result<Option<PostedBuffer>, BadWord> {
+        Ok(self
+            .is_posted(count, view)?
+            .then(|| self.posted_buffer(count)))
     }
 
     /// The sender's report on the `count`-th posted receive: writes the result, which
@@ -760,7 +812,7 @@ mod tests {
                 segment
                     .ring(0, RingSize::of_depth(1024))
                     .posted(0, &mut PostedView::default()),
-                None
+                Ok(None)
             );
             assert_eq!(segment.ring(1, RingSize::of_depth(1024)).delivered(0), None);
             std::alloc::dealloc(raw.cast(), layout);
@@ -783,12 +835,16 @@ mod tests {
         };
         let mut view = PostedView::default();
         ring.post(0, long);
-        assert!(ring.is_posted(0, &mut view));
+        assert_eq!(ring.is_posted(0, &mut view), Ok(true));
         assert!(view.holds_inline(0), "no short receive yet");
         ring.post(1, long);
         ring.post(2, short);
         ring.post(3, long);
-        assert!(ring.is_posted(1, &mut view), "the view is refreshed past 0");
+        assert_eq!(
+            ring.is_posted(1, &mut view),
+            Ok(true),
+            "the view is refreshed past 0"
+        );
         assert_eq!(
             [1, 2, 3].map(|count| view.holds_inline(count)),
             [false, false, true],
@@ -796,7 +852,7 @@ mod tests {
         );
         assert_eq!(ring.posted_buffer(2), short);
         ring.post(4, long);
-        assert!(ring.is_posted(4, &mut view));
+        assert_eq!(ring.is_posted(4, &mut view), Ok(true));
         assert!(view.holds_inline(4), "a long receive after the short one");
     }
 
@@ -806,7 +862,7 @@ mod tests {
         let direction = segment.ring(0, RingSize::of_depth(4));
         let mut view = PostedView::default();
         for count in 0..10 {
-            assert_eq!(direction.posted(count, &mut view), None);
+            assert_eq!(direction.posted(count, &mut view), Ok(None));
             direction.post(
                 count,
                 PostedBuffer {
@@ -815,8 +871,8 @@ mod tests {
                 },
             );
             assert_eq!(
-                direction.posted(count, &mut view).map(|b| b.len),
-                Some(count as u32)
+                direction.posted(count, &mut view).map(|b| b.map(|b| b.len)),
+                Ok(Some(count as u32))
             );
             assert_eq!(direction.delivered(count), None);
             assert!(segment.begin_copy(0));
@@ -843,7 +899,7 @@ mod tests {
             direction.post(count, BUFFER);
         }
         let mut view = PostedView::default();
-        assert_eq!(direction.posted(0, &mut view), Some(BUFFER));
+        assert_eq!(direction.posted(0, &mut view), Ok(Some(BUFFER)));
         assert_eq!(
             view,
             PostedView {
@@ -855,11 +911,50 @@ mod tests {
         );
         segment.direction(0).announce();
         direction.post(3, BUFFER);
-        assert_eq!(direction.posted(2, &mut view), Some(BUFFER));
+        assert_eq!(direction.posted(2, &mut view), Ok(Some(BUFFER)));
         assert_eq!(view.announced(), 1, "entries below 3 need no new look");
-        assert_eq!(direction.posted(3, &mut view), Some(BUFFER));
+        assert_eq!(direction.posted(3, &mut view), Ok(Some(BUFFER)));
         assert_eq!(view.announced(), 2, "entry 3 made the view look again");
-        assert_eq!(direction.posted(4, &mut view), None);
+        assert_eq!(direction.posted(4, &mut view), Ok(None));
+    }
+
+    /// The peer's `posted` word is bounded before the sender uses it: a count that runs
+    /// past the ring's size beyond the receives filled, or goes back, is the peer's
+    /// violation, and the view keeps what it had, so no entry the peer never posted is
+    /// filled.
+    #[test]
+    fn a_posted_count_past_the_ring_or_going_back_is_refused() {
+        let segment = Segment::<8>::new_boxed();
+        let ring = segment.ring(0, RingSize::of_depth(4));
+        let posted = &segment.direction(0).posted;
+        let mut view = PostedView::default();
+        posted.store(4, Ordering::Release);
+        assert_eq!(
+            ring.is_posted(0, &mut view),
+            Ok(true),
+            "a full ring is in bounds"
+        );
+        posted.store(5, Ordering::Release);
+        assert_eq!(
+            ring.is_posted(4, &mut view),
+            Ok(true),
+            "four filled, five posted"
+        );
+        posted.store(1 << 40, Ordering::Release);
+        assert_eq!(
+            ring.is_posted(5, &mut view),
+            Err(BadWord::Posted {
+                read: 1 << 40,
+                seen: 5,
+                most: 9
+            })
+        );
+        assert_eq!(view.posted, 5, "the view keeps what it had");
+        posted.store(3, Ordering::Release);
+        assert!(matches!(
+            ring.is_posted(5, &mut view),
+            Err(BadWord::Posted { read: 3, .. })
+        ));
     }
 
     #[test]
