@@ -115,7 +115,7 @@ use tierbuf_transport::connection::{
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
-    LoopbackProvider, Opcode, Provider, ShmEndpoint, ShmProvider,
+    LoopbackProvider, Opcode, Provider, QueueKind, ShmEndpoint, ShmProvider,
 };
 
 const SIZES: [usize; 5] = [64, 1024, 8 * 1024, 64 * 1024, 1024 * 1024];
@@ -1134,9 +1134,9 @@ impl EndpointSession {
             let ready = self.endpoint.poll(&mut self.completions).expect("poll");
             for completion in &self.completions[..ready] {
                 assert!(completion.status.is_success(), "{completion:?}");
-                match completion.opcode {
-                    Opcode::Send => sent = true,
-                    Opcode::Recv => {
+                match completion.opcode.queue() {
+                    QueueKind::Send => sent = true,
+                    QueueKind::Recv => {
                         assert!(echo.replace(*completion).is_none(), "one echo per ping");
                     }
                 }

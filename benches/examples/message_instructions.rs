@@ -43,7 +43,7 @@ use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, HEADER_LEN, Message, SendError};
 use tierbuf_transport::{
-    BufferRef, Completion, Endpoint, LoopbackProvider, Opcode, Provider, ShmProvider,
+    BufferRef, Completion, Endpoint, LoopbackProvider, Opcode, Provider, QueueKind, ShmProvider,
 };
 
 const DEPTH: u32 = 64;
@@ -389,9 +389,9 @@ fn endpoint(rounds: u64, size: usize) -> Duration {
             let ready = endpoint.poll(&mut completions).expect("poll");
             for done in &completions[..ready] {
                 assert!(done.status.is_success());
-                match done.opcode {
-                    Opcode::Send => sent = true,
-                    Opcode::Recv => received = Some(done.byte_len as usize),
+                match done.opcode.queue() {
+                    QueueKind::Send => sent = true,
+                    QueueKind::Recv => received = Some(done.byte_len as usize),
                 }
             }
         }

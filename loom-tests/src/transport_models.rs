@@ -237,3 +237,60 @@ pub mod shm {
         }
     }
 }
+
+/// The exposure table's revocation protocol (`tierbuf_transport::exposure`), with a thread
+/// standing in for each side.
+pub mod exposure {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::thread;
+    use tierbuf_transport::Access;
+    use tierbuf_transport::exposure::{ExposureTable, Window};
+
+    const WINDOW: Window = Window {
+        region_key: 0x1201,
+        addr: 0x7f00_0000_1000,
+        len: 4,
+    };
+    /// A key as `KeySerial` makes them: a serial above the slot bits, slot 3.
+    const KEY: u32 = 1 << 6 | 3;
+
+    /// The owner exposes a buffer for writing; the peer writes it if the key is in force
+    /// when it begins; the owner revokes and then takes the buffer back (reads and
+    /// rewrites it). Whatever the interleaving, the owner's access comes after the peer's
+    /// copy (loom reports any access to the buffer not ordered after the other), and once
+    /// the revocation has returned the key is refused.
+    pub fn revocation_waits_out_an_access() {
+        let table = Arc::new(ExposureTable::default());
+        let buffer = Arc::new(UnsafeCell::new([0u8; 4]));
+        table.expose(KEY, Access::Write, WINDOW);
+        let peer = {
+            let (table, buffer) = (Arc::clone(&table), Arc::clone(&buffer));
+            thread::spawn(move || {
+                if let Ok(window) = table.begin_access(KEY, Access::Write) {
+                    assert_eq!(window, WINDOW, "the peer read a range not yet published");
+                    // SAFETY: the key was in force and the slot is marked accessed: the
+                    // owner does not touch the buffer until the access ends.
+                    buffer.with_mut(|bytes| unsafe { *bytes = [1, 2, 3, 4] });
+                    table.end_access(KEY);
+                }
+            })
+        };
+        assert!(table.revoke(KEY, || true), "the peer's access ends");
+        // SAFETY: revoked: the peer's access, if any, has ended and no new one begins.
+        let seen = buffer.with_mut(|bytes| unsafe {
+            let seen = *bytes;
+            *bytes = [9; 4];
+            seen
+        });
+        assert!(
+            seen == [0; 4] || seen == [1, 2, 3, 4],
+            "a torn write: {seen:?}"
+        );
+        assert!(
+            table.begin_access(KEY, Access::Write).is_err(),
+            "a revoked key was accepted"
+        );
+        peer.join().unwrap();
+    }
+}

@@ -7,7 +7,7 @@ use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
 use tierbuf_loom_tests::harness::expect_caught;
 use tierbuf_loom_tests::pool_models::{budget_admission, budget_peak, slots_hand_over};
 use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
-use tierbuf_loom_tests::transport_models::{post_is_never_stranded, shm};
+use tierbuf_loom_tests::transport_models::{exposure, post_is_never_stranded, shm};
 use tierbuf_pool::sync::planted::Bug;
 
 #[test]
@@ -166,4 +166,13 @@ fn send_queue_count_after_push_is_caught() {
         tierbuf_loom_tests::connection_models::a_flush_takes_every_message_queued_before_it,
     );
     assert!(message.contains("stopped short"), "{message}");
+}
+
+#[test]
+fn exposure_revoke_without_wait_is_caught() {
+    let message = expect_caught(
+        Bug::ExposureRevokeWithoutWait,
+        exposure::revocation_waits_out_an_access,
+    );
+    assert!(message.contains("Causality violation"), "{message}");
 }

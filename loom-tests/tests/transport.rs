@@ -2,7 +2,7 @@
 //! `planted.rs`.
 #![cfg(loom)]
 
-use tierbuf_loom_tests::transport_models::{post_is_never_stranded, shm};
+use tierbuf_loom_tests::transport_models::{exposure, post_is_never_stranded, shm};
 
 #[test]
 fn loopback_post_is_never_stranded() {
@@ -27,4 +27,9 @@ fn shm_close_waits_for_a_copy_in_progress() {
 #[test]
 fn shm_a_parked_receiver_is_woken_by_the_delivery_it_missed() {
     loom::model(shm::a_parked_receiver_is_woken_by_the_delivery_it_missed);
+}
+
+#[test]
+fn exposure_revocation_waits_out_an_access() {
+    loom::model(exposure::revocation_waits_out_an_access);
 }

@@ -105,6 +105,10 @@ pub mod planted {
         /// without the mark and deliver inline into a buffer too short for it
         /// (`tierbuf-transport`).
         ShmShortMarkedAfterPost = 18,
+        /// An exposure's revocation frees its slot without waiting for the peer's access
+        /// in flight, so the owner may take the range back while the peer still copies
+        /// into it (`tierbuf-transport`).
+        ExposureRevokeWithoutWait = 19,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

@@ -75,6 +75,22 @@ pub enum PostError {
         /// The most one message carries.
         max: u32,
     },
+    /// A one-sided write's message and the remote range it names differ in length, or a
+    /// read's local buffer and remote range do: the caller's mistake.
+    #[error("a local length of {local} bytes against a remote range of {remote}")]
+    LengthMismatch {
+        /// The message's or the local buffer's length.
+        local: u64,
+        /// The remote range's length.
+        remote: u32,
+    },
+    /// The endpoint already has its most exposures in force
+    /// ([`EXPOSURE_SLOTS`](crate::EXPOSURE_SLOTS)); revoke one first.
+    #[error("{max} exposures are in force already, the most one endpoint holds")]
+    TooManyExposures {
+        /// The most exposures in force at once.
+        max: usize,
+    },
     /// A receive was posted in a region this process already shared with another peer
     /// (a region receives for one peer only, which alone can see its bytes); the caller's
     /// mistake. Nothing was posted.

@@ -63,6 +63,9 @@
 
 pub mod connection;
 mod error;
+/// The exposure table's protocol, public for the loom models of `tierbuf-loom-tests`.
+#[doc(hidden)]
+pub mod exposure;
 #[cfg(not(loom))]
 mod front;
 #[cfg(all(feature = "fuzzing", not(loom)))]
@@ -80,6 +83,7 @@ mod unheard;
 pub mod verbs;
 
 pub use error::{PostError, QueueKind, TransportError};
+pub use exposure::{Access, EXPOSURE_SLOTS};
 #[cfg(feature = "verbs")]
 #[cfg(not(loom))]
 pub use front::Verbs;
@@ -91,7 +95,7 @@ pub use front::{
 pub use loopback::{LoopbackEndpoint, LoopbackProvider, LoopbackRegistrar, MAX_QUEUE_DEPTH};
 pub use provider::{
     Armed, BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits,
-    EndpointState, Opcode, Outstanding, Provider, Readiness,
+    EndpointState, Opcode, Outstanding, Provider, Readiness, RemoteBuffer,
 };
 pub use shm::RING_CAPACITY;
 /// The shared-memory provider's queue protocol, public for the loom models of

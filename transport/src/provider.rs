@@ -12,6 +12,7 @@ use std::task::Waker;
 use tierbuf_pool::{OwnedSlot, Registrar, Slot};
 
 use crate::error::{PostError, QueueKind, TransportError};
+use crate::exposure::Access;
 
 /// A transport provider: the memory registration and the endpoints of one kind of
 /// transport (loopback, shared memory, verbs hardware).
@@ -73,6 +74,24 @@ pub trait Provider: Send + Sync + fmt::Debug {
 /// - **Close.** [`Endpoint::close`] (and drop) flushes every outstanding request of
 ///   both sides with [`CompletionStatus::Flushed`]; posting afterwards fails with
 ///   [`PostError::Closed`] here and [`PostError::PeerClosed`] at the peer.
+///
+/// # The one-sided rules
+///
+/// - **Exposure.** [`Endpoint::expose`] lets this endpoint's peer, and no other, write or
+///   read one range of a registered region, and gives the [`RemoteBuffer`] to tell it;
+///   [`Endpoint::revoke`] ends that. A key is refused on every other connection, and on
+///   this one once revoked: a write or read that names it, or names bytes outside its
+///   range, or asks an access it was not given, touches no byte, completes at its
+///   poster with [`CompletionStatus::RemoteAccessError`] and breaks the connection on
+///   both sides (verbs: the responder's queue pair goes to the error state too). At most
+///   [`EXPOSURE_SLOTS`](crate::EXPOSURE_SLOTS) exposures of one endpoint are in force.
+/// - **Writes and reads are sends.** [`Endpoint::post_write`] and [`Endpoint::post_read`]
+///   go on the send queue: they count in its depth, and they are carried out, and
+///   complete ([`Opcode::Write`], [`Opcode::Read`]), in posting order with the sends. A
+///   write with an immediate consumes the peer's oldest posted receive (a zero-length one
+///   is enough), and waits for one as a send does; the receive completes with
+///   [`Opcode::RecvWithImm`] and the write's byte count once the written bytes are
+///   visible. A write without one completes only at its poster.
 ///
 /// Work-request ids are the caller's: the provider hands them back in completions and
 /// never interprets them. The endpoint does not own the buffers' handles; the caller
@@ -153,6 +172,102 @@ pub trait Endpoint: Send + fmt::Debug {
         let _ = (parts, wr_id);
         Ok(false)
     }
+
+    /// Exposes `buffer`, a range of a region registered with this provider, to this
+    /// endpoint's peer for `access`, and returns what to tell the peer: the range's
+    /// address and length, and a key that only this connection's peer can use, until
+    /// [`Endpoint::revoke`]. The region is held while the exposure is in force (its
+    /// memory is not unmapped, whatever its owner does), and a region once exposed says
+    /// so ([`Region::exposed_to_peer`](tierbuf_pool::Region::exposed_to_peer)), so a
+    /// reservoir gives it back rather than lend it to another connection.
+    ///
+    /// # Safety
+    ///
+    /// While the exposure is in force, the peer writes (for [`Access::Write`]) or reads
+    /// (for [`Access::Read`]) its bytes when it chooses: this side reads a byte the peer
+    /// may write only once the peer's protocol says no write of it is in flight (the
+    /// receive completion of a write with an immediate that covered it, say, and until the
+    /// peer is told it may write there again), and writes none of the bytes of an
+    /// exposure for reads. No outstanding receive of any endpoint names any of them.
+    /// Besides, while this call runs nothing writes any byte of the region `buffer` lies
+    /// in: a provider may move the region's memory to share it with the peer (the shm
+    /// provider does).
+    ///
+    /// ```
+    /// use tierbuf_pool::{MemoryBudget, SlotPool};
+    /// use tierbuf_transport::{Access, BufferRef, Completion, Endpoint, LoopbackProvider, Opcode};
+    /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+    /// let pool = SlotPool::new(&*tierbuf_transport::Provider::registrar(&provider), 256, 3)?;
+    /// let (mut writer, mut target) = provider.pair(4, 4)?;
+    /// let (source, window, signal) = (
+    ///     pool.try_acquire_owned().unwrap(),
+    ///     pool.try_acquire_owned().unwrap(),
+    ///     pool.try_acquire_owned().unwrap(),
+    /// );
+    /// // SAFETY: the window is read only after the write's immediate arrives; the source
+    /// // is written before the write is posted and not after.
+    /// let remote = unsafe { target.expose(BufferRef::from(&window), Access::Write)? };
+    /// unsafe { target.post_recv(BufferRef::from(&signal).prefix(0).unwrap(), 1)? };
+    /// let mut source = source;
+    /// source[..5].copy_from_slice(b"hello");
+    /// let at = remote.slice(16, 5).unwrap();
+    /// unsafe { writer.post_write(&[BufferRef::from(&source).prefix(5).unwrap()], at, Some(7), 2)? };
+    /// let mut completions = [Completion::default(); 4];
+    /// assert_eq!(target.poll(&mut completions)?, 1);
+    /// assert_eq!(completions[0].opcode, Opcode::RecvWithImm(7));
+    /// assert_eq!(completions[0].byte_len, 5);
+    /// assert_eq!(&window[16..21], b"hello");
+    /// target.revoke(remote)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    unsafe fn expose(
+        &mut self,
+        buffer: BufferRef,
+        access: Access,
+    ) -> Result<RemoteBuffer, PostError>;
+
+    /// Ends the exposure `exposed` names ([`Endpoint::expose`]): when it returns `Ok`, the
+    /// peer's writes and reads naming it are refused, and none in flight is still touching
+    /// its bytes, so the obligations `expose` took on end. A key this endpoint has no
+    /// exposure under is [`PostError::UnknownKey`]. If the peer does not end an access in
+    /// flight within the provider's deadline (a stalled shm peer), the connection fails
+    /// and this returns [`PostError::ConnectionBroken`]: the bytes stay the peer's to touch
+    /// until the endpoint is closed, so keep the region until then.
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError>;
+
+    /// Posts a write of the concatenation of the `gather` buffers (at most
+    /// [`EndpointLimits::max_gather`]) into `remote`, a range the peer exposed to this
+    /// connection for writing, as long as the message; with `imm`, the write consumes the
+    /// peer's oldest posted receive and completes it with the immediate and the byte count
+    /// ([`Opcode::RecvWithImm`]). Its completion ([`Opcode::Write`]) carries `wr_id`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Endpoint::post_send`]: nothing writes the `gather` bytes until the completion
+    /// carrying `wr_id` has been returned, or the endpoint closed.
+    unsafe fn post_write(
+        &mut self,
+        gather: &[BufferRef],
+        remote: RemoteBuffer,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<(), PostError>;
+
+    /// Posts a read of `remote`, a range the peer exposed to this connection for reading,
+    /// into `buffer` (of the same length). Its completion ([`Opcode::Read`]) carries
+    /// `wr_id` and the bytes read.
+    ///
+    /// # Safety
+    ///
+    /// As [`Endpoint::post_recv`] for `buffer`: nothing but the provider reads or writes
+    /// its bytes until the completion carrying `wr_id` has been returned, or the endpoint
+    /// closed, and no other outstanding request names any of them.
+    unsafe fn post_read(
+        &mut self,
+        buffer: BufferRef,
+        remote: RemoteBuffer,
+        wr_id: u64,
+    ) -> Result<(), PostError>;
 
     /// Makes progress and moves up to `completions.len()` completions into
     /// `completions`, returning how many; never blocks. Each completion ends the
@@ -317,9 +432,9 @@ impl Outstanding {
             let Some(completion) = next() else {
                 break;
             };
-            match completion.opcode {
-                Opcode::Send => self.sends -= 1,
-                Opcode::Recv => self.recvs -= 1,
+            match completion.opcode.queue() {
+                QueueKind::Send => self.sends -= 1,
+                QueueKind::Recv => self.recvs -= 1,
             }
             *entry = completion;
             filled += 1;
@@ -453,18 +568,83 @@ impl From<&Slot<'_>> for BufferRef {
     }
 }
 
-/// Which queue a completion belongs to.
+/// What a completion completed, and so which queue it belongs to ([`Opcode::queue`]).
 ///
 /// ```
-/// use tierbuf_transport::Opcode;
+/// use tierbuf_transport::{Opcode, QueueKind};
 /// assert_ne!(Opcode::Send, Opcode::Recv);
+/// assert_eq!(Opcode::Write.queue(), QueueKind::Send);
+/// assert_eq!(Opcode::RecvWithImm(7).queue(), QueueKind::Recv);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Opcode {
     /// A send (verbs `IBV_WC_SEND`).
     Send,
     /// A receive (verbs `IBV_WC_RECV`).
     Recv,
+    /// A one-sided write ([`Endpoint::post_write`]; verbs `IBV_WC_RDMA_WRITE`).
+    Write,
+    /// A one-sided read ([`Endpoint::post_read`]; verbs `IBV_WC_RDMA_READ`).
+    Read,
+    /// A receive consumed by the peer's write with this immediate (verbs
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`); the completion's `byte_len` is what the write put
+    /// into the exposed range, not into the receive's buffer.
+    RecvWithImm(u32),
+}
+
+impl Opcode {
+    /// The queue the request was on.
+    pub fn queue(self) -> QueueKind {
+        match self {
+            Opcode::Send | Opcode::Write | Opcode::Read => QueueKind::Send,
+            Opcode::Recv | Opcode::RecvWithImm(_) => QueueKind::Recv,
+        }
+    }
+}
+
+/// A range of the peer's memory that it exposed to this connection
+/// ([`Endpoint::expose`]): the key it was given under, the address of its first byte in
+/// the peer's address space, and its length. It is what a protocol sends to its peer;
+/// any of its parts may be named ([`RemoteBuffer::slice`]).
+///
+/// ```
+/// use tierbuf_transport::RemoteBuffer;
+/// let exposed = RemoteBuffer { key: 0x4c1, addr: 0x7000, len: 4096 };
+/// assert_eq!(exposed.slice(4000, 96), Some(RemoteBuffer { key: 0x4c1, addr: 0x7000 + 4000, len: 96 }));
+/// assert_eq!(exposed.slice(4000, 97), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteBuffer {
+    /// The key the range was exposed under (verbs: a memory window's `rkey`).
+    pub key: u32,
+    /// The range's first byte, in the exposing side's address space.
+    pub addr: u64,
+    /// The range's length.
+    pub len: u32,
+}
+
+impl RemoteBuffer {
+    /// Refuses a local message or buffer of `local` bytes for this range unless the
+    /// lengths are equal ([`PostError::LengthMismatch`]).
+    pub(crate) fn check_len(self, local: u32) -> Result<(), PostError> {
+        if local == self.len {
+            return Ok(());
+        }
+        Err(PostError::LengthMismatch {
+            local: u64::from(local),
+            remote: self.len,
+        })
+    }
+
+    /// The `len` bytes from `offset`, if they lie inside this range.
+    pub fn slice(self, offset: u32, len: u32) -> Option<RemoteBuffer> {
+        (offset.checked_add(len)? <= self.len).then_some(RemoteBuffer {
+            key: self.key,
+            addr: self.addr + u64::from(offset),
+            len,
+        })
+    }
 }
 
 /// How a work request ended. Mirrors the `ibv_wc_status` values a two-sided reliable
@@ -495,6 +675,10 @@ pub enum CompletionStatus {
     /// The peer could not carry out the send: its receive failed, for example on a
     /// deregistered region (`IBV_WC_REM_OP_ERR`).
     RemoteOperationError,
+    /// The peer refused a one-sided write or read: the key is not in force on this
+    /// connection, the range lies outside what it exposes, or it does not allow the access;
+    /// nothing was touched (`IBV_WC_REM_ACCESS_ERR`).
+    RemoteAccessError,
     /// The peer could not be reached or gave up (`IBV_WC_RETRY_EXC_ERR`,
     /// `IBV_WC_RNR_RETRY_EXC_ERR`). The software providers retry forever and never report
     /// it; the verbs provider does when the fabric fails.
@@ -536,8 +720,8 @@ impl CompletionStatus {
 pub struct Completion {
     /// The id the request was posted with.
     pub wr_id: u64,
-    /// For a successful receive, the bytes received; otherwise 0 (verbs defines it for
-    /// receives only).
+    /// For a successful receive or read, the bytes received or read, and for a receive
+    /// consumed by a write with an immediate, the bytes written; otherwise 0.
     pub byte_len: u32,
     /// How the request ended.
     pub status: CompletionStatus,

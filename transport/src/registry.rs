@@ -31,6 +31,7 @@ use foldhash::HashMap;
 use tierbuf_pool::{Region, RegionKeys};
 
 use crate::error::PostError;
+use crate::exposure::KeySerial;
 use crate::provider::BufferRef;
 
 /// A region registered with a software provider, shared by its owner and the work
@@ -39,11 +40,14 @@ use crate::provider::BufferRef;
 pub(crate) struct Registered<R> {
     region: R,
     live: AtomicBool,
+    /// Set for good once a range of the region is exposed to a peer for one-sided access
+    /// (`exposure`): the region then says it is exposed, so a reservoir does not lend it
+    /// to another connection.
+    exposed: AtomicBool,
 }
 
 impl<R: Region> Registered<R> {
     /// The region itself.
-    #[cfg(not(loom))]
     pub(crate) fn region(&self) -> &R {
         &self.region
     }
@@ -51,6 +55,11 @@ impl<R: Region> Registered<R> {
     /// Whether the owner still holds the region (it has not been deregistered).
     pub(crate) fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
+    }
+
+    /// Records that a range of the region was exposed to a peer, for good.
+    pub(crate) fn mark_exposed(&self) {
+        self.exposed.store(true, Ordering::Release);
     }
 
     /// The address of the byte at `offset`.
@@ -69,12 +78,15 @@ impl<R: Region> Registered<R> {
 #[derive(Debug)]
 pub(crate) struct RegionTable<R> {
     by_key: Mutex<HashMap<u32, Weak<Registered<R>>>>,
+    /// The serials of the exposure keys of every endpoint of the provider.
+    serial: KeySerial,
 }
 
 impl<R: Region> RegionTable<R> {
     pub(crate) fn new() -> RegionTable<R> {
         RegionTable {
             by_key: Mutex::new(HashMap::default()),
+            serial: KeySerial::default(),
         }
     }
 
@@ -84,6 +96,7 @@ impl<R: Region> RegionTable<R> {
         let registered = Arc::new(Registered {
             region,
             live: AtomicBool::new(true),
+            exposed: AtomicBool::new(false),
         });
         self.lock().insert(remote_key, Arc::downgrade(&registered));
         RegisteredRegion {
@@ -149,7 +162,7 @@ unsafe impl<R: Region> Region for RegisteredRegion<R> {
     }
 
     fn exposed_to_peer(&self) -> bool {
-        self.registered.region.exposed_to_peer()
+        self.registered.exposed.load(Ordering::Acquire) || self.registered.region.exposed_to_peer()
     }
 }
 
@@ -215,6 +228,12 @@ impl<R: Region> RegionCache<R> {
             offset,
             len: buffer.len,
         })
+    }
+
+    /// The key of a new exposure in `slot`, unique among the provider's exposures
+    /// (`exposure`).
+    pub(crate) fn exposure_key(&self, slot: usize) -> u32 {
+        self.table.serial.key(slot)
     }
 
     /// Resolves every buffer of a send's gather list (the caller has checked that it

@@ -75,6 +75,8 @@ impl<E: Endpoint> Endpoint for Polled<E> {
         unsafe { self.inner.post_send(gather, wr_id) }
     }
 
+    holding::forward_one_sided!();
+
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
         let now = Instant::now();
         holding::take_all(&mut self.inner, |completion| {

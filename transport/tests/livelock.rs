@@ -32,8 +32,8 @@ use tierbuf_transport::connection::{
     ConnectionConfig, ConnectionCore, ConnectionStats, SendError, WorkKind, WorkRequest,
 };
 use tierbuf_transport::{
-    CallerCopies, Completion, Endpoint, LoopbackEndpoint, LoopbackProvider, Opcode, PostError,
-    Provider,
+    CallerCopies, Completion, Endpoint, LoopbackEndpoint, LoopbackProvider, PostError, Provider,
+    QueueKind,
 };
 
 const KIB: usize = 1024;
@@ -178,9 +178,9 @@ impl Side {
             for index in 0..ready {
                 let completion = self.completions[index];
                 assert!(completion.status.is_success(), "{completion:?}");
-                let kind = match completion.opcode {
-                    Opcode::Send => WorkKind::Send,
-                    Opcode::Recv => WorkKind::Recv,
+                let kind = match completion.opcode.queue() {
+                    QueueKind::Send => WorkKind::Send,
+                    QueueKind::Recv => WorkKind::Recv,
                 };
                 self.core
                     .handle_completion(now, kind, completion.wr_id, completion.byte_len)

@@ -67,6 +67,8 @@ impl<E: Endpoint> Endpoint for Reordering<E> {
         unsafe { self.inner.post_send(gather, wr_id) }
     }
 
+    holding::forward_one_sided!();
+
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
         holding::take_all(&mut self.inner, |completion| {
             self.held.push_back(completion)
@@ -133,6 +135,8 @@ impl<E: Endpoint> Endpoint for RefusingFrom<E> {
         // SAFETY: the caller keeps `Endpoint::post_send`'s contract, passed on as is.
         unsafe { self.inner.post_send(gather, wr_id) }
     }
+
+    holding::forward_one_sided!();
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
         self.inner.poll(completions)

@@ -28,8 +28,8 @@ use tierbuf_transport::connection::{
 };
 use tierbuf_transport::shm_segment::{Direction, Filled, PostedBuffer, RingSize, Segment};
 use tierbuf_transport::{
-    BufferRef, Completion, Endpoint, PeerMappingLimit, Provider, RING_CAPACITY, ShmEndpoint,
-    ShmProvider, TransportError,
+    Access, BufferRef, Completion, Endpoint, PeerMappingLimit, PostError, Provider, RING_CAPACITY,
+    ShmEndpoint, ShmProvider, TransportError,
 };
 
 /// The bootstrap records' magic (`transport/src/shm/bootstrap.rs`): `"tierbu"`, the `S` of
@@ -343,6 +343,37 @@ fn announcements_counted_but_never_sent_are_found_at_once() {
         "{error}"
     );
     drop((endpoint, peer));
+}
+
+/// A peer that begins an access to an exposure of this side's (marks it accessed, as if
+/// it were copying into it) and never ends it: `revoke` waits for the peer timeout at
+/// most, then fails the connection as the peer's stall, keeping the region.
+#[test]
+fn a_peer_that_never_ends_an_access_cannot_hang_revoke() {
+    let provider = provider();
+    let pool = SlotPool::new(&*provider.registrar(), 256, 1).unwrap();
+    let window = pool.try_acquire_owned().unwrap();
+    let path = socket_path("held-access");
+    let (mut endpoint, peer) =
+        RawPeer::accept_from(&path, 8, |path| provider.connect(path, 8, 8).unwrap());
+    // SAFETY: the window is not touched until the endpoint has gone.
+    let exposed = unsafe { endpoint.expose(BufferRef::from(&window), Access::Write) }.unwrap();
+    let table = peer.segment.segment().exposures(0);
+    assert!(table.begin_access(exposed.key, Access::Write).is_ok());
+    let ((revoked, error), took) = within_bound("revoke", move || {
+        let revoked = endpoint.revoke(exposed);
+        let error = poll_for_failure(&mut endpoint, 1);
+        (revoked, error)
+    });
+    assert_eq!(revoked, Err(PostError::ConnectionBroken));
+    let error = error.expect("the stall is reported");
+    assert!(
+        matches!(error, TransportError::PeerStalled { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("exposure"), "{error}");
+    assert!(took >= PEER_TIMEOUT, "gave up after {took:?}");
+    drop((peer, window));
 }
 
 /// A peer that raises its ring's `posted` count past anything it could have posted: the

@@ -40,7 +40,7 @@ use super::reserve::FilledOutcome;
 use super::senders::{Front, Held, Queued, SendQueue, Sender};
 use super::wait::{Expired, Parkable, Waiter};
 use crate::error::{PostError, QueueKind};
-use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState, Opcode};
+use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState};
 
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
@@ -164,9 +164,9 @@ impl<E: Endpoint> Connection<E> {
             taken += ready;
             for index in 0..ready {
                 let completion = self.completions[index];
-                let kind = match completion.opcode {
-                    Opcode::Send => WorkKind::Send,
-                    Opcode::Recv => WorkKind::Recv,
+                let kind = match completion.opcode.queue() {
+                    QueueKind::Send => WorkKind::Send,
+                    QueueKind::Recv => WorkKind::Recv,
                 };
                 if completion.status.is_success() {
                     // A failure is recorded in the core and reported by the caller.

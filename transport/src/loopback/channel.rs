@@ -4,11 +4,16 @@
 //!
 //! # Invariants
 //!
-//! - A channel carries messages from one side (the sender) to the other (the receiver).
-//!   Only the sender pushes `sends`, only the receiver pushes `recvs`; both are popped
-//!   only by the holder of the channel's `matching` claim. So while the claim is held, a
-//!   queue seen non-empty stays non-empty until the holder pops it, and sends and
-//!   receives are paired strictly in posting order.
+//! - A channel carries messages from one side (the sender) to the other (the receiver),
+//!   and the sender's one-sided writes and reads of the receiver's exposures, in one
+//!   queue with its sends. Only the sender pushes `sends`, only the receiver pushes
+//!   `recvs`; both are popped only by the holder of the channel's `matching` claim, which
+//!   also alone pushes and pops `held`: the oldest send request, taken off `sends`, that
+//!   waits for a receive (a send, or a write with an immediate). So while the claim is
+//!   held, a queue seen non-empty stays non-empty until the holder pops it; requests are
+//!   carried out strictly in posting order (`held` first), and sends and receives are
+//!   paired in posting order. A request that needs no receive is carried out as soon as
+//!   the holder reaches it.
 //! - Completions are pushed only by the claim holder, in the order requests are paired
 //!   or flushed, so each completion queue is in posting order. A pair's receive
 //!   completion is pushed before its send completion, so a sender that has seen its send
@@ -38,9 +43,10 @@
 
 use std::task::Waker;
 
+use crate::exposure::{Access, ExposureTable};
 use crate::pair_state::{PairState, StateWord};
 use crate::parker::Parker;
-use crate::provider::{Armed, Completion, CompletionStatus, Opcode};
+use crate::provider::{Armed, Completion, CompletionStatus, Opcode, RemoteBuffer};
 use crate::sync::{AtomicBool, BoundedQueue, Ordering, fence, yield_now};
 
 use super::HostRegion;
@@ -49,13 +55,55 @@ use crate::registry::Resolved;
 /// The most buffers in one loopback send's gather list.
 pub(crate) const MAX_GATHER: usize = 4;
 
-/// A posted send, checked and holding its regions.
+/// A request of the send queue, checked and holding its regions: a send, or a one-sided
+/// write from the gather list or read into its first buffer.
 #[derive(Debug)]
 pub(crate) struct SendRequest {
     pub(crate) wr_id: u64,
     pub(crate) gather: [Option<Resolved<HostRegion>>; MAX_GATHER],
     /// The sum of the gather buffers' lengths.
     pub(crate) len: u32,
+    pub(crate) work: Work,
+}
+
+/// What a request of the send queue does.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// Sends the gather list into the peer's oldest receive.
+    Send,
+    /// Writes the gather list into the peer's exposed `remote`, then, with `imm`,
+    /// completes the peer's oldest receive with it.
+    Write {
+        remote: RemoteBuffer,
+        imm: Option<u32>,
+        /// The region `remote` lay in when posted, looked up by the poster (so the memory
+        /// stays mapped); the exposure is checked again when the write is carried out.
+        target: Option<Resolved<HostRegion>>,
+    },
+    /// Reads the peer's exposed `remote` into the first gather buffer.
+    Read {
+        remote: RemoteBuffer,
+        target: Option<Resolved<HostRegion>>,
+    },
+}
+
+impl Work {
+    /// Whether the request consumes a receive of the peer's.
+    fn needs_recv(&self) -> bool {
+        match self {
+            Work::Send => true,
+            Work::Write { imm, .. } => imm.is_some(),
+            Work::Read { .. } => false,
+        }
+    }
+
+    fn opcode(&self) -> Opcode {
+        match self {
+            Work::Send => Opcode::Send,
+            Work::Write { .. } => Opcode::Write,
+            Work::Read { .. } => Opcode::Read,
+        }
+    }
 }
 
 /// A posted receive, checked and holding its region.
@@ -69,6 +117,8 @@ pub(crate) struct RecvRequest {
 #[derive(Debug)]
 pub(crate) struct Channel {
     sends: BoundedQueue<SendRequest>,
+    /// The oldest request taken off `sends` that waits for a receive; at most one.
+    held: BoundedQueue<SendRequest>,
     recvs: BoundedQueue<RecvRequest>,
     send_completions: BoundedQueue<Completion>,
     recv_completions: BoundedQueue<Completion>,
@@ -80,6 +130,7 @@ impl Channel {
     fn new(send_depth: u32, recv_depth: u32) -> Channel {
         Channel {
             sends: BoundedQueue::new(send_depth as usize),
+            held: BoundedQueue::new(1),
             recvs: BoundedQueue::new(recv_depth as usize),
             send_completions: BoundedQueue::new(send_depth as usize),
             recv_completions: BoundedQueue::new(recv_depth as usize),
@@ -117,22 +168,22 @@ impl Channel {
         self.recv_completions.pop()
     }
 
-    fn complete_send(&self, wr_id: u64, status: CompletionStatus) {
-        let completion = Completion {
-            wr_id,
-            byte_len: 0,
-            status,
-            opcode: Opcode::Send,
-        };
-        expect_room(self.send_completions.push(completion).is_ok());
-    }
-
-    fn complete_recv(&self, wr_id: u64, byte_len: u32, status: CompletionStatus) {
+    fn complete_send(&self, wr_id: u64, opcode: Opcode, byte_len: u32, status: CompletionStatus) {
         let completion = Completion {
             wr_id,
             byte_len,
             status,
-            opcode: Opcode::Recv,
+            opcode,
+        };
+        expect_room(self.send_completions.push(completion).is_ok());
+    }
+
+    fn complete_recv(&self, wr_id: u64, opcode: Opcode, byte_len: u32, status: CompletionStatus) {
+        let completion = Completion {
+            wr_id,
+            byte_len,
+            status,
+            opcode,
         };
         expect_room(self.recv_completions.push(completion).is_ok());
     }
@@ -141,12 +192,13 @@ impl Channel {
     /// any.
     fn flush(&self) -> bool {
         let mut flushed = false;
-        while let Some(send) = self.sends.pop() {
-            self.complete_send(send.wr_id, CompletionStatus::Flushed);
+        while let Some(send) = self.held.pop().or_else(|| self.sends.pop()) {
+            let opcode = send.work.opcode();
+            self.complete_send(send.wr_id, opcode, 0, CompletionStatus::Flushed);
             flushed = true;
         }
         while let Some(recv) = self.recvs.pop() {
-            self.complete_recv(recv.wr_id, 0, CompletionStatus::Flushed);
+            self.complete_recv(recv.wr_id, Opcode::Recv, 0, CompletionStatus::Flushed);
             flushed = true;
         }
         flushed
@@ -166,6 +218,8 @@ fn expect_room(pushed: bool) {
 pub(crate) struct PairShared {
     /// `channels[side]` carries messages from `side` to the other side.
     channels: [Channel; 2],
+    /// `exposures[side]`: the ranges `side` exposed to the other side.
+    exposures: [ExposureTable; 2],
     state: StateWord,
     parkers: [Parker; 2],
 }
@@ -177,9 +231,15 @@ impl PairShared {
                 Channel::new(send_depth, recv_depth),
                 Channel::new(send_depth, recv_depth),
             ],
+            exposures: [ExposureTable::default(), ExposureTable::default()],
             state: StateWord::new(),
             parkers: [Parker::default(), Parker::default()],
         }
+    }
+
+    /// The ranges `side` exposed to the other side.
+    pub(crate) fn exposures(&self, side: usize) -> &ExposureTable {
+        &self.exposures[side]
     }
 
     /// Asks for `waker` to be woken at the next completion for `side` or change of state
@@ -258,7 +318,7 @@ impl PairShared {
                 yield_now();
                 continue;
             }
-            let completed = self.run_claimed(channel);
+            let completed = self.run_claimed(side);
             channel.release();
             if completed {
                 self.wake_parked();
@@ -276,86 +336,210 @@ impl PairShared {
         }
     }
 
+    /// Whether the claim holder of `channel` has something to do: a request waiting for a
+    /// receive and one there, or a request not yet looked at (it is carried out, or held
+    /// for a receive), or anything to flush once the connection is down.
     fn has_work(&self, channel: &Channel) -> bool {
+        let held = !channel.held.is_empty();
         let sends = !channel.sends.is_empty();
         let recvs = !channel.recvs.is_empty();
-        (sends && recvs) || ((sends || recvs) && !self.state.is_open())
+        if !self.state.is_open() {
+            return held || sends || recvs;
+        }
+        if held { recvs } else { sends }
     }
 
-    /// Pairs sends with receives while the connection is open, then flushes. Claim held.
-    /// Returns whether it completed anything.
-    fn run_claimed(&self, channel: &Channel) -> bool {
+    /// Carries out the requests of the channel from `side` in order while the connection
+    /// is open, pairing those that need a receive with the receives; then flushes. Claim
+    /// held. Returns whether it completed anything.
+    fn run_claimed(&self, side: usize) -> bool {
+        let channel = &self.channels[side];
         let mut completed = false;
         loop {
             if !self.state.is_open() {
                 return channel.flush() || completed;
             }
-            if channel.sends.is_empty() || channel.recvs.is_empty() {
+            let Some(request) = channel.held.pop().or_else(|| channel.sends.pop()) else {
                 return completed;
-            }
-            completed = true;
-            // Both queues were seen non-empty and only the claim holder pops them.
-            let (Some(send), Some(recv)) = (channel.sends.pop(), channel.recvs.pop()) else {
-                unreachable!("a queue seen non-empty by the claim holder emptied");
             };
-            let delivery = deliver(&send, &recv);
-            if !delivery.send_status.is_success() {
+            let recv = if request.work.needs_recv() {
+                let Some(recv) = channel.recvs.pop() else {
+                    // `held` was just emptied (or was empty), and only the holder fills it.
+                    expect_room(channel.held.push(request).is_ok());
+                    return completed;
+                };
+                Some(recv)
+            } else {
+                None
+            };
+            completed = true;
+            let peer_exposures = &self.exposures[1 - side];
+            let outcome = match (&request.work, &recv) {
+                (
+                    Work::Write {
+                        remote,
+                        imm,
+                        target,
+                    },
+                    _,
+                ) => {
+                    let written = access(
+                        peer_exposures,
+                        &request,
+                        *remote,
+                        Access::Write,
+                        target.as_ref(),
+                        // SAFETY: `at` starts `request.len` bytes (the remote range's
+                        // length, checked when posted) inside the target region, exposed
+                        // to this side for writing and marked accessed, so its owner
+                        // neither reads them nor takes them back meanwhile.
+                        |at| unsafe { copy_gather(&request, at) },
+                    );
+                    Delivery::of_one_sided(
+                        written,
+                        request.len,
+                        Opcode::Write,
+                        imm.map(Opcode::RecvWithImm),
+                    )
+                }
+                (Work::Read { remote, target }, _) => {
+                    let read = access(
+                        peer_exposures,
+                        &request,
+                        *remote,
+                        Access::Read,
+                        target.as_ref(),
+                        // SAFETY: as for a write: `at` starts `request.len` bytes exposed
+                        // for reading, which its owner does not write while exposed.
+                        |at| unsafe { copy_from(&request, at) },
+                    );
+                    Delivery::of_one_sided(read, request.len, Opcode::Read, None)
+                }
+                (Work::Send, Some(recv)) => deliver(&request, recv),
+                (Work::Send, None) => unreachable!("a send is carried out with a receive"),
+            };
+            if !outcome.send_status.is_success() {
                 self.state.break_connection();
             }
             // The receive's completion first: whoever sees the send complete (and closes,
             // say) finds the message's completion queued on the receiving side.
-            channel.complete_recv(recv.wr_id, delivery.byte_len, delivery.recv_status);
-            channel.complete_send(send.wr_id, delivery.send_status);
+            if let Some(recv) = recv {
+                channel.complete_recv(
+                    recv.wr_id,
+                    outcome.recv_opcode,
+                    outcome.byte_len,
+                    outcome.recv_status,
+                );
+            }
+            channel.complete_send(
+                request.wr_id,
+                request.work.opcode(),
+                outcome.send_byte_len,
+                outcome.send_status,
+            );
         }
     }
 }
 
-/// How one send met one receive.
+/// How one request of the send queue ended, and the receive it consumed if any.
 struct Delivery {
     send_status: CompletionStatus,
+    /// The byte count of the request's own completion (a read's bytes).
+    send_byte_len: u32,
     recv_status: CompletionStatus,
+    recv_opcode: Opcode,
+    /// The byte count of the receive's completion.
     byte_len: u32,
 }
 
-/// Copies `send`'s message into `recv`'s buffer if it fits and every region is still
-/// registered; otherwise writes nothing and says why, as verbs would.
-fn deliver(send: &SendRequest, recv: &RecvRequest) -> Delivery {
-    let failed = |send_status, recv_status| Delivery {
-        send_status,
-        recv_status,
-        byte_len: 0,
+impl Delivery {
+    fn failed(send_status: CompletionStatus, recv_status: CompletionStatus) -> Delivery {
+        Delivery {
+            send_status,
+            send_byte_len: 0,
+            recv_status,
+            recv_opcode: Opcode::Recv,
+            byte_len: 0,
+        }
+    }
+
+    /// The end of a one-sided write or read of `len` bytes: `done` says whether it was
+    /// carried out, or why not; a write with an immediate completes the receive it
+    /// consumed as `recv_opcode`, with the bytes written, or flushes it when the write
+    /// failed (the connection breaks).
+    fn of_one_sided(
+        done: Result<(), CompletionStatus>,
+        len: u32,
+        opcode: Opcode,
+        recv_opcode: Option<Opcode>,
+    ) -> Delivery {
+        match done {
+            Ok(()) => Delivery {
+                send_status: CompletionStatus::Success,
+                send_byte_len: if opcode == Opcode::Read { len } else { 0 },
+                recv_status: CompletionStatus::Success,
+                recv_opcode: recv_opcode.unwrap_or(Opcode::Recv),
+                byte_len: len,
+            },
+            Err(status) => Delivery::failed(status, CompletionStatus::Flushed),
+        }
+    }
+}
+
+/// Carries out a one-sided access of `remote` in `table` (the peer's exposures): marks
+/// the exposure accessed if its key is in force for `access`, checks that `remote` lies
+/// inside it and inside `target` (the region the poster found it in), and calls `copy`
+/// with the address of `remote`'s first byte; then ends the access. Touches nothing and
+/// says why when a check fails: the key, the bounds ([`CompletionStatus::RemoteAccessError`]),
+/// or a local region deregistered meanwhile ([`CompletionStatus::LocalProtectionError`]).
+fn access(
+    table: &ExposureTable,
+    request: &SendRequest,
+    remote: RemoteBuffer,
+    access: Access,
+    target: Option<&Resolved<HostRegion>>,
+    copy: impl FnOnce(std::ptr::NonNull<u8>),
+) -> Result<(), CompletionStatus> {
+    if !request.gather.iter().flatten().all(|s| s.region.is_live()) {
+        return Err(CompletionStatus::LocalProtectionError);
+    }
+    let Ok(window) = table.begin_access(remote.key, access) else {
+        return Err(CompletionStatus::RemoteAccessError);
     };
-    if send.len > recv.buffer.len {
-        return failed(
-            CompletionStatus::RemoteInvalidRequest,
-            CompletionStatus::LocalLengthError,
-        );
-    }
-    if !send.gather.iter().flatten().all(|s| s.region.is_live()) {
-        return failed(
-            CompletionStatus::LocalProtectionError,
-            CompletionStatus::Flushed,
-        );
-    }
-    if !recv.buffer.region.is_live() {
-        return failed(
-            CompletionStatus::RemoteOperationError,
-            CompletionStatus::LocalProtectionError,
-        );
-    }
-    // SAFETY: `resolve` checked `offset + len <= region length` for every buffer, so the
-    // start pointers are in bounds.
-    let destination = unsafe { recv.buffer.region.byte_at(recv.buffer.offset) };
+    let inside = |target: &Resolved<HostRegion>| {
+        let region_key = target.region.region().keys().remote_key;
+        window.region_key == region_key
+            && window
+                .offset_of(remote.addr, u64::from(remote.len))
+                .is_some()
+            && target.region.is_live()
+    };
+    let outcome = match target.filter(|target| inside(target)) {
+        Some(target) => {
+            // SAFETY: `resolve` checked `offset + len <= region length`.
+            copy(unsafe { target.region.byte_at(target.offset) });
+            Ok(())
+        }
+        None => Err(CompletionStatus::RemoteAccessError),
+    };
+    table.end_access(remote.key);
+    outcome
+}
+
+/// Copies `request`'s gather list, in order, to `destination`.
+///
+/// # Safety
+///
+/// `destination` is valid for writes of `request.len` bytes that nothing else reads or
+/// writes meanwhile (or only through `ptr::copy`'s tolerance of overlap).
+unsafe fn copy_gather(request: &SendRequest, destination: std::ptr::NonNull<u8>) {
     let mut written = 0usize;
-    for segment in send.gather.iter().flatten() {
-        // SAFETY: both regions are mapped while the requests hold them (registry
-        // invariants). The source range lies inside its region (checked when posted) and
-        // the destination range `written .. written + segment.len` lies inside the receive
-        // buffer, because the segments add up to `send.len <= recv.buffer.len`. The
-        // posters promised that nothing else touches the receive buffer and nothing writes
-        // the send buffers until the completions are polled or the endpoints closed, and
-        // closing waits for this claim. `copy` tolerates overlap should the ranges share
-        // bytes regardless.
+    for segment in request.gather.iter().flatten() {
+        // SAFETY: both regions are mapped while the request holds them (registry
+        // invariants); the source range lies inside its region (checked when posted) and
+        // the destination range inside what the caller vouched for, because the segments
+        // add up to `request.len`. The poster promised not to write the source until the
+        // completion. `copy` tolerates overlap should the ranges share bytes regardless.
         unsafe {
             let source = segment.region.byte_at(segment.offset);
             std::ptr::copy(
@@ -366,9 +550,59 @@ fn deliver(send: &SendRequest, recv: &RecvRequest) -> Delivery {
         }
         written += segment.len as usize;
     }
+}
+
+/// Copies `request.len` bytes from `source` into `request`'s first buffer (a read's).
+///
+/// # Safety
+///
+/// `source` is valid for reads of `request.len` bytes that nothing writes meanwhile.
+unsafe fn copy_from(request: &SendRequest, source: std::ptr::NonNull<u8>) {
+    if let Some(buffer) = request.gather.iter().flatten().next() {
+        // SAFETY: the buffer lies inside its region, mapped while the request holds it,
+        // and is `request.len` bytes long (checked when posted); the poster promised it to
+        // the provider until the completion; the caller vouches for the source.
+        unsafe {
+            std::ptr::copy(
+                source.as_ptr(),
+                buffer.region.byte_at(buffer.offset).as_ptr(),
+                request.len as usize,
+            );
+        }
+    }
+}
+
+/// Copies `send`'s message into `recv`'s buffer if it fits and every region is still
+/// registered; otherwise writes nothing and says why, as verbs would.
+fn deliver(send: &SendRequest, recv: &RecvRequest) -> Delivery {
+    if send.len > recv.buffer.len {
+        return Delivery::failed(
+            CompletionStatus::RemoteInvalidRequest,
+            CompletionStatus::LocalLengthError,
+        );
+    }
+    if !send.gather.iter().flatten().all(|s| s.region.is_live()) {
+        return Delivery::failed(
+            CompletionStatus::LocalProtectionError,
+            CompletionStatus::Flushed,
+        );
+    }
+    if !recv.buffer.region.is_live() {
+        return Delivery::failed(
+            CompletionStatus::RemoteOperationError,
+            CompletionStatus::LocalProtectionError,
+        );
+    }
+    // SAFETY: `resolve` checked `offset + len <= region length` for the receive buffer,
+    // so the start pointer is in bounds, and `send.len <= recv.buffer.len`: the range is
+    // the receive's, which its poster promised to the provider until its completion, and
+    // closing waits for this claim.
+    unsafe { copy_gather(send, recv.buffer.region.byte_at(recv.buffer.offset)) };
     Delivery {
         send_status: CompletionStatus::Success,
+        send_byte_len: 0,
         recv_status: CompletionStatus::Success,
+        recv_opcode: Opcode::Recv,
         byte_len: send.len,
     }
 }

@@ -27,13 +27,14 @@ use std::task::Waker;
 use tierbuf_pool::{HostRegistrar, MemoryBudget, PoolError, Region, Registrar};
 
 use crate::error::{PostError, QueueKind, TransportError};
+use crate::exposure::{Access, Exposures};
 use crate::provider::{
     Armed, BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, Outstanding, Provider,
-    Readiness,
+    Readiness, RemoteBuffer,
 };
-use crate::registry::{RegionCache, RegionTable};
+use crate::registry::{RegionCache, RegionTable, Resolved};
 use crate::sync::Arc;
-use channel::{MAX_GATHER, PairShared, RecvRequest, SendRequest};
+use channel::{MAX_GATHER, PairShared, RecvRequest, SendRequest, Work};
 
 /// The deepest queue a loopback endpoint takes.
 pub const MAX_QUEUE_DEPTH: u32 = 1 << 16;
@@ -126,6 +127,7 @@ impl LoopbackProvider {
             regions: RegionCache::new(StdArc::clone(&self.registrar.table)),
             outstanding: Outstanding::default(),
             closed: false,
+            exposures: Exposures::default(),
         };
         Ok((endpoint(0), endpoint(1)))
     }
@@ -195,11 +197,35 @@ pub struct LoopbackEndpoint {
     regions: RegionCache<HostRegion>,
     outstanding: Outstanding,
     closed: bool,
+    /// The ranges exposed to the peer, each holding its region.
+    exposures: Exposures<HostRegion>,
 }
 
 impl LoopbackEndpoint {
     fn peer(&self) -> usize {
         1 - self.side
+    }
+
+    /// Queues `request` on the send queue (counted outstanding) and carries out what it
+    /// can.
+    fn push_send(&mut self, request: SendRequest) {
+        self.outstanding.sends += 1;
+        self.shared.channel(self.side).push_send(request);
+        self.shared.progress(self.side);
+    }
+
+    /// The region the peer's exposure `remote` lies in, as far as this side can tell
+    /// before the access: looked up now, so that its memory stays mapped for the request,
+    /// and checked against the exposure again when the request is carried out.
+    fn peer_target(&mut self, remote: RemoteBuffer) -> Option<Resolved<HostRegion>> {
+        let region_key = self.shared.exposures(self.peer()).region_hint(remote.key);
+        self.regions
+            .resolve(BufferRef {
+                remote_key: region_key,
+                addr: remote.addr,
+                len: remote.len,
+            })
+            .ok()
     }
 }
 
@@ -237,13 +263,81 @@ impl Endpoint for LoopbackEndpoint {
         self.outstanding.check_room(QueueKind::Send, self.limits)?;
         let len = self.limits.message_len(gather)?;
         let resolved = self.regions.resolve_gather::<MAX_GATHER>(gather)?;
-        self.outstanding.sends += 1;
-        self.shared.channel(self.side).push_send(SendRequest {
+        self.push_send(SendRequest {
             wr_id,
             gather: resolved,
             len,
+            work: Work::Send,
         });
-        self.shared.progress(self.side);
+        Ok(())
+    }
+
+    unsafe fn expose(
+        &mut self,
+        buffer: BufferRef,
+        access: Access,
+    ) -> Result<RemoteBuffer, PostError> {
+        self.state().admits_posts()?;
+        let slot = self.exposures.free_slot()?;
+        let resolved = self.regions.resolve(buffer)?;
+        let key = self.regions.exposure_key(slot);
+        let table = self.shared.exposures(self.side);
+        Ok(self.exposures.publish(table, key, access, buffer, resolved))
+    }
+
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        self.exposures.check(exposed)?;
+        // The peer's access in flight is a copy on a thread of this process: it ends.
+        self.shared
+            .exposures(self.side)
+            .revoke(exposed.key, || true);
+        self.exposures.remove(exposed.key);
+        Ok(())
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        gather: &[BufferRef],
+        remote: RemoteBuffer,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        let len = self.limits.message_len(gather)?;
+        remote.check_len(len)?;
+        let resolved = self.regions.resolve_gather::<MAX_GATHER>(gather)?;
+        let target = self.peer_target(remote);
+        self.push_send(SendRequest {
+            wr_id,
+            gather: resolved,
+            len,
+            work: Work::Write {
+                remote,
+                imm,
+                target,
+            },
+        });
+        Ok(())
+    }
+
+    unsafe fn post_read(
+        &mut self,
+        buffer: BufferRef,
+        remote: RemoteBuffer,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        remote.check_len(buffer.len)?;
+        let resolved = self.regions.resolve_gather::<MAX_GATHER>(&[buffer])?;
+        let target = self.peer_target(remote);
+        self.push_send(SendRequest {
+            wr_id,
+            gather: resolved,
+            len: buffer.len,
+            work: Work::Read { remote, target },
+        });
         Ok(())
     }
 

@@ -60,7 +60,7 @@
 //!   with shallow queues has only the first pages of its segment's memory file allocated.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -79,9 +79,10 @@ use super::segment::{
     SharedSegment, prefetch,
 };
 use crate::error::{PostError, QueueKind, TransportError};
+use crate::exposure::{Access, Exposures, Window};
 use crate::provider::{
     Armed, BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits,
-    EndpointState, Opcode, Outstanding, Readiness,
+    EndpointState, Opcode, Outstanding, Readiness, RemoteBuffer,
 };
 use crate::registry::{RegionCache, Registered, Resolved};
 
@@ -115,6 +116,32 @@ struct PendingSend {
     wr_id: u64,
     gather: [Option<Resolved<SharedHostRegion>>; MAX_GATHER],
     len: u32,
+    work: Work,
+}
+
+/// What a request of the send queue does.
+#[derive(Debug, Clone, Copy)]
+enum Work {
+    /// Sends the gather list into the peer's oldest receive.
+    Send,
+    /// Writes the gather list into the peer's exposed `remote`, then, with `imm`,
+    /// completes the peer's oldest receive with it.
+    Write {
+        remote: RemoteBuffer,
+        imm: Option<u32>,
+    },
+    /// Reads the peer's exposed `remote` into the first gather buffer.
+    Read { remote: RemoteBuffer },
+}
+
+impl Work {
+    fn opcode(self) -> Opcode {
+        match self {
+            Work::Send => Opcode::Send,
+            Work::Write { .. } => Opcode::Write,
+            Work::Read { .. } => Opcode::Read,
+        }
+    }
 }
 
 /// The bytes of a send: a posted send's gather list, or the caller's own memory for a
@@ -221,6 +248,16 @@ pub(crate) struct MappedSegment {
     pub(crate) _charge: Option<MappingCharge>,
 }
 
+impl MappedSegment {
+    fn segment(&self) -> &SharedSegment {
+        // SAFETY: `mapping` maps at least `size_of::<SharedSegment>()` bytes, page-aligned
+        // (so aligned for the segment), for as long as `self` lives; the handshake checked
+        // the stamp. Every field of the segment is an atomic integer, for which any bit
+        // pattern the peer writes is a valid value, and atomics may be shared.
+        unsafe { self.mapping.base().cast::<SharedSegment>().as_ref() }
+    }
+}
+
 /// One side of a shared-memory connection; see [`Endpoint`] for the rules it keeps and
 /// [`ShmProvider`](super::ShmProvider) for how to make one. Dropping it closes it.
 #[derive(Debug)]
@@ -256,6 +293,8 @@ pub struct ShmEndpoint {
     recvs_reaped: u64,
     /// Regions announced to the peer and not yet forgotten, by remote key.
     announced: HashMap<u32, Announced>,
+    /// The ranges exposed to the peer, each holding its region.
+    exposures: Exposures<SharedHostRegion>,
     // Liveness.
     idle_polls: u32,
     peer_gone: bool,
@@ -301,6 +340,7 @@ impl ShmEndpoint {
             recvs_posted: 0,
             recvs_reaped: 0,
             announced: HashMap::default(),
+            exposures: Exposures::default(),
             idle_polls: 0,
             peer_gone: false,
             peer,
@@ -309,11 +349,7 @@ impl ShmEndpoint {
     }
 
     fn segment(&self) -> &SharedSegment {
-        // SAFETY: `segment` maps at least `size_of::<SharedSegment>()` bytes, page-aligned
-        // (so aligned for the segment), for as long as `self` lives; the handshake checked
-        // the stamp. Every field of the segment is an atomic integer, for which any bit
-        // pattern the peer writes is a valid value, and atomics may be shared.
-        unsafe { self.segment.mapping.base().cast::<SharedSegment>().as_ref() }
+        self.segment.segment()
     }
 
     fn peer(&self) -> usize {
@@ -571,29 +607,191 @@ impl ShmEndpoint {
         }
     }
 
+    /// Queues a one-sided request of `len` bytes from (or, for a read, into) `gather`, in
+    /// order behind the sends, and carries out what it can.
+    fn post_one_sided(
+        &mut self,
+        gather: &[BufferRef],
+        len: u32,
+        work: Work,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        self.state().admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        let resolved = self.local.resolve_gather::<MAX_GATHER>(gather)?;
+        self.outstanding.sends += 1;
+        self.pending.push_back(PendingSend {
+            wr_id,
+            gather: resolved,
+            len,
+            work,
+        });
+        self.progress_sends();
+        Ok(())
+    }
+
     /// Copies pending sends into the peer's posted receives, in order, while both exist.
     /// Returns whether any send completed.
     fn progress_sends(&mut self) -> bool {
         let mut progressed = false;
         while let Some(send) = self.pending.pop_front() {
-            let Some(status) = self.try_match(Source::Posted(&send), send.len) else {
+            let Some(done) = self.carry_out(&send) else {
                 self.pending.push_front(send);
                 break;
             };
-            self.complete_send(send.wr_id, status);
+            self.complete(send.wr_id, done);
             progressed = true;
         }
         progressed
     }
 
-    /// Queues the completion of send `wr_id` with `status`.
-    fn complete_send(&mut self, wr_id: u64, status: CompletionStatus) {
+    /// Carries out `send`, a request of the send queue, unless it waits for a receive of
+    /// the peer's or the connection is down (`None`): how it ended.
+    fn carry_out(&mut self, send: &PendingSend) -> Option<Done> {
+        match send.work {
+            Work::Send => Some(Done::send(self.try_match(Source::Posted(send), send.len)?)),
+            Work::Write { remote, imm } => self.one_sided(send, remote, Access::Write, imm),
+            Work::Read { remote } => self.one_sided(send, remote, Access::Read, None),
+        }
+    }
+
+    /// Queues the completion of send-queue request `wr_id` as `done`.
+    fn complete(&mut self, wr_id: u64, done: Done) {
         self.send_completions.push_back(Completion {
             wr_id,
-            byte_len: 0,
-            status,
-            opcode: Opcode::Send,
+            byte_len: done.byte_len,
+            status: done.status,
+            opcode: done.opcode,
         });
+    }
+
+    /// Queues the completion of send `wr_id` with `status`.
+    fn complete_send(&mut self, wr_id: u64, status: CompletionStatus) {
+        self.complete(wr_id, Done::send(status));
+    }
+
+    /// Carries out a one-sided write (`access` [`Access::Write`], with `imm` consuming the
+    /// peer's oldest receive) or read of the peer's exposure `remote` for `send`; `None`
+    /// while a write with an immediate waits for a receive, or the connection is down.
+    ///
+    /// The peer's exposure is checked before any byte moves, in this order: the key in
+    /// force for the access (`ExposureTable::begin_access`, which marks it accessed so
+    /// the peer does not revoke it meanwhile), `remote` inside the range exposed, and
+    /// inside a region the peer announced (`peer_buffer`, after the announcements the
+    /// exposure's publication covers are read). A check that fails touches nothing and
+    /// breaks the connection with [`CompletionStatus::RemoteAccessError`]; the copy gate
+    /// (`Segment::begin_copy`) orders the copy with the peer's close as for a send.
+    fn one_sided(
+        &mut self,
+        send: &PendingSend,
+        remote: RemoteBuffer,
+        access: Access,
+        imm: Option<u32>,
+    ) -> Option<Done> {
+        let opcode = send.work.opcode();
+        if self.segment().state() != PairState::Open {
+            return None;
+        }
+        let count = self.sends_matched;
+        if imm.is_some() && !self.peer_posted(count) {
+            return None;
+        }
+        if !Source::Posted(send).is_live() {
+            self.segment().break_connection();
+            return Some(Done::of(opcode, CompletionStatus::LocalProtectionError));
+        }
+        let table = self.segment().exposures(self.peer());
+        let Ok(window) = table.begin_access(remote.key, access) else {
+            return Some(self.refused(opcode));
+        };
+        let outcome = self.access_window(send, remote, access, window);
+        self.segment().exposures(self.peer()).end_access(remote.key);
+        let status = match outcome {
+            Some(true) => CompletionStatus::Success,
+            Some(false) => return Some(self.refused(opcode)),
+            // Down meanwhile, or the peer's announcements missing: nothing was touched,
+            // and the connection has failed or is closing.
+            None => return None,
+        };
+        if let Some(imm) = imm {
+            let len = send.len;
+            if self.outgoing().deliver(count, Filled::Written { len, imm }) {
+                send_wake(self.socket.as_fd());
+            }
+            self.sends_matched += 1;
+        } else {
+            self.segment().end_copy(self.side);
+        }
+        let byte_len = if access == Access::Read { send.len } else { 0 };
+        Some(Done {
+            opcode,
+            status,
+            byte_len,
+        })
+    }
+
+    /// Copies for a one-sided `access` of `remote` through the peer's exposure `window`,
+    /// which this side marked accessed: `Some(true)` when done (with the copy gate passed,
+    /// for the caller to reopen), `Some(false)` when `remote` lies outside the window or
+    /// outside what the peer announced (nothing touched), `None` when the connection went
+    /// down or the announcements the exposure needs are missing (the connection failed).
+    fn access_window(
+        &mut self,
+        send: &PendingSend,
+        remote: RemoteBuffer,
+        access: Access,
+        window: Window,
+    ) -> Option<bool> {
+        if window
+            .offset_of(remote.addr, u64::from(remote.len))
+            .is_none()
+        {
+            return Some(false);
+        }
+        let announced = self.segment().direction(self.side).announced();
+        if self.announcements_read < announced && !self.catch_up_with_announcements(announced) {
+            return None;
+        }
+        let Some(at) = self.peer_buffer(PostedBuffer {
+            remote_key: window.region_key,
+            addr: remote.addr,
+            len: remote.len,
+        }) else {
+            return Some(false);
+        };
+        if !self.segment().begin_copy(self.side) {
+            return None;
+        }
+        match access {
+            // SAFETY: `at` starts `remote.len == send.len` bytes (checked when posted)
+            // inside a mapping of the peer's announced region, exposed to this side for
+            // writing and marked accessed; the peer's close waits for the copy gate.
+            Access::Write => unsafe { Source::Posted(send).copy_to(at.as_ptr()) },
+            // SAFETY: the same range, exposed for reading, which the peer does not write
+            // while exposed; the destination is the request's one buffer of `send.len`
+            // bytes, which its poster promised to the provider until the completion.
+            Access::Read => unsafe { copy_into_first(send, at) },
+        }
+        Some(true)
+    }
+
+    /// Breaks the connection for a one-sided request the peer's exposure refused.
+    fn refused(&mut self, opcode: Opcode) -> Done {
+        self.segment().break_connection();
+        Done::of(opcode, CompletionStatus::RemoteAccessError)
+    }
+
+    /// Whether the peer has posted its `count`-th receive, reading its ring's counters
+    /// when this side's view is used up; a count out of bounds fails the connection as
+    /// the peer's violation (and answers `false`).
+    fn peer_posted(&mut self, count: u64) -> bool {
+        let mut view = self.peer_posts;
+        let posted = self.outgoing().is_posted(count, &mut view);
+        self.peer_posts = view;
+        posted.unwrap_or_else(|bad| {
+            self.violation(bad.to_string());
+            false
+        })
     }
 
     /// Delivers `source`, `len` bytes of the oldest send not yet matched, into the peer's
@@ -604,20 +802,12 @@ impl ShmEndpoint {
             return None;
         }
         let count = self.sends_matched;
-        let mut view = self.peer_posts;
-        let posted = self.outgoing().is_posted(count, &mut view);
-        self.peer_posts = view;
-        match posted {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err(bad) => {
-                self.violation(bad.to_string());
-                return None;
-            }
+        if !self.peer_posted(count) {
+            return None;
         }
         // A message short enough for any receive the view shows long leaves the entry's
         // buffer unread: its stores then wait for no line the peer wrote (`segment`).
-        let buffer = (len as usize > INLINE_CAPACITY || !view.holds_inline(count))
+        let buffer = (len as usize > INLINE_CAPACITY || !self.peer_posts.holds_inline(count))
             .then(|| self.outgoing().posted_buffer(count));
         // Inline where the message is short enough for the receive; a copy otherwise.
         let copy_into = buffer.filter(|buffer| len as usize > INLINE_CAPACITY || len > buffer.len);
@@ -642,7 +832,9 @@ impl ShmEndpoint {
                     send_wake(self.socket.as_fd());
                 }
                 match filled {
-                    Filled::Delivered(_) | Filled::Inline(_) => CompletionStatus::Success,
+                    Filled::Delivered(_) | Filled::Inline(_) | Filled::Written { .. } => {
+                        CompletionStatus::Success
+                    }
                     Filled::TooLong => {
                         self.segment().break_connection();
                         CompletionStatus::RemoteInvalidRequest
@@ -763,6 +955,7 @@ impl ShmEndpoint {
                 self.prefetch_delivery(front);
                 break;
             };
+            let mut opcode = Opcode::Recv;
             let (status, byte_len) = match report {
                 Ok(Filled::Delivered(len)) if len <= front.buffer.len => {
                     if front.buffer.region.is_live() {
@@ -805,6 +998,13 @@ impl ShmEndpoint {
                     self.segment().break_connection();
                     (CompletionStatus::LocalLengthError, 0)
                 }
+                // The bytes went into a range this side exposed, not into the receive's
+                // buffer: its length is the peer's report, which this side does not use
+                // to read anything.
+                Ok(Filled::Written { len, imm }) => {
+                    opcode = Opcode::RecvWithImm(imm);
+                    (CompletionStatus::Success, len)
+                }
                 Ok(Filled::Unreachable) => {
                     self.segment().break_connection();
                     (CompletionStatus::LocalProtectionError, 0)
@@ -823,7 +1023,7 @@ impl ShmEndpoint {
                 wr_id: receive.wr_id,
                 byte_len,
                 status,
-                opcode: Opcode::Recv,
+                opcode,
             });
             progressed = true;
         }
@@ -837,25 +1037,14 @@ impl ShmEndpoint {
             return;
         }
         self.reap_receives();
-        let side = self.side;
-        let socket = &self.socket;
-        let mut peer_gone = self.peer_gone;
-        let deadline = Instant::now().checked_add(self.peer.timeout);
-        let mut stalled = false;
+        let mut wait = PeerWait::new(self.peer_gone, self.peer.timeout);
+        let socket = self.socket.as_fd();
         // Records that arrive now are dropped (closing their descriptors): the connection
         // is down, so nothing will be sent into an announced region again.
-        self.segment().shut_incoming(side, || {
-            if !peer_gone {
-                peer_gone = matches!(
-                    receive_record(socket.as_fd(), false),
-                    Ok(Incoming::Closed) | Err(_)
-                );
-            }
-            stalled = !peer_gone && deadline.is_none_or(|deadline| Instant::now() >= deadline);
-            !peer_gone && !stalled
-        });
-        self.peer_gone = peer_gone;
-        if stalled {
+        self.segment()
+            .shut_incoming(self.side, || wait.keep_waiting(socket));
+        self.peer_gone = wait.peer_gone;
+        if wait.stalled {
             self.stalled(
                 "the end of the peer's copy into this side's buffers (it holds its copy gate)",
                 self.peer.timeout,
@@ -871,7 +1060,7 @@ impl ShmEndpoint {
         };
         for send in self.pending.drain(..) {
             self.send_completions
-                .push_back(flushed(send.wr_id, Opcode::Send));
+                .push_back(flushed(send.wr_id, send.work.opcode()));
         }
         for receive in self.posted.drain(..) {
             self.recvs_reaped += 1;
@@ -975,6 +1164,82 @@ fn unreachable_receive(count: u64, buffer: Option<PostedBuffer>) -> String {
     format!("the peer posted receive {count} as {named}, which lies in no region it announced")
 }
 
+/// A wait for what only the peer can do (leave its copy gate, end an access to an
+/// exposure), bounded by the peer timeout and ended early by the peer's socket closing.
+/// Records read from the socket meanwhile are dropped: the waits come when the connection
+/// is going down, or the peer has stopped.
+struct PeerWait {
+    deadline: Option<Instant>,
+    peer_gone: bool,
+    stalled: bool,
+}
+
+impl PeerWait {
+    fn new(peer_gone: bool, timeout: Duration) -> PeerWait {
+        PeerWait {
+            deadline: Instant::now().checked_add(timeout),
+            peer_gone,
+            stalled: false,
+        }
+    }
+
+    /// Whether to look again: the peer is still there and within its deadline.
+    fn keep_waiting(&mut self, socket: BorrowedFd<'_>) -> bool {
+        if !self.peer_gone {
+            self.peer_gone = matches!(receive_record(socket, false), Ok(Incoming::Closed) | Err(_));
+        }
+        self.stalled = !self.peer_gone
+            && self
+                .deadline
+                .is_none_or(|deadline| Instant::now() >= deadline);
+        !self.peer_gone && !self.stalled
+    }
+}
+
+/// How a request of the send queue ended.
+#[derive(Debug, Clone, Copy)]
+struct Done {
+    opcode: Opcode,
+    status: CompletionStatus,
+    /// A read's bytes; 0 otherwise.
+    byte_len: u32,
+}
+
+impl Done {
+    fn send(status: CompletionStatus) -> Done {
+        Done::of(Opcode::Send, status)
+    }
+
+    /// A request that moved no bytes this side counts: a send, or one that failed.
+    fn of(opcode: Opcode, status: CompletionStatus) -> Done {
+        Done {
+            opcode,
+            status,
+            byte_len: 0,
+        }
+    }
+}
+
+/// Copies `send.len` bytes from `source` into `send`'s first buffer (a read's).
+///
+/// # Safety
+///
+/// `source` is valid for reads of `send.len` bytes that nothing writes meanwhile.
+unsafe fn copy_into_first(send: &PendingSend, source: std::ptr::NonNull<u8>) {
+    if let Some(buffer) = send.gather.iter().flatten().next() {
+        // SAFETY: the buffer lies inside its region, mapped while the request holds it,
+        // and is `send.len` bytes long (checked when posted); its poster promised it to
+        // the provider until the completion; the caller vouches for the source.
+        unsafe {
+            std::ptr::copy(
+                source.as_ptr(),
+                buffer.region.byte_at(buffer.offset).as_ptr(),
+                send.len as usize,
+            );
+        }
+    }
+}
+
 /// Why a receive region was not announced.
 enum NotAnnounced {
     /// It receives for another peer already; the post is refused, the connection stands.
@@ -1047,6 +1312,7 @@ impl Endpoint for ShmEndpoint {
             wr_id,
             gather: resolved,
             len,
+            work: Work::Send,
         };
         // Sends are matched in order: this one goes at once only with none queued ahead.
         if self.pending.is_empty() {
@@ -1059,6 +1325,73 @@ impl Endpoint for ShmEndpoint {
             self.progress_sends();
         }
         Ok(())
+    }
+
+    unsafe fn expose(
+        &mut self,
+        buffer: BufferRef,
+        access: Access,
+    ) -> Result<RemoteBuffer, PostError> {
+        self.state().admits_posts()?;
+        let slot = self.exposures.free_slot()?;
+        let resolved = self.local.resolve(buffer)?;
+        // The peer reaches the range through its mapping of the region: announced first,
+        // and counted before the exposure is published (`Segment::exposures`).
+        // SAFETY: `expose`'s contract keeps every writer off the region while it runs.
+        match unsafe { self.announce(&resolved) } {
+            Ok(()) => {}
+            Err(NotAnnounced::SharedWithAnotherPeer(error)) => return Err(error),
+            Err(NotAnnounced::Socket(error)) => return Err(self.refused_by_socket(error)),
+        }
+        let key = self.local.exposure_key(slot);
+        let table = self.segment.segment().exposures(self.side);
+        Ok(self.exposures.publish(table, key, access, buffer, resolved))
+    }
+
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        self.exposures.check(exposed)?;
+        let mut wait = PeerWait::new(self.peer_gone, self.peer.timeout);
+        let socket = self.socket.as_fd();
+        let revoked = self
+            .segment()
+            .exposures(self.side)
+            .revoke(exposed.key, || wait.keep_waiting(socket));
+        if revoked {
+            self.exposures.remove(exposed.key);
+            return Ok(());
+        }
+        // The exposure stays recorded, holding its region, until the endpoint goes.
+        if wait.stalled {
+            self.stalled(
+                "the end of the peer's access to an exposure being revoked",
+                self.peer.timeout,
+            );
+        } else {
+            self.peer_vanished();
+        }
+        Err(PostError::ConnectionBroken)
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        gather: &[BufferRef],
+        remote: RemoteBuffer,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        let len = self.limits.message_len(gather)?;
+        remote.check_len(len)?;
+        self.post_one_sided(gather, len, Work::Write { remote, imm }, wr_id)
+    }
+
+    unsafe fn post_read(
+        &mut self,
+        buffer: BufferRef,
+        remote: RemoteBuffer,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        remote.check_len(buffer.len)?;
+        self.post_one_sided(&[buffer], buffer.len, Work::Read { remote }, wr_id)
     }
 
     fn caller_copies(&self) -> CallerCopies {

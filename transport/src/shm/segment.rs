@@ -83,6 +83,7 @@
 //!   not sleep. No wake is lost; a wake may be spurious (the receiver found a delivery
 //!   and the sender woke it too), which costs the receiver one empty look.
 
+use crate::exposure::ExposureTable;
 use crate::pair_state::StateWord;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
@@ -96,7 +97,7 @@ pub const RING_CAPACITY: usize = 1024;
 pub(crate) type SharedSegment = Segment<RING_CAPACITY>;
 
 /// Marks a segment of this layout: `"tierbuf"` and the layout version.
-pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x04");
+pub(crate) const SEGMENT_MAGIC: u64 = u64::from_be_bytes(*b"tierbuf\x05");
 
 /// Words of message an entry carries inline.
 const INLINE_WORDS: usize = 13;
@@ -120,6 +121,14 @@ pub enum Filled {
     /// The sender could not reach the buffer (an unknown key or a buffer outside its
     /// region); nothing was written.
     Unreachable,
+    /// The sender's one-sided write of this many bytes into an exposed range is done, and
+    /// consumed the receive with this immediate.
+    Written {
+        /// The bytes written.
+        len: u32,
+        /// The write's immediate.
+        imm: u32,
+    },
 }
 
 /// A word of the segment that the peer wrote out of protocol, as the check that reads it
@@ -161,6 +170,7 @@ const FILLED_DELIVERED: u32 = 1;
 const FILLED_TOO_LONG: u32 = 2;
 const FILLED_UNREACHABLE: u32 = 3;
 const FILLED_INLINE: u32 = 4;
+const FILLED_WRITTEN: u32 = 5;
 
 /// A receive buffer as the receiver posts it: the region's remote key, the address of
 /// the first byte and the length.
@@ -184,6 +194,8 @@ pub struct Segment<const N: usize> {
     state: StateWord,
     /// `directions[side]` carries messages from `side` to the other side.
     directions: [Direction<N>; 2],
+    /// `exposures[side]`: the ranges `side` exposed to the other side (`exposure`).
+    exposures: [ExposureTable; 2],
 }
 
 /// One direction of a connection.
@@ -272,6 +284,7 @@ impl<const N: usize> Segment<N> {
             magic: AtomicU64::new(SEGMENT_MAGIC),
             state: StateWord::new(),
             directions: [Direction::new(), Direction::new()],
+            exposures: [ExposureTable::default(), ExposureTable::default()],
         })
     }
 
@@ -285,6 +298,20 @@ impl<const N: usize> Segment<N> {
     #[cfg(not(loom))]
     pub(crate) fn is_stamped(&self) -> bool {
         self.magic.load(Ordering::Acquire) == SEGMENT_MAGIC
+    }
+
+    /// The ranges `side` exposed to the other side.
+    pub fn exposures(&self, side: usize) -> &ExposureTable {
+        &self.exposures[side]
+    }
+
+    /// Ends a copy [`Segment::begin_copy`] admitted that delivers nothing into a ring
+    /// entry (a one-sided write without an immediate, or a read): reopens the gate.
+    pub fn end_copy(&self, side: usize) {
+        self.directions[side]
+            .gate
+            .0
+            .fetch_and(!COPYING, Ordering::Release);
     }
 
     /// The direction carrying messages from `side`.
@@ -395,6 +422,13 @@ impl<const N: usize> Direction<N> {
                 inline: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         }
+    }
+
+    /// The region announcements the receiver counted as sent: read (`Acquire`) after the
+    /// read of a word it published later, such as an exposure's, it covers every
+    /// announcement made before that publication.
+    pub fn announced(&self) -> u64 {
+        self.announced.load(Ordering::Acquire)
     }
 
     /// The receiver's record that it sent one more region announcement.
@@ -554,6 +588,10 @@ impl<'s, const N: usize> Ring<'s, N> {
             Filled::Inline(_) => panic!("an inline message is delivered by `deliver_inline`"),
             Filled::TooLong => (FILLED_TOO_LONG, 0),
             Filled::Unreachable => (FILLED_UNREACHABLE, 0),
+            Filled::Written { len, imm } => {
+                entry.inline[0].store(u64::from(imm), Ordering::Relaxed);
+                (FILLED_WRITTEN, len)
+            }
         };
         self.publish(entry, code, byte_len)
     }
@@ -676,6 +714,12 @@ impl<'s, const N: usize> Ring<'s, N> {
             FILLED_INLINE => Ok(Filled::Inline(entry.byte_len.load(Ordering::Relaxed))),
             FILLED_TOO_LONG => Ok(Filled::TooLong),
             FILLED_UNREACHABLE => Ok(Filled::Unreachable),
+            FILLED_WRITTEN => Ok(Filled::Written {
+                len: entry.byte_len.load(Ordering::Relaxed),
+                // The immediate is the low half of the word; a peer that sets the high
+                // half changes nothing this side reads.
+                imm: entry.inline[0].load(Ordering::Relaxed) as u32,
+            }),
             unknown => Err(unknown),
         })
     }

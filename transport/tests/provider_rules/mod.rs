@@ -9,6 +9,8 @@
 //! milliseconds), so a rule that expects completions polls for them, up to an explicit and
 //! generous deadline ([`PATIENCE`]), where the software providers have them at once.
 
+pub(crate) mod one_sided;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -962,6 +964,90 @@ macro_rules! provider_rules {
                 return;
             }
             provider_rules::closing_during_traffic_completes_every_request_exactly_once::<$provider>();
+        }
+        #[test]
+        fn a_write_with_an_immediate_lands_before_its_receive_completes() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::a_write_with_an_immediate_lands_before_its_receive_completes::<$provider>();
+        }
+        #[test]
+        fn a_write_without_an_immediate_completes_only_at_the_writer() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::a_write_without_an_immediate_completes_only_at_the_writer::<$provider>();
+        }
+        #[test]
+        fn a_read_copies_the_exposed_range() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::a_read_copies_the_exposed_range::<$provider>();
+        }
+        #[test]
+        fn writes_and_reads_complete_in_order_with_the_sends() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::writes_and_reads_complete_in_order_with_the_sends::<$provider>();
+        }
+        #[test]
+        fn posting_mistakes_are_refused_at_once() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::posting_mistakes_are_refused_at_once::<$provider>();
+        }
+        #[test]
+        fn exposures_past_the_limit_are_refused_until_one_is_revoked() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::exposures_past_the_limit_are_refused_until_one_is_revoked::<$provider>();
+        }
+        #[test]
+        fn a_revoked_key_is_refused_and_touches_nothing() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::a_revoked_key_is_refused_and_touches_nothing::<$provider>();
+        }
+        #[test]
+        fn a_write_outside_the_exposed_range_is_refused() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::a_write_outside_the_exposed_range_is_refused::<$provider>();
+        }
+        #[test]
+        fn a_read_past_the_advertised_range_is_refused() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::a_read_past_the_advertised_range_is_refused::<$provider>();
+        }
+        #[test]
+        fn an_exposure_for_reads_refuses_writes() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::an_exposure_for_reads_refuses_writes::<$provider>();
+        }
+        #[test]
+        fn another_connections_key_is_refused() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::another_connections_key_is_refused::<$provider>();
+        }
+        #[test]
+        fn closing_flushes_waiting_writes_and_keeps_exposed_bytes() {
+            if provider_rules::skipped::<$provider>() {
+                return;
+            }
+            provider_rules::one_sided::closing_flushes_waiting_writes_and_keeps_exposed_bytes::<$provider>();
         }
     };
 }
