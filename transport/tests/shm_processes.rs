@@ -16,6 +16,10 @@
 //!   shared packed frames (the peer reports its count);
 //! - a peer that dies in the middle of a promotion: the survivor gets a clear error;
 //! - a message longer than the posted receive: an error on both sides, nothing written;
+//! - one-sided writes with immediates and a read into and out of ranges the peer process
+//!   exposed (their keys sent in a message): the bytes land where written, before each
+//!   immediate completes at the peer, and a write with a key the peer revoked is refused
+//!   on both sides and touches nothing;
 //! - a process at its limit of open files, handed a memory file by its peer (a region
 //!   announced, or the hello of a connection it accepts): a local-resource error, not a
 //!   protocol violation of the peer.
@@ -40,8 +44,8 @@ use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionCore, ConnectionTable, ProgressConfig, SendError,
 };
 use tierbuf_transport::{
-    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Provider,
-    ShmEndpoint, ShmProvider, TransportError,
+    Access, BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Provider,
+    RemoteBuffer, ShmEndpoint, ShmProvider, TransportError,
 };
 
 const ROLE: &str = "TIERBUF_SHM_ROLE";
@@ -84,6 +88,10 @@ fn main() {
             a_message_longer_than_the_posted_receive_is_a_length_error,
         ),
         Trial::test(
+            "one_sided_writes_and_reads_reach_the_peer_processs_exposures_while_in_force",
+            one_sided_writes_and_reads_reach_the_peer_processs_exposures_while_in_force,
+        ),
+        Trial::test(
             "a_region_announced_to_a_process_out_of_files_is_a_local_resource_error",
             a_region_announced_to_a_process_out_of_files_is_a_local_resource_error,
         ),
@@ -105,6 +113,7 @@ fn run_peer(role: &str, socket: &Path) {
         "send-from-workers" => send_from_workers(socket),
         "die-mid-promotion" => die_mid_promotion(socket),
         "short-receive" => short_receive(socket),
+        "one-sided-target" => one_sided_target(socket),
         "send-out-of-files" => send_out_of_files(socket),
         "accept-out-of-files" => accept_out_of_files(socket),
         other => panic!("unknown role {other}"),
@@ -587,6 +596,170 @@ fn a_message_longer_than_the_posted_receive_is_a_length_error() -> Result<(), Fa
     if completion != expected {
         return Err(format!("{completion:?}").into());
     }
+    session.finish(true)
+}
+
+/// The pieces the one-sided test writes: each `PIECE` bytes at `index * PIECE` of the
+/// target's window, the immediate its index.
+const PIECES: u32 = 4;
+const PIECE: u32 = 1000;
+/// The seed of the bytes the target exposes for reading.
+const READABLE_SEED: u64 = 99;
+
+/// Writes `remote` into the first 16 bytes of `out`: key, length, address.
+fn encode(remote: RemoteBuffer, out: &mut [u8]) {
+    out[..4].copy_from_slice(&remote.key.to_le_bytes());
+    out[4..8].copy_from_slice(&remote.len.to_le_bytes());
+    out[8..16].copy_from_slice(&remote.addr.to_le_bytes());
+}
+
+fn decode(bytes: &[u8]) -> RemoteBuffer {
+    RemoteBuffer {
+        key: u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")),
+        len: u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
+        addr: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
+    }
+}
+
+/// The target of `one_sided_writes_and_reads_...`: exposes a window for writing and a
+/// range for reading, sends their descriptors, checks each written piece when its
+/// immediate arrives, revokes the window, says so, and checks that the write the
+/// parent then tries breaks the connection and leaves the window as it was.
+fn one_sided_target(socket: &Path) {
+    let provider = ShmProvider::new(MemoryBudget::with_cap(1 << 20));
+    let pool = SlotPool::new(&*provider.registrar(), 4096, 4).expect("a pool");
+    let mut slots = std::iter::from_fn(|| pool.try_acquire_owned());
+    let (window, mut readable, mut out, signal) = (
+        slots.next().expect("a slot"),
+        slots.next().expect("a slot"),
+        slots.next().expect("a slot"),
+        slots.next().expect("a slot"),
+    );
+    readable.copy_from_slice(&pattern(4096, READABLE_SEED));
+    let mut endpoint = provider.connect(socket, 8, 8).expect("connect");
+    // SAFETY: the window is read only once the immediate of each write into it has
+    // completed, or the connection is broken; `readable` is not written while exposed.
+    let (to_write, to_read) = unsafe {
+        (
+            endpoint.expose(BufferRef::from(&window), Access::Write),
+            endpoint.expose(BufferRef::from(&readable), Access::Read),
+        )
+    };
+    let to_write = to_write.expect("expose the window");
+    encode(to_write, &mut out[..16]);
+    encode(
+        to_read.expect("expose the readable range"),
+        &mut out[16..32],
+    );
+    let zero = BufferRef::from(&signal).prefix(0).expect("empty");
+    // SAFETY: the receives are empty; `out` is not written until its send completes.
+    unsafe {
+        for index in 0..PIECES {
+            endpoint
+                .post_recv(zero, u64::from(index))
+                .expect("post a receive");
+        }
+        endpoint
+            .post_send(&[BufferRef::from(&out).prefix(32).expect("32 bytes")], 100)
+            .expect("send the descriptors");
+    }
+    let mut arrived = 0;
+    while arrived < PIECES {
+        let done = poll_one(&mut endpoint);
+        assert!(done.status.is_success(), "{done:?}");
+        if let Opcode::RecvWithImm(imm) = done.opcode {
+            assert_eq!((imm, done.byte_len), (arrived, PIECE), "{done:?}");
+            let at = (imm * PIECE) as usize;
+            let expected = pattern(PIECE as usize, u64::from(imm));
+            assert!(
+                window[at..at + PIECE as usize] == expected[..],
+                "piece {imm}"
+            );
+            arrived += 1;
+        }
+    }
+    endpoint.revoke(to_write).expect("revoke the window");
+    // SAFETY: as above.
+    unsafe { endpoint.post_send(&[BufferRef::from(&out).prefix(1).expect("1 byte")], 101) }
+        .expect("say the window is revoked");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut completions = [Completion::default(); 4];
+    while endpoint.state() != EndpointState::Broken {
+        assert!(
+            Instant::now() < deadline,
+            "the refused write did not break the connection"
+        );
+        let _ = endpoint.poll(&mut completions);
+        std::thread::yield_now();
+    }
+    let first = pattern(PIECE as usize, 0);
+    assert!(
+        window[..PIECE as usize] == first[..],
+        "the refused write touched the window"
+    );
+}
+
+fn one_sided_writes_and_reads_reach_the_peer_processs_exposures_while_in_force()
+-> Result<(), Failed> {
+    let session = Session::start("one-sided-target", 1 << 20);
+    let pool = SlotPool::new(&*session.provider.registrar(), 4096, 6).map_err(|e| e.to_string())?;
+    let mut slots = std::iter::from_fn(|| pool.try_acquire_owned());
+    let inbox = slots.next().ok_or("a slot")?;
+    let mut endpoint = session.accept();
+    // SAFETY: every buffer posted below is left alone until its completion is polled.
+    unsafe { endpoint.post_recv(BufferRef::from(&inbox), 1) }.map_err(|e| e.to_string())?;
+    let done = poll_one(&mut endpoint);
+    if done.byte_len != 32 {
+        return Err(format!("the descriptors: {done:?}").into());
+    }
+    let (window, readable) = (decode(&inbox[..16]), decode(&inbox[16..32]));
+    let mut pieces = Vec::new();
+    for index in 0..PIECES {
+        let mut piece = slots.next().ok_or("a slot")?;
+        piece[..PIECE as usize].copy_from_slice(&pattern(PIECE as usize, u64::from(index)));
+        let at = window
+            .slice(index * PIECE, PIECE)
+            .ok_or("inside the window")?;
+        let gather = [BufferRef::from(&piece).prefix(PIECE).ok_or("a piece")?];
+        // SAFETY: as above.
+        unsafe { endpoint.post_write(&gather, at, Some(index), u64::from(10 + index)) }
+            .map_err(|e| e.to_string())?;
+        pieces.push(piece);
+    }
+    for index in 0..PIECES {
+        let done = poll_one(&mut endpoint);
+        if (done.wr_id, done.opcode, done.status)
+            != (
+                u64::from(10 + index),
+                Opcode::Write,
+                CompletionStatus::Success,
+            )
+        {
+            return Err(format!("write {index}: {done:?}").into());
+        }
+    }
+    let into = pieces.pop().ok_or("a slot")?;
+    // SAFETY: as above.
+    unsafe { endpoint.post_read(BufferRef::from(&into), readable, 20) }
+        .map_err(|e| e.to_string())?;
+    let done = poll_one(&mut endpoint);
+    if (done.opcode, done.byte_len) != (Opcode::Read, 4096)
+        || into[..] != pattern(4096, READABLE_SEED)[..]
+    {
+        return Err(format!("the read: {done:?}").into());
+    }
+    // SAFETY: as above.
+    unsafe { endpoint.post_recv(BufferRef::from(&inbox), 2) }.map_err(|e| e.to_string())?;
+    poll_one(&mut endpoint);
+    let late = BufferRef::from(&pieces[1]).prefix(PIECE).ok_or("a piece")?;
+    let first = window.slice(0, PIECE).ok_or("inside the window")?;
+    // SAFETY: as above.
+    unsafe { endpoint.post_write(&[late], first, None, 30) }.map_err(|e| e.to_string())?;
+    let done = poll_one(&mut endpoint);
+    if done.status != CompletionStatus::RemoteAccessError {
+        return Err(format!("a write with a revoked key: {done:?}").into());
+    }
+    drop(endpoint);
     session.finish(true)
 }
 
