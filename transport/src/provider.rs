@@ -176,10 +176,12 @@ pub trait Endpoint: Send + fmt::Debug {
     /// Exposes `buffer`, a range of a region registered with this provider, to this
     /// endpoint's peer for `access`, and returns what to tell the peer: the range's
     /// address and length, and a key that only this connection's peer can use, until
-    /// [`Endpoint::revoke`]. The region is held while the exposure is in force (its
-    /// memory is not unmapped, whatever its owner does), and a region once exposed says
-    /// so ([`Region::exposed_to_peer`](tierbuf_pool::Region::exposed_to_peer)), so a
-    /// reservoir gives it back rather than lend it to another connection.
+    /// [`Endpoint::revoke`]. The region's memory stays mapped while the exposure is in
+    /// force; if its owner deregisters it meanwhile, the peer's requests are refused as
+    /// with a revoked key (verbs refuses to deregister it instead). A region once exposed
+    /// says so ([`Region::exposed_to_peer`](tierbuf_pool::Region::exposed_to_peer)), so a
+    /// reservoir deregisters it when given back rather than lend it to another
+    /// connection.
     ///
     /// # Safety
     ///

@@ -151,3 +151,51 @@ fn a_region_receives_for_one_peer_only() {
     // SAFETY: as above.
     unsafe { a.post_recv(BufferRef::from(&second), 3) }.unwrap();
 }
+
+/// A region one of whose ranges was exposed for one-sided access (over loopback here,
+/// where no memory file is shared) says so for good: the reservoir deregisters it when it
+/// is given back instead of lending it to the next connection, whose peer would differ
+/// from the one that was told its address and a key. Deregistered while exposed, it is
+/// reached no more: the peer's write is refused as with a revoked key.
+#[test]
+fn a_region_exposed_for_one_sided_access_never_serves_another_connection() {
+    use tierbuf_transport::{Access, BufferRef, Endpoint, LoopbackProvider, RemoteBuffer};
+    let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 20));
+    let reservoir = Reservoir::new(provider.registrar(), ladder());
+    let tier = TierIndex::new(1);
+    let (kept, _) = reservoir.take(tier).unwrap();
+    let (exposed, _) = reservoir.take(tier).unwrap();
+    let (mut writer, mut target) = provider.pair(4, 4).unwrap();
+    let keys = exposed.keys();
+    let range = BufferRef {
+        remote_key: keys.remote_key,
+        addr: keys.remote_addr,
+        len: 64,
+    };
+    // SAFETY: the region's bytes are not read or written by this test while exposed.
+    let remote: RemoteBuffer = unsafe { target.expose(range, Access::Write) }.unwrap();
+    assert!(exposed.exposed_to_peer() && !kept.exposed_to_peer());
+    reservoir.give_back(tier, kept);
+    reservoir.give_back(tier, exposed);
+    assert_eq!(
+        reservoir.spare(tier),
+        1,
+        "only the region never exposed is kept"
+    );
+    // Deregistered (given back past the shelf's rule): the peer's write is refused.
+    let (source, _) = reservoir.take(tier).unwrap();
+    let gather = [BufferRef {
+        remote_key: source.keys().remote_key,
+        addr: source.keys().remote_addr,
+        len: 64,
+    }];
+    // SAFETY: the source is not written while the write is outstanding.
+    unsafe { writer.post_write(&gather, remote, None, 1) }.unwrap();
+    let mut completions = [tierbuf_transport::Completion::default(); 2];
+    assert_eq!(writer.poll(&mut completions).unwrap(), 1);
+    assert_eq!(
+        completions[0].status,
+        tierbuf_transport::CompletionStatus::RemoteAccessError
+    );
+    target.revoke(remote).unwrap();
+}
