@@ -6,8 +6,9 @@
 //! `loopback` between two threads of this process, and `shm` (shared memory) between
 //! this process and a peer process, with the same ladder, connection layer and messages,
 //! so the figures compare. The `shm` figures are the ones to hold against Open MPI's and
-//! UCX's shared-memory transports (`shared/peers/mpi`, `shared/peers/ucx`);
-//! `transport/pingpong_endpoint` has the shm provider alone.
+//! UCX's shared-memory transports (`benches/run-comparison` runs `pingpong_consumed/shm`
+//! beside them and writes `docs/benchmarks.md`); `transport/pingpong_endpoint` has the shm
+//! provider alone.
 //!
 //! - `transport/pingpong`: one-way latency (round trip / 2) of a message echoed back,
 //!   64 B to 1 MiB; the echo side runs on the other core.
