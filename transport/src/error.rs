@@ -101,6 +101,20 @@ pub enum PostError {
         /// The region's key.
         remote_key: u32,
     },
+    /// The device refused what an exposure needs (the verbs provider's memory window or
+    /// registration of the range), `errno` saying why: usually a limit of this process or
+    /// of the device (`RLIMIT_MEMLOCK`, the device's memory windows), not the peer's
+    /// fault. Nothing was exposed.
+    #[error(
+        "the device refused {operation} (errno {errno}): a limit of this process or of the \
+         device, not the peer's fault; nothing was exposed"
+    )]
+    ExposureRefused {
+        /// The verbs call refused.
+        operation: &'static str,
+        /// What it failed with.
+        errno: i32,
+    },
     /// This endpoint was closed.
     #[error("the endpoint is closed")]
     Closed,

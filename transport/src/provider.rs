@@ -135,8 +135,9 @@ pub trait Endpoint: Send + fmt::Debug {
     /// The sends, by length, that are better given to [`Endpoint::try_post_send_copied`]
     /// than copied into a registered buffer and posted: a software provider that copies
     /// messages itself can copy one from the caller's memory, and says for which lengths
-    /// that costs less; a verbs NIC reads only registered memory
-    /// ([`CallerCopies::NONE`], the default).
+    /// that costs less; a verbs NIC reads only registered memory, but for the few bytes it
+    /// takes inline, copied into the work request (the verbs provider names those). The
+    /// default is [`CallerCopies::NONE`].
     fn caller_copies(&self) -> CallerCopies {
         CallerCopies::NONE
     }
@@ -147,6 +148,12 @@ pub trait Endpoint: Send + fmt::Debug {
     /// it: `Ok(true)` when it has, and the send completes as any other (its completion
     /// carries `wr_id`); `Ok(false)` when it cannot now, having taken nothing (post it
     /// from registered memory instead). Nothing of `parts` is read after the call.
+    ///
+    /// The verbs provider copies a send short enough into its work request instead (inline
+    /// data), so it takes one whether or not a receive is posted; the send then waits for
+    /// the peer's receive, in order with the sends around it, as a posted one does. It
+    /// takes up to four parts whatever [`EndpointLimits::max_gather`] says, since the CPU
+    /// copies them.
     ///
     /// The default, for providers that read only registered memory, takes nothing.
     ///

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use sideway::ibverbs::address::GidType;
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
-use sideway::ibverbs::device_context::{DeviceContext, Mtu, PortState};
+use sideway::ibverbs::device_context::{DeviceCapabilityFlags, DeviceContext, Mtu, PortState};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 
 use super::error::{VerbsError, select_device};
@@ -34,10 +34,36 @@ pub(crate) struct OpenDevice {
     /// The deepest send or receive queue the device takes, with a completion queue as
     /// deep: the least of its `max_qp_wr` and `max_cqe`.
     max_queue_depth: u32,
+    /// How exposures are made on this device ([`Exposures`]).
+    exposures: Exposures,
+    /// The RDMA READs a queue pair has outstanding at once, each way: the least of
+    /// [`MAX_READS_IN_FLIGHT`] and the device's `max_qp_rd_atom` and `max_qp_init_rd_atom`.
+    reads_in_flight: u8,
     context: Arc<DeviceContext>,
     domain: Arc<ProtectionDomain>,
 }
 
+/// The most RDMA READs a queue pair asks to have outstanding at once, as the reader
+/// (`max_rd_atomic`) and as the side read (`max_dest_rd_atomic`). Both sides take the same
+/// figure, so one never sends more reads than the other serves; a device that serves fewer
+/// lowers it on its side.
+pub(crate) const MAX_READS_IN_FLIGHT: u8 = 16;
+
+/// How a device's endpoints let their peer reach exposed memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposures {
+    /// A type 2 memory window per exposure, bound to the connection's queue pair: its key
+    /// works on that queue pair alone. Chosen where the device has type 2 windows
+    /// (`IBV_DEVICE_MEM_WINDOW_TYPE_2A` or `_2B` in `device_cap_flags`, and a nonzero
+    /// `max_mw`), unless the configuration asks for registrations
+    /// ([`VerbsConfig::with_exposures`](super::VerbsConfig::with_exposures)).
+    Windows,
+    /// A memory registration with remote rights per exposure, over the exposed range
+    /// only: its key works on every queue pair of the provider's protection domain, so it
+    /// is kept from other connections' peers only by not being told to them
+    /// (`docs/threats.md`).
+    Registrations,
+}
 impl OpenDevice {
     /// Opens the device named `name`, checks that it has port `port` and that the port is
     /// up, picks the GID index to route by ([`routing_gid_index`], `requested_gid_index`
@@ -46,6 +72,7 @@ impl OpenDevice {
         name: &str,
         port_number: u8,
         requested_gid_index: Option<u32>,
+        requested_exposures: Exposures,
     ) -> Result<OpenDevice, VerbsError> {
         let list = DeviceList::new().map_err(|source| VerbsError::DevicesUnavailable {
             source: Box::new(source),
@@ -68,6 +95,18 @@ impl OpenDevice {
             .min(attributes.max_cqe())
             .try_into()
             .unwrap_or(0);
+        let type_2_windows = attributes.device_cap_flags().intersects(
+            DeviceCapabilityFlags::MemoryWindowType2A | DeviceCapabilityFlags::MemoryWindowType2B,
+        ) && attributes.max_mw() > 0;
+        let exposures = if type_2_windows {
+            requested_exposures
+        } else {
+            Exposures::Registrations
+        };
+        let reads_in_flight = attributes
+            .max_qp_rd_atom()
+            .min(attributes.max_qp_init_rd_atom())
+            .clamp(0, i32::from(MAX_READS_IN_FLIGHT)) as u8;
         if !(1..=ports).contains(&port_number) {
             return Err(VerbsError::PortOutOfRange {
                 device: name.to_owned(),
@@ -140,9 +179,21 @@ impl OpenDevice {
             lid: port.lid(),
             path_mtu,
             max_queue_depth,
+            exposures,
+            reads_in_flight,
             context,
             domain,
         })
+    }
+
+    /// How exposures are made on this device.
+    pub(crate) fn exposures(&self) -> Exposures {
+        self.exposures
+    }
+
+    /// The RDMA READs a queue pair has outstanding at once, each way.
+    pub(crate) fn reads_in_flight(&self) -> u8 {
+        self.reads_in_flight
     }
 
     /// The deepest send or receive queue the device takes (its `max_qp_wr` and `max_cqe`).
@@ -205,6 +256,7 @@ impl std::fmt::Debug for OpenDevice {
         f.debug_struct("OpenDevice")
             .field("name", &self.name)
             .field("gid_index", &self.gid_index)
+            .field("exposures", &self.exposures)
             .finish_non_exhaustive()
     }
 }

@@ -25,18 +25,26 @@
 //!   event (`ibv_destroy_cq` would). The endpoint's descriptor is an `epoll` set holding
 //!   the channel and the handshake socket, so the peer's close or death wakes a sleeper
 //!   too; both live as long as the endpoint, the channel beyond its queues.
+//! - **Exposures.** Each exposure in force holds its grant (a window over a registration
+//!   of the range, or a registration with the remote right; `super::window`) and a strong
+//!   reference to its region. A window's bind is listed in `in_device.sends` as the
+//!   endpoint's own request, counted in no caller's `outstanding`; it is posted only with
+//!   a send-queue entry to spare and waited for before `expose` returns, so at most one
+//!   is in the device and the send queue and its completion queue never hold more than
+//!   the depth. Teardown destroys the queue pair before it undoes any grant, and undoes
+//!   every grant before it lets go of the regions.
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use rdma_mummy_sys::{
-    ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_post_recv, ibv_post_send,
-    ibv_recv_wr, ibv_req_notify_cq, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_status,
-    ibv_wr_opcode,
+    ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_post_recv, ibv_qp_ex,
+    ibv_qp_to_qp_ex, ibv_recv_wr, ibv_req_notify_cq, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status,
 };
 use rustix::event::epoll;
 use sideway::ibverbs::AccessFlags;
@@ -45,22 +53,25 @@ use sideway::ibverbs::completion::{
     BasicCompletionQueue, CompletionChannel, CompletionQueue, CompletionQueueBuilder,
 };
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairBuilder, QueuePairState, QueuePairType,
+    ExtendedQueuePair, QueuePair, QueuePairAttribute, QueuePairAttributeMask, QueuePairBuilder,
+    QueuePairState, QueuePairType, SendOperationFlags,
 };
 use tierbuf_tiers::TierIndex;
 
-use super::device::OpenDevice;
+use super::device::{Exposures, OpenDevice};
 use super::error::VerbsError;
 use super::handshake::{Hello, QueuePairAddress};
 use super::registrar::DeviceMemory;
 use super::rendezvous::{PeerWatch, Rendezvous};
 use super::status::DeviceFailure;
+use super::window::{self, Data, MemoryWindow, Purpose, RangeRegistration, SendWork};
 use crate::error::{PostError, QueueKind, TransportError};
+use crate::exposure::{Access, EXPOSURE_SLOTS};
 use crate::provider::{
-    Armed, BufferRef, Completion, CompletionStatus, Endpoint, EndpointLimits, EndpointState,
-    Opcode, Outstanding, Readiness,
+    Armed, BufferRef, CallerCopies, Completion, CompletionStatus, Endpoint, EndpointLimits,
+    EndpointState, Opcode, Outstanding, Readiness, RemoteBuffer,
 };
-use crate::registry::{RegionCache, RegionTable, Resolved};
+use crate::registry::{RegionCache, RegionTable, Registered, Resolved};
 
 /// The deepest queue a verbs endpoint asks the device for. Devices differ (`ibv_devinfo
 /// -v` shows `max_qp_wr` and `max_cqe`); a depth past the device's own is refused before
@@ -94,6 +105,22 @@ const RETRY_COUNT: u8 = 7;
 const POLL_BATCH: usize = 32;
 /// How often an idle `poll` checks whether the peer went away.
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(1);
+/// The inline data a queue pair asks for (`max_inline_data`): sends of up to this many
+/// bytes go from the caller's memory, copied into the work request
+/// ([`Endpoint::try_post_send_copied`]). A device that takes less says so when the queue
+/// pair is made, and its figure is used; one that refuses any is asked for none.
+const INLINE_REQUEST: u32 = 128;
+/// The most parts of a send copied from the caller's memory: the connection layer gives
+/// a frame's header and payload. Copied by the CPU into the request, they are not limited
+/// by the scatter-gather elements of [`EndpointLimits::max_gather`].
+const INLINE_PARTS: usize = 4;
+/// How long `expose` waits for its window's bind to complete. The bind is carried out in
+/// order on the send queue, so it waits behind sends that wait for the peer's receives;
+/// past this the connection fails rather than leave a window half made.
+const BIND_DEADLINE: Duration = Duration::from_secs(30);
+/// The id of a window bind on the send queue. Never handed to the caller: requests are
+/// known by their place in `InDevice::sends`, the id only cross-checks it.
+const BIND_WR_ID: u64 = u64::MAX;
 
 /// How an endpoint is connected.
 ///
@@ -163,34 +190,98 @@ impl EndpointOptions {
 /// A queue pair connected to its peer's, and the completion queues it reports to.
 struct Connected {
     /// Declared first: destroyed before the completion queues.
-    queue_pair: BasicQueuePair,
+    queue_pair: ExtendedQueuePair,
+    /// The queue pair's extended handle, through which the send queue is posted to.
+    extended: NonNull<ibv_qp_ex>,
     send: Arc<BasicCompletionQueue>,
     recv: Arc<BasicCompletionQueue>,
 }
 
+// SAFETY: `extended` is a second handle of `queue_pair` (which is `Send`), used only
+// through the endpoint that owns both.
+unsafe impl Send for Connected {}
+
 impl Connected {
-    fn queue(&self, opcode: Opcode) -> &BasicCompletionQueue {
-        match opcode {
-            Opcode::Send => &self.send,
-            Opcode::Recv => &self.recv,
+    fn queue(&self, queue: QueueKind) -> &BasicCompletionQueue {
+        match queue {
+            QueueKind::Send => &self.send,
+            QueueKind::Recv => &self.recv,
         }
     }
+}
+
+/// What a request on the send queue is: one of the caller's, or a window bind the
+/// endpoint made for an exposure, whose completion nobody is handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendKind {
+    Send,
+    Write,
+    /// A read of this many bytes: what its completion reports read.
+    Read(u32),
+    Bind,
+}
+
+/// A request on the send queue.
+#[derive(Debug, Clone, Copy)]
+struct SendRequest {
+    wr_id: u64,
+    kind: SendKind,
 }
 
 /// Requests the device holds, by queue, in posting order.
 #[derive(Debug, Default)]
 struct InDevice {
-    sends: VecDeque<u64>,
+    sends: VecDeque<SendRequest>,
     recvs: VecDeque<u64>,
 }
 
-impl InDevice {
-    fn queue(&mut self, opcode: Opcode) -> &mut VecDeque<u64> {
-        match opcode {
-            Opcode::Send => &mut self.sends,
-            Opcode::Recv => &mut self.recvs,
+/// How an exposure's key was made, and undone at revocation.
+enum Grant {
+    /// A window over a registration of the range (`window` module); the window, declared
+    /// first, is deallocated first, since the device keeps a registration a window lies
+    /// in.
+    Window {
+        window: MemoryWindow,
+        range: RangeRegistration,
+    },
+    Registration(RangeRegistration),
+}
+
+impl Grant {
+    /// The key the peer names the exposure by.
+    fn key(&self) -> u32 {
+        match self {
+            Grant::Window { window, .. } => window.key(),
+            Grant::Registration(registration) => registration.key(),
         }
     }
+
+    /// Undoes the grant: when this returns `Ok`, the device refuses the key and no access
+    /// through it touches memory.
+    fn undo(&mut self) -> std::io::Result<()> {
+        match self {
+            Grant::Window { window, range } => {
+                window.deallocate()?;
+                // The key is refused already; a registration with no remote right that
+                // fails to go is left to the drop, which reports it.
+                if let Err(error) = range.deregister() {
+                    tracing::warn!(%error, "deregistering a revoked window's range (ibv_dereg_mr) failed");
+                }
+                Ok(())
+            }
+            Grant::Registration(registration) => registration.deregister(),
+        }
+    }
+}
+
+/// An exposure in force.
+struct Exposure {
+    key: u32,
+    /// Declared before `_region`: the range's registration is undone before the region
+    /// it lies in can go.
+    grant: Grant,
+    /// Keeps the region registered and mapped while the peer may reach it.
+    _region: Arc<Registered<DeviceMemory>>,
 }
 
 /// One side of a verbs connection; see [`Endpoint`] for the rules it keeps. Dropping it
@@ -230,8 +321,16 @@ pub struct VerbsEndpoint {
     /// teardown, not yet handed to the caller.
     ready: VecDeque<Completion>,
     state: EndpointState,
-    /// The first error completion, as the device reported it.
+    /// The first error completion of a caller's request, as the device reported it.
     failure: Option<DeviceFailure>,
+    /// The exposures in force, at most [`EXPOSURE_SLOTS`].
+    exposures: Vec<Exposure>,
+    /// The keys of the exposures the teardown ended, which `revoke` still takes.
+    ended: Vec<u32>,
+    /// The status of the window bind last completed, until `expose` takes it.
+    bind_outcome: Option<ibv_wc_status::Type>,
+    /// The most bytes a send copied into its work request carries (`max_inline_data`).
+    max_inline: u32,
     peer: PeerWatch,
     next_peer_check: Instant,
     local: Hello,
@@ -272,23 +371,53 @@ impl VerbsEndpoint {
             options.recv_depth,
             "creating the receive completion queue (ibv_create_cq)",
         )?;
-        let mut queue_pair = QueuePairBuilder::new(device.domain())
-            .setup_qp_type(QueuePairType::ReliableConnection)
-            .setup_max_send_wr(options.send_depth)
-            .setup_max_recv_wr(options.recv_depth)
-            .setup_max_send_sge(1)
-            .setup_max_recv_sge(1)
-            .setup_send_cq(Arc::clone(&send))
-            .setup_recv_cq(Arc::clone(&recv))
-            .build()
-            .map_err(|source| device.error("creating the queue pair (ibv_create_qp)", source))?;
+        let mut operations = SendOperationFlags::Send
+            | SendOperationFlags::Write
+            | SendOperationFlags::WriteWithImmediate
+            | SendOperationFlags::Read;
+        if device.exposures() == Exposures::Windows {
+            operations |= SendOperationFlags::BindMemoryWindow;
+        }
+        let build = |inline: u32| {
+            QueuePairBuilder::new(device.domain())
+                .setup_qp_type(QueuePairType::ReliableConnection)
+                .setup_max_send_wr(options.send_depth)
+                .setup_max_recv_wr(options.recv_depth)
+                .setup_max_send_sge(1)
+                .setup_max_recv_sge(1)
+                .setup_max_inline_data(inline)
+                .setup_send_ops_flags(operations)
+                .setup_send_cq(Arc::clone(&send))
+                .setup_recv_cq(Arc::clone(&recv))
+                .build_ex()
+        };
+        // A device that takes no inline data at all may refuse the request for some.
+        let mut queue_pair = build(INLINE_REQUEST)
+            .or_else(|_| build(0))
+            .map_err(|source| device.error("creating the queue pair (ibv_create_qp_ex)", source))?;
+        let (_, capabilities) = queue_pair
+            .query(QueuePairAttributeMask::Capabilities)
+            .map_err(|source| {
+                device.error("reading the queue pair's limits (ibv_query_qp)", source)
+            })?;
+        // A device may give more than asked; the copy is made through a buffer of the size
+        // asked for.
+        let max_inline = capabilities.max_inline_data().min(INLINE_REQUEST);
+        // SAFETY: the handle is used only while `queue_pair` lives (both are kept in
+        // `Connected`); the queue pair was made by `ibv_create_qp_ex`, so it has one.
+        let extended = NonNull::new(unsafe { ibv_qp_to_qp_ex(queue_pair.qp().as_ptr()) })
+            .expect("a queue pair made by ibv_create_qp_ex has an extended handle");
         let mut init = QueuePairAttribute::new();
-        // Local write only: no RDMA READ, WRITE or atomic of the peer's is carried out on
-        // this side's memory, whatever keys it was told (its regions refuse them too).
+        // The peer's RDMA WRITEs and READs are carried out only through the keys of
+        // exposures (memory windows or remote registrations of one range each): regions
+        // are registered with no remote right, so a region's own key reaches nothing. No
+        // atomic is carried out at all.
         init.setup_state(QueuePairState::Init)
             .setup_pkey_index(0)
             .setup_port(device.port())
-            .setup_access_flags(AccessFlags::LocalWrite);
+            .setup_access_flags(
+                AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead,
+            );
         queue_pair.modify(&init).map_err(|source| {
             device.error("preparing the queue pair (ibv_modify_qp to INIT)", source)
         })?;
@@ -310,6 +439,7 @@ impl VerbsEndpoint {
         Ok(VerbsEndpoint {
             connected: Some(Connected {
                 queue_pair,
+                extended,
                 send,
                 recv,
             }),
@@ -328,6 +458,10 @@ impl VerbsEndpoint {
             ready: VecDeque::new(),
             state: EndpointState::Open,
             failure: None,
+            exposures: Vec::new(),
+            ended: Vec::new(),
+            bind_outcome: None,
+            max_inline,
             peer,
             next_peer_check: Instant::now(),
             local,
@@ -357,103 +491,96 @@ impl VerbsEndpoint {
         self.failure
     }
 
-    /// Posts `resolved`'s bytes (or the empty message when `None`) to the queue of
-    /// `opcode`.
+    /// Posts a receive into `resolved`'s bytes.
     ///
     /// # Safety
     ///
-    /// The caller keeps the promise of [`Endpoint::post_recv`] (for a receive) or
-    /// [`Endpoint::post_send`] (for a send) for the bytes posted.
-    unsafe fn post(
+    /// The caller keeps the promise of [`Endpoint::post_recv`] for the bytes posted.
+    unsafe fn post_receive(
         &mut self,
-        opcode: Opcode,
-        resolved: Option<Resolved<DeviceMemory>>,
+        resolved: Resolved<DeviceMemory>,
         wr_id: u64,
     ) -> Result<(), PostError> {
         let Some(connected) = self.connected.as_mut() else {
             return Err(PostError::Closed);
         };
-        let mut element = resolved.as_ref().map(|resolved| ibv_sge {
-            addr: DeviceMemory::address_of(resolved),
-            length: resolved.len,
-            lkey: resolved.region.region().local_key(),
-        });
-        // One request of at most one element, built on the stack: `sideway`'s post guards
-        // would allocate their request lists on every post.
-        let (sg_list, num_sge) = match element.as_mut() {
-            Some(element) => (element as *mut ibv_sge, 1),
-            None => (std::ptr::null_mut(), 0),
+        let mut element = element_of(&resolved);
+        let mut request = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut element,
+            num_sge: 1,
         };
-        // SAFETY: the queue pair is alive (`connected` holds it).
-        let queue_pair = unsafe { connected.queue_pair.qp() }.as_ptr();
-        // SAFETY: the requests and their element are valid for the call, which copies
-        // them. The device reaches the posted bytes until the request's completion has
-        // been polled. The caller promises to leave them alone that long (this function's
-        // contract), or until the endpoint is closed; closing destroys the queue pair
-        // first, after which the device touches nothing. The owner may deregister the
-        // region earlier: the device then fails the request with a protection error and
-        // no longer reaches the memory (verbs semantics), so unmapping it is sound. The
-        // address and length lie inside the registered region (checked by `resolve`).
-        // The empty message names no bytes at all.
+        let mut refused = std::ptr::null_mut();
+        // SAFETY: the queue pair is alive (`connected` holds it); the request and its
+        // element are valid for the call, which copies them. The device writes the bytes
+        // until the request's completion has been polled; the caller promises to leave
+        // them alone that long (this function's contract), or until the endpoint is
+        // closed, which destroys the queue pair first, after which the device touches
+        // nothing. The owner may deregister the region earlier: the device then fails the
+        // request with a protection error and no longer reaches the memory (verbs
+        // semantics), so unmapping it is sound. The address and length lie inside the
+        // registered region (checked by `resolve`).
         let errno = unsafe {
-            match opcode {
-                Opcode::Send => {
-                    let mut request: ibv_send_wr = MaybeUninit::zeroed().assume_init();
-                    request.wr_id = wr_id;
-                    request.sg_list = sg_list;
-                    request.num_sge = num_sge;
-                    request.opcode = ibv_wr_opcode::IBV_WR_SEND;
-                    request.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-                    let mut refused = std::ptr::null_mut();
-                    ibv_post_send(queue_pair, &mut request, &mut refused)
-                }
-                Opcode::Recv => {
-                    let mut request = ibv_recv_wr {
-                        wr_id,
-                        next: std::ptr::null_mut(),
-                        sg_list,
-                        num_sge,
-                    };
-                    let mut refused = std::ptr::null_mut();
-                    ibv_post_recv(queue_pair, &mut request, &mut refused)
-                }
-            }
+            ibv_post_recv(
+                connected.queue_pair.qp().as_ptr(),
+                &mut request,
+                &mut refused,
+            )
         };
-        let posted = if errno == 0 {
-            Ok(())
-        } else {
-            // `ENOMEM` is a queue out of entries; anything else breaks the queue pair.
-            let error = std::io::Error::from_raw_os_error(errno);
-            Err((error.kind() != std::io::ErrorKind::OutOfMemory).then_some(error))
-        };
-        match posted {
-            Ok(()) => {
-                self.in_device.queue(opcode).push_back(wr_id);
-                match opcode {
-                    Opcode::Send => self.outstanding.sends += 1,
-                    Opcode::Recv => self.outstanding.recvs += 1,
-                }
-                Ok(())
-            }
-            Err(error) => Err(self.refused(opcode, error)),
+        if errno != 0 {
+            return Err(self.refused(QueueKind::Recv, errno));
         }
+        self.in_device.recvs.push_back(wr_id);
+        self.outstanding.recvs += 1;
+        Ok(())
     }
 
-    /// The post error for a request the device refused: `None` for a device short of
-    /// queue entries (a full queue), else what it said, which means the queue pair is
-    /// unusable.
-    fn refused(&mut self, opcode: Opcode, error: Option<std::io::Error>) -> PostError {
-        let queue = match opcode {
-            Opcode::Send => QueueKind::Send,
-            Opcode::Recv => QueueKind::Recv,
+    /// Posts one request of the caller's (`kind` is not [`SendKind::Bind`]) to the send
+    /// queue: `work` over `data`.
+    ///
+    /// # Safety
+    ///
+    /// The caller keeps the promise of the [`Endpoint`] method it posts for (`post_send`,
+    /// `post_write`, `post_read`) for the bytes `data`'s elements name; those lie inside
+    /// registered regions (checked by `resolve`). Inline data is read in the call only.
+    unsafe fn post_to_send_queue(
+        &mut self,
+        wr_id: u64,
+        kind: SendKind,
+        work: SendWork,
+        data: Data<'_>,
+    ) -> Result<(), PostError> {
+        let Some(connected) = self.connected.as_mut() else {
+            return Err(PostError::Closed);
         };
-        let Some(error) = error else {
+        // SAFETY: the queue pair is alive (`connected` holds it), was made with every
+        // operation `SendWork` names, and this endpoint alone posts to it (`&mut self`).
+        // The device reaches the elements' bytes until the request's completion has been
+        // polled; the caller promises to leave them alone that long, or until the
+        // endpoint is closed, which destroys the queue pair first. A region deregistered
+        // earlier fails the request with a protection error, after which the device no
+        // longer reaches its memory. The empty message names no bytes at all.
+        let errno = unsafe { window::post_send_work(connected.extended, wr_id, work, data) };
+        if errno != 0 {
+            return Err(self.refused(QueueKind::Send, errno));
+        }
+        self.in_device.sends.push_back(SendRequest { wr_id, kind });
+        self.outstanding.sends += 1;
+        Ok(())
+    }
+
+    /// The post error for a request the device refused with `errno`: `ENOMEM` is a queue
+    /// out of entries (a full queue); anything else means the queue pair is unusable.
+    fn refused(&mut self, queue: QueueKind, errno: i32) -> PostError {
+        let error = std::io::Error::from_raw_os_error(errno);
+        if error.kind() == std::io::ErrorKind::OutOfMemory {
             let depth = match queue {
                 QueueKind::Send => self.outstanding.sends,
                 QueueKind::Recv => self.outstanding.recvs,
             };
             return PostError::QueueFull { queue, depth };
-        };
+        }
         tracing::error!(
             device = self.device.name(),
             %queue,
@@ -464,25 +591,137 @@ impl VerbsEndpoint {
         PostError::ConnectionBroken
     }
 
+    /// The scatter-gather element of a gather list of at most one buffer (none for the
+    /// empty message), checked against the registered regions.
+    fn gather_element(&mut self, gather: &[BufferRef]) -> Result<Option<ibv_sge>, PostError> {
+        match gather.first() {
+            Some(buffer) => Ok(Some(element_of(&self.regions.resolve(*buffer)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// The error of a verbs call an exposure needed that the device refused, saying which
+    /// call and why (usually a resource the device ran out of).
+    fn device_refused(&self, operation: &'static str, source: std::io::Error) -> PostError {
+        tracing::warn!(device = self.device.name(), %source, "{operation} failed");
+        PostError::ExposureRefused {
+            operation,
+            errno: source.raw_os_error().unwrap_or(0),
+        }
+    }
+
+    /// Registers `len` bytes at `addr` of a region the caller holds for `purpose`.
+    fn register_range(
+        &self,
+        addr: u64,
+        len: u32,
+        purpose: Purpose,
+    ) -> Result<RangeRegistration, PostError> {
+        // SAFETY: the range lies inside a region (checked by `resolve`) that the exposure
+        // holds, so it stays mapped while the registration lives.
+        let registered =
+            unsafe { RangeRegistration::register(self.device.domain(), addr, len, purpose) };
+        registered.map_err(|error| {
+            self.device_refused("registering the exposed range (ibv_reg_mr)", error)
+        })
+    }
+
+    /// A type 2 memory window over `len` bytes at `addr` for `access`, bound to this
+    /// endpoint's queue pair over a registration of that range alone (`window` module
+    /// says why), with that registration. The bind is posted on the send queue and waited
+    /// for, since the key works only once it is carried out.
+    fn bind_window(
+        &mut self,
+        addr: u64,
+        len: u32,
+        access: Access,
+    ) -> Result<(MemoryWindow, RangeRegistration), PostError> {
+        // The bind is a request on the send queue, which has room for the depth.
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        if self.connected.is_none() {
+            return Err(PostError::Closed);
+        }
+        let range = self.register_range(addr, len, Purpose::Window)?;
+        let mut window = MemoryWindow::allocate(self.device.domain()).map_err(|error| {
+            self.device_refused("allocating a memory window (ibv_alloc_mw)", error)
+        })?;
+        let key = window.next_key();
+        let Some(connected) = self.connected.as_ref() else {
+            return Err(PostError::Closed);
+        };
+        // SAFETY: the queue pair is alive, made with the bind operation (exposures are
+        // windows on this device), and posted to by this endpoint alone; the window was
+        // just allocated; `range` was just registered for a window at `addr` for `len`
+        // bytes and is kept with the window, which is deallocated first.
+        let errno = unsafe {
+            window::post_bind(
+                connected.extended,
+                BIND_WR_ID,
+                &window,
+                key,
+                (&range, addr, len),
+                access,
+            )
+        };
+        if errno != 0 {
+            return Err(self.refused(QueueKind::Send, errno));
+        }
+        self.in_device.sends.push_back(SendRequest {
+            wr_id: BIND_WR_ID,
+            kind: SendKind::Bind,
+        });
+        self.bind_outcome = None;
+        let deadline = Instant::now() + BIND_DEADLINE;
+        let status = loop {
+            if let Some(status) = self.bind_outcome.take() {
+                break status;
+            }
+            let taken = self.fetch(QueueKind::Send).map_err(|error| {
+                tracing::error!(device = self.device.name(), %error, "waiting for a window bind failed");
+                self.tear_down();
+                self.state = EndpointState::Broken;
+                PostError::ConnectionBroken
+            })?;
+            if taken == 0 {
+                if Instant::now() >= deadline {
+                    tracing::error!(
+                        device = self.device.name(),
+                        "a window bind did not complete within {BIND_DEADLINE:?} (sends ahead of it wait for receives the peer does not post); the connection is closed"
+                    );
+                    self.tear_down();
+                    self.state = EndpointState::Broken;
+                    return Err(PostError::ConnectionBroken);
+                }
+                std::thread::yield_now();
+            }
+        };
+        if status != ibv_wc_status::IBV_WC_SUCCESS {
+            // `bound` broke the connection and said why.
+            return Err(PostError::ConnectionBroken);
+        }
+        window.bound(key);
+        Ok((window, range))
+    }
+
     /// Moves completions waiting in `ready` into `completions`.
     fn take_ready(&mut self, completions: &mut [Completion]) -> usize {
         let ready = &mut self.ready;
         self.outstanding.hand_out(completions, || ready.pop_front())
     }
 
-    /// Takes up to one batch of completions from the completion queue of `opcode` into
-    /// `ready`, returning how many it took.
-    fn fetch(&mut self, opcode: Opcode) -> Result<usize, TransportError> {
+    /// Takes up to one batch of completions from the completion queue of `queue` into
+    /// `ready` (a window bind's into `bind_outcome`), returning how many it took.
+    fn fetch(&mut self, queue: QueueKind) -> Result<usize, TransportError> {
         let Some(connected) = &self.connected else {
             return Ok(0);
         };
-        let queue = raw_queue(connected.queue(opcode));
+        let completion_queue = raw_queue(connected.queue(queue));
         // SAFETY: the queue is alive (`connected` holds it) and polled by this endpoint
         // alone; the array has room for `POLL_BATCH` work completions, which is what the
         // device may write.
         let taken = unsafe {
             ibv_poll_cq(
-                queue,
+                completion_queue,
                 POLL_BATCH as i32,
                 self.work_completions.as_mut_ptr().cast(),
             )
@@ -495,26 +734,86 @@ impl VerbsEndpoint {
             });
         }
         let taken = taken as usize;
-        for slot in &self.work_completions[..taken] {
-            // SAFETY: `ibv_poll_cq` wrote the first `taken` entries.
-            let work_completion = unsafe { slot.assume_init_ref() };
+        for index in 0..taken {
+            // SAFETY: `ibv_poll_cq` wrote the first `taken` entries, plain data.
+            let work_completion = &unsafe { self.work_completions[index].assume_init_read() };
+            // The oldest request of its queue (module invariants): on the send queue, its
+            // listing says what it was, whatever the device leaves undefined.
+            let (listed, kind) = match queue {
+                QueueKind::Send => {
+                    let request = self.in_device.sends.pop_front();
+                    (
+                        request.map(|request| request.wr_id),
+                        request.map(|request| request.kind),
+                    )
+                }
+                QueueKind::Recv => (self.in_device.recvs.pop_front(), None),
+            };
+            debug_assert_eq!(
+                listed,
+                Some(work_completion.wr_id),
+                "a reliable connection completes each queue in posting order"
+            );
+            let opcode = match kind {
+                Some(SendKind::Bind) => {
+                    self.bound(work_completion);
+                    continue;
+                }
+                Some(SendKind::Write) => Opcode::Write,
+                Some(SendKind::Read(_)) => Opcode::Read,
+                Some(SendKind::Send) => Opcode::Send,
+                None => match queue {
+                    QueueKind::Send => Opcode::Send,
+                    QueueKind::Recv => receive_opcode(work_completion),
+                },
+            };
             let completion = complete(
                 work_completion,
                 opcode,
-                &mut self.in_device,
                 &mut self.state,
                 &mut self.failure,
                 self.device.name(),
             );
+            // A read's byte count is what it asked for: verbs leaves `byte_len` to the
+            // receive queue.
+            let completion = match kind {
+                Some(SendKind::Read(len)) if completion.status.is_success() => Completion {
+                    byte_len: len,
+                    ..completion
+                },
+                _ => completion,
+            };
             self.ready.push_back(completion);
         }
         Ok(taken)
     }
 
+    /// Records how a window bind ended: a failed one broke the connection, as any failed
+    /// request does.
+    fn bound(&mut self, work_completion: &ibv_wc) {
+        let status = work_completion.status;
+        if status != ibv_wc_status::IBV_WC_SUCCESS {
+            let name = super::status_name(status).unwrap_or("an unknown status");
+            if status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                tracing::debug!(device = self.device.name(), "a window bind was flushed");
+            } else {
+                tracing::warn!(
+                    device = self.device.name(),
+                    vendor_error = work_completion.vendor_err,
+                    "binding a memory window failed with {name}; the connection is broken"
+                );
+            }
+            if self.state == EndpointState::Open {
+                self.state = EndpointState::Broken;
+            }
+        }
+        self.bind_outcome = Some(status);
+    }
+
     /// Takes every completion the device has made for this endpoint into `ready`.
     fn drain(&mut self) -> Result<(), TransportError> {
-        for opcode in [Opcode::Send, Opcode::Recv] {
-            while self.fetch(opcode)? == POLL_BATCH {}
+        for queue in [QueueKind::Send, QueueKind::Recv] {
+            while self.fetch(queue)? == POLL_BATCH {}
         }
         Ok(())
     }
@@ -530,32 +829,62 @@ impl VerbsEndpoint {
             tracing::warn!(device = self.device.name(), %error, "draining a completion queue at teardown failed");
         }
         self.take_events();
-        // Destroys the queue pair, then its completion queues.
+        // Destroys the queue pair, then its completion queues: from here no peer reaches
+        // any exposure. Then the windows and remote registrations are undone, and the
+        // regions they held let go.
         self.connected = None;
-        for (opcode, queue) in [
-            (Opcode::Send, &mut self.in_device.sends),
-            (Opcode::Recv, &mut self.in_device.recvs),
-        ] {
-            self.ready.extend(queue.drain(..).map(|wr_id| Completion {
-                wr_id,
-                byte_len: 0,
-                status: CompletionStatus::Flushed,
-                opcode,
-            }));
+        self.ended
+            .extend(self.exposures.drain(..).map(|exposure| exposure.key));
+        let flushed = |wr_id, opcode| Completion {
+            wr_id,
+            byte_len: 0,
+            status: CompletionStatus::Flushed,
+            opcode,
+        };
+        for request in self.in_device.sends.drain(..) {
+            let opcode = match request.kind {
+                SendKind::Send => Opcode::Send,
+                SendKind::Write => Opcode::Write,
+                SendKind::Read(_) => Opcode::Read,
+                SendKind::Bind => continue,
+            };
+            self.ready.push_back(flushed(request.wr_id, opcode));
         }
+        self.ready.extend(
+            self.in_device
+                .recvs
+                .drain(..)
+                .map(|wr_id| flushed(wr_id, Opcode::Recv)),
+        );
     }
 
-    /// Checks, at most once per [`PEER_CHECK_INTERVAL`], whether the peer went away; if it
-    /// did, tears this side down too.
+    /// Checks, at most once per [`PEER_CHECK_INTERVAL`], whether the peer went away (if it
+    /// did, tears this side down too), and whether the device moved the queue pair to the
+    /// error state with no request of this side's to say so: the peer's RDMA WRITE or
+    /// READ was refused here (a key not in force, bytes out of range), which breaks the
+    /// connection on this side too.
     fn watch_peer(&mut self) {
-        if self.connected.is_none() {
+        let Some(connected) = &self.connected else {
             return;
-        }
+        };
         let now = Instant::now();
         if now < self.next_peer_check {
             return;
         }
         self.next_peer_check = now + PEER_CHECK_INTERVAL;
+        if self.state == EndpointState::Open
+            && connected
+                .queue_pair
+                .query(QueuePairAttributeMask::State)
+                .is_ok_and(|(attributes, _)| attributes.state() == QueuePairState::Error)
+        {
+            tracing::warn!(
+                device = self.device.name(),
+                "the queue pair is in the error state: the peer's one-sided request was refused \
+                 (a key not in force here, or bytes outside an exposure); the connection is broken"
+            );
+            self.state = EndpointState::Broken;
+        }
         if self.peer.peer_gone() {
             self.tear_down();
             if self.state == EndpointState::Open {
@@ -570,9 +899,9 @@ impl VerbsEndpoint {
         let Some(connected) = &self.connected else {
             return false;
         };
-        [Opcode::Send, Opcode::Recv].into_iter().all(|opcode| {
+        [QueueKind::Send, QueueKind::Recv].into_iter().all(|queue| {
             // SAFETY: the queue is alive (`connected` holds it).
-            let requested = unsafe { ibv_req_notify_cq(raw_queue(connected.queue(opcode)), 0) };
+            let requested = unsafe { ibv_req_notify_cq(raw_queue(connected.queue(queue)), 0) };
             if requested != 0 {
                 tracing::warn!(
                     device = self.device.name(),
@@ -611,10 +940,35 @@ fn raw_queue(queue: &BasicCompletionQueue) -> *mut ibv_cq {
     unsafe { queue.cq() }.as_ptr()
 }
 
+/// The scatter-gather element of `resolved`'s bytes.
+fn element_of(resolved: &Resolved<DeviceMemory>) -> ibv_sge {
+    ibv_sge {
+        addr: DeviceMemory::address_of(resolved),
+        length: resolved.len,
+        lkey: resolved.region.region().local_key(),
+    }
+}
+
+/// What a receive's work completion completed: a send's message, or a write with an
+/// immediate (`IBV_WC_RECV_RDMA_WITH_IMM`, its immediate in network byte order). The
+/// opcode of a failed completion is undefined in verbs: a plain receive.
+fn receive_opcode(work_completion: &ibv_wc) -> Opcode {
+    if work_completion.status == ibv_wc_status::IBV_WC_SUCCESS
+        && work_completion.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
+    {
+        // SAFETY: a completion of a write with an immediate holds the immediate in this
+        // field of the union.
+        let imm = unsafe { work_completion.imm_data_invalidated_rkey_union.imm_data };
+        Opcode::RecvWithImm(u32::from_be(imm))
+    } else {
+        Opcode::Recv
+    }
+}
+
 /// Moves `queue_pair`, in INIT, to RTR and RTS, connected to the peer at `remote`.
 fn connect(
     device: &OpenDevice,
-    queue_pair: &mut BasicQueuePair,
+    queue_pair: &mut ExtendedQueuePair,
     remote: &QueuePairAddress,
 ) -> Result<(), VerbsError> {
     let (local_has_gid, peer_has_gid) = (device.gid_index().is_some(), remote.gid.is_some());
@@ -640,7 +994,7 @@ fn connect(
         .setup_path_mtu(device.path_mtu())
         .setup_dest_qp_num(remote.num)
         .setup_rq_psn(0)
-        .setup_max_dest_read_atomic(0)
+        .setup_max_dest_read_atomic(device.reads_in_flight())
         .setup_min_rnr_timer(MIN_RNR_TIMER)
         .setup_address_vector(&path);
     queue_pair.modify(&ready_to_receive).map_err(|source| {
@@ -656,7 +1010,7 @@ fn connect(
         .setup_timeout(ACK_TIMEOUT)
         .setup_retry_cnt(RETRY_COUNT)
         .setup_rnr_retry(RNR_RETRY_FOREVER)
-        .setup_max_read_atomic(0);
+        .setup_max_read_atomic(device.reads_in_flight());
     queue_pair.modify(&ready_to_send).map_err(|source| {
         device.error(
             "readying the queue pair to send (ibv_modify_qp to RTS)",
@@ -684,24 +1038,17 @@ fn wake_set(channel: &CompletionChannel, peer: &PeerWatch) -> std::io::Result<Ow
     Ok(set)
 }
 
-/// The completion of `work_completion`, taken from the queue of `opcode`: the oldest
-/// request of that queue. An error completion breaks the connection; the first one that
-/// is not a flush is kept in `failure`.
+/// The completion of `work_completion`, a request of the caller's that `opcode`
+/// describes. An error completion breaks the connection; the first one that is not a
+/// flush is kept in `failure`.
 fn complete(
     work_completion: &ibv_wc,
     opcode: Opcode,
-    in_device: &mut InDevice,
     state: &mut EndpointState,
     failure: &mut Option<DeviceFailure>,
     device: &str,
 ) -> Completion {
     let wr_id = work_completion.wr_id;
-    let oldest = in_device.queue(opcode).pop_front();
-    debug_assert_eq!(
-        oldest,
-        Some(wr_id),
-        "a reliable connection completes each queue in posting order"
-    );
     let failed = DeviceFailure::new(
         wr_id,
         opcode,
@@ -720,8 +1067,8 @@ fn complete(
             *state = EndpointState::Broken;
         }
     }
-    let byte_len = match (opcode, status) {
-        (Opcode::Recv, CompletionStatus::Success) => work_completion.byte_len,
+    let byte_len = match (opcode.queue(), status) {
+        (QueueKind::Recv, CompletionStatus::Success) => work_completion.byte_len,
         _ => 0,
     };
     Completion {
@@ -750,7 +1097,7 @@ impl Endpoint for VerbsEndpoint {
         self.outstanding.check_room(QueueKind::Recv, self.limits)?;
         let resolved = self.regions.resolve(buffer)?;
         // SAFETY: the caller keeps `post_recv`'s promise for `buffer`'s bytes.
-        unsafe { self.post(Opcode::Recv, Some(resolved), wr_id) }
+        unsafe { self.post_receive(resolved, wr_id) }
     }
 
     unsafe fn post_send(&mut self, gather: &[BufferRef], wr_id: u64) -> Result<(), PostError> {
@@ -758,17 +1105,209 @@ impl Endpoint for VerbsEndpoint {
         self.outstanding.check_room(QueueKind::Send, self.limits)?;
         // At most one buffer (`max_gather` is 1) of at most `max_message` bytes.
         self.limits.message_len(gather)?;
-        let resolved = match gather.first() {
-            Some(buffer) => Some(self.regions.resolve(*buffer)?),
-            None => None,
-        };
+        let element = self.gather_element(gather)?;
         // SAFETY: the caller keeps `post_send`'s promise for the gather list's bytes.
-        unsafe { self.post(Opcode::Send, resolved, wr_id) }
+        unsafe {
+            self.post_to_send_queue(
+                wr_id,
+                SendKind::Send,
+                SendWork::Send,
+                Data::Elements(element.as_slice()),
+            )
+        }
+    }
+
+    fn caller_copies(&self) -> CallerCopies {
+        match self.max_inline {
+            0 => CallerCopies::NONE,
+            max_inline => CallerCopies::new(Some(max_inline as usize), None),
+        }
+    }
+
+    /// Sends a message of at most the queue pair's `max_inline_data` bytes (128 asked for;
+    /// [`Endpoint::caller_copies`] says what the device gave) copied into the work request
+    /// as it is posted (`IBV_SEND_INLINE`), so from any memory, registered or not; a longer
+    /// one is not taken. Once taken it is a send like any other: it waits for the peer's
+    /// next receive, in order with the sends posted before it. The parts (at most four,
+    /// since they are copied by the CPU rather than named to the device, the gather limit
+    /// does not apply) are read in the call only.
+    fn try_post_send_copied(&mut self, parts: &[&[u8]], wr_id: u64) -> Result<bool, PostError> {
+        self.state.admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        if parts.len() > INLINE_PARTS {
+            return Err(PostError::TooManyBuffers {
+                given: parts.len(),
+                max: INLINE_PARTS,
+            });
+        }
+        let len: usize = parts.iter().map(|part| part.len()).sum();
+        if len > self.max_inline as usize {
+            return Ok(false);
+        }
+        // The parts are joined here and handed over as one buffer (`Data::Inline` says
+        // why): at most `INLINE_REQUEST` bytes.
+        let mut joined = [0u8; INLINE_REQUEST as usize];
+        let mut at = 0;
+        for part in parts {
+            joined[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        // SAFETY: inline data names no registered memory: the device copies it into the
+        // request in the call, and it is no longer than `max_inline_data`.
+        unsafe {
+            self.post_to_send_queue(
+                wr_id,
+                SendKind::Send,
+                SendWork::Send,
+                Data::Inline(&joined[..len]),
+            )
+        }?;
+        Ok(true)
+    }
+
+    unsafe fn expose(
+        &mut self,
+        buffer: BufferRef,
+        access: Access,
+    ) -> Result<RemoteBuffer, PostError> {
+        self.state.admits_posts()?;
+        if self.exposures.len() >= EXPOSURE_SLOTS {
+            return Err(PostError::TooManyExposures {
+                max: EXPOSURE_SLOTS,
+            });
+        }
+        let resolved = self.regions.resolve(buffer)?;
+        let addr = DeviceMemory::address_of(&resolved);
+        let grant = match self.device.exposures() {
+            Exposures::Windows => {
+                let (window, range) = self.bind_window(addr, buffer.len, access)?;
+                Grant::Window { window, range }
+            }
+            Exposures::Registrations => Grant::Registration(self.register_range(
+                addr,
+                buffer.len,
+                Purpose::Remote(access),
+            )?),
+        };
+        let key = grant.key();
+        resolved.region.mark_exposed();
+        self.exposures.push(Exposure {
+            key,
+            grant,
+            _region: resolved.region,
+        });
+        Ok(RemoteBuffer {
+            key,
+            addr,
+            len: buffer.len,
+        })
+    }
+
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        let Some(index) = self
+            .exposures
+            .iter()
+            .position(|exposure| exposure.key == exposed.key)
+        else {
+            // Ended already by the teardown, when the queue pair went.
+            if let Some(ended) = self.ended.iter().position(|&key| key == exposed.key) {
+                self.ended.swap_remove(ended);
+                return Ok(());
+            }
+            return Err(PostError::UnknownKey {
+                remote_key: exposed.key,
+            });
+        };
+        let mut exposure = self.exposures.swap_remove(index);
+        match exposure.grant.undo() {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                // The key may still work: destroying the queue pair ends every access
+                // through this connection (a window works on it alone). The exposure is
+                // kept, to be undone again at teardown with the region held till then.
+                tracing::error!(
+                    device = self.device.name(),
+                    %error,
+                    "revoking an exposure failed; the connection is closed so that its peer reaches nothing"
+                );
+                self.exposures.push(exposure);
+                self.tear_down();
+                // The teardown ended it; `revoke` has answered for it.
+                self.ended.retain(|&key| key != exposed.key);
+                self.state = EndpointState::Broken;
+                Err(PostError::ConnectionBroken)
+            }
+        }
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        gather: &[BufferRef],
+        remote: RemoteBuffer,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        self.state.admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        let len = self.limits.message_len(gather)?;
+        if len != remote.len {
+            return Err(PostError::LengthMismatch {
+                local: u64::from(len),
+                remote: remote.len,
+            });
+        }
+        let element = self.gather_element(gather)?;
+        let work = SendWork::Write {
+            key: remote.key,
+            addr: remote.addr,
+            imm,
+        };
+        // SAFETY: the caller keeps `post_write`'s promise (that of `post_send`) for the
+        // gather list's bytes.
+        unsafe {
+            self.post_to_send_queue(
+                wr_id,
+                SendKind::Write,
+                work,
+                Data::Elements(element.as_slice()),
+            )
+        }
+    }
+
+    unsafe fn post_read(
+        &mut self,
+        buffer: BufferRef,
+        remote: RemoteBuffer,
+        wr_id: u64,
+    ) -> Result<(), PostError> {
+        self.state.admits_posts()?;
+        self.outstanding.check_room(QueueKind::Send, self.limits)?;
+        if buffer.len != remote.len {
+            return Err(PostError::LengthMismatch {
+                local: u64::from(buffer.len),
+                remote: remote.len,
+            });
+        }
+        let element = element_of(&self.regions.resolve(buffer)?);
+        let work = SendWork::Read {
+            key: remote.key,
+            addr: remote.addr,
+        };
+        // SAFETY: the caller keeps `post_read`'s promise (that of `post_recv`) for
+        // `buffer`'s bytes, which the device writes.
+        unsafe {
+            self.post_to_send_queue(
+                wr_id,
+                SendKind::Read(buffer.len),
+                work,
+                Data::Elements(std::slice::from_ref(&element)),
+            )
+        }
     }
 
     fn poll(&mut self, completions: &mut [Completion]) -> Result<usize, TransportError> {
-        for opcode in [Opcode::Send, Opcode::Recv] {
-            while self.ready.len() < completions.len() && self.fetch(opcode)? == POLL_BATCH {}
+        for queue in [QueueKind::Send, QueueKind::Recv] {
+            while self.ready.len() < completions.len() && self.fetch(queue)? == POLL_BATCH {}
         }
         if self.ready.is_empty() {
             self.watch_peer();
@@ -795,8 +1334,8 @@ impl Endpoint for VerbsEndpoint {
             return Armed::Pending;
         }
         // Looked at after the requests (module invariants).
-        for opcode in [Opcode::Send, Opcode::Recv] {
-            if self.fetch(opcode).map_or(true, |taken| taken > 0) {
+        for queue in [QueueKind::Send, QueueKind::Recv] {
+            if self.fetch(queue).map_or(true, |taken| taken > 0) {
                 return Armed::Pending;
             }
         }
@@ -832,6 +1371,43 @@ impl std::fmt::Debug for VerbsEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn work_completion(status: ibv_wc_status::Type, opcode: ibv_wc_opcode::Type) -> ibv_wc {
+        ibv_wc {
+            wr_id: 7,
+            status,
+            opcode,
+            vendor_err: 0,
+            byte_len: 5,
+            imm_data_invalidated_rkey_union: rdma_mummy_sys::imm_data_invalidated_rkey_union_t {
+                imm_data: 0xfeed_beef_u32.to_be(),
+            },
+            qp_num: 0,
+            src_qp: 0,
+            wc_flags: 0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        }
+    }
+
+    #[test]
+    fn a_receive_a_write_consumed_carries_its_immediate_in_host_order() {
+        let written = work_completion(
+            ibv_wc_status::IBV_WC_SUCCESS,
+            ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+        );
+        assert_eq!(receive_opcode(&written), Opcode::RecvWithImm(0xfeed_beef));
+        let sent = work_completion(ibv_wc_status::IBV_WC_SUCCESS, ibv_wc_opcode::IBV_WC_RECV);
+        assert_eq!(receive_opcode(&sent), Opcode::Recv);
+        // A failed completion's opcode is undefined: a plain receive.
+        let failed = work_completion(
+            ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
+            ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+        );
+        assert_eq!(receive_opcode(&failed), Opcode::Recv);
+    }
 
     fn depths(send_depth: u32, recv_depth: u32) -> EndpointOptions {
         EndpointOptions {

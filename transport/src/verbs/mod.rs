@@ -3,7 +3,10 @@
 //!
 //! - [`VerbsProvider::open`] opens a device by name (with a port, and a GID index for
 //!   RoCE) and its protection domain; its [`VerbsRegistrar`] registers memory there, for
-//!   local access only.
+//!   local access only: a peer writes or reads memory one-sidedly only through an
+//!   exposure (`Endpoint::expose`), a type 2 memory window bound to the connection's
+//!   queue pair, or a registration of the range where the device has no such windows
+//!   ([`Exposures`]).
 //! - Endpoints are reliable-connected queue pairs with a completion queue per direction
 //!   and a completion channel a caller can sleep on, connected over TCP:
 //!   [`VerbsProvider::listen`] accepts any number of peers, [`VerbsProvider::connect`]
@@ -46,6 +49,7 @@ mod memlock;
 mod registrar;
 pub mod rendezvous;
 mod status;
+mod window;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
@@ -55,7 +59,7 @@ use tierbuf_pool::{MemoryBudget, Registrar};
 
 use crate::provider::Provider;
 use device::OpenDevice;
-pub use device::{GidKind, PortPath, RoutingGid};
+pub use device::{Exposures, GidKind, PortPath, RoutingGid};
 pub use endpoint::{EndpointOptions, MAX_MESSAGE_LEN, MAX_QUEUE_DEPTH, VerbsEndpoint};
 pub use error::VerbsError;
 pub use memlock::{MemlockFacts, check_memlock, ladder_pinned_bytes, region_pinned_bytes};
@@ -80,6 +84,7 @@ pub struct VerbsConfig {
     device: String,
     port: u8,
     gid_index: Option<u32>,
+    exposures: Exposures,
 }
 
 impl VerbsConfig {
@@ -92,6 +97,7 @@ impl VerbsConfig {
             device: device.into(),
             port: 1,
             gid_index: None,
+            exposures: Exposures::Windows,
         }
     }
 
@@ -112,9 +118,31 @@ impl VerbsConfig {
         self
     }
 
+    /// Makes exposures ([`Endpoint::expose`](crate::Endpoint::expose)) as `exposures`
+    /// says where the device allows: [`Exposures::Windows`], the default, falls back to
+    /// [`Exposures::Registrations`] on a device without type 2 memory windows;
+    /// [`Exposures::Registrations`] is taken everywhere (to compare the two, or to test
+    /// the fallback on a device that has windows).
+    ///
+    /// ```
+    /// use tierbuf_transport::verbs::{Exposures, VerbsConfig};
+    /// let config = VerbsConfig::new("rxe0").with_exposures(Exposures::Registrations);
+    /// assert_eq!(config.exposures(), Exposures::Registrations);
+    /// assert_eq!(VerbsConfig::new("rxe0").exposures(), Exposures::Windows);
+    /// ```
+    pub fn with_exposures(mut self, exposures: Exposures) -> VerbsConfig {
+        self.exposures = exposures;
+        self
+    }
+
     /// The device's name.
     pub fn device(&self) -> &str {
         &self.device
+    }
+
+    /// How exposures are asked to be made.
+    pub fn exposures(&self) -> Exposures {
+        self.exposures
     }
 
     /// The port the queue pairs go out by.
@@ -162,6 +190,7 @@ impl VerbsProvider {
             &config.device,
             config.port,
             config.gid_index,
+            config.exposures,
         )?);
         Ok(VerbsProvider {
             registrar: Arc::new(VerbsRegistrar::new(Arc::clone(&device), budget)),
@@ -177,6 +206,13 @@ impl VerbsProvider {
     /// The device, port, GID and MTU this provider's queue pairs go out by.
     pub fn path(&self) -> &PortPath {
         self.device.path()
+    }
+
+    /// How this provider's endpoints make exposures: with type 2 memory windows where the
+    /// device has them (and the configuration did not ask otherwise), else with a
+    /// registration per exposure.
+    pub fn exposures(&self) -> Exposures {
+        self.device.exposures()
     }
 
     /// The deepest send or receive queue an endpoint of this provider may ask for: the

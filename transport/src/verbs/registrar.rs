@@ -18,7 +18,12 @@
 //!   the device never holds a registration of memory the process gave back.
 //! - Registration grants local write and nothing else: no remote read, write or atomic
 //!   right. A peer told a region's address and remote key (a promotion's answer does)
-//!   can reach its bytes only by sending into a receive this side posted.
+//!   can reach its bytes only by sending into a receive this side posted, or through an
+//!   exposure of a range of them to its connection (`Endpoint::expose`), which registers
+//!   that range again, with a key of its own, undone at revocation (`super::window`).
+//! - An exposure holds a strong reference to its region (which the registry marks exposed
+//!   for good), so the region is neither deregistered nor unmapped while the exposure's
+//!   registration of its range lives.
 //! - The owner reaches the bytes only through the base pointer of the mapping; the
 //!   provider reaches them only by naming them to the device, by address and local key.
 //! - When the owner drops the region, the registry marks it dead and removes its table
@@ -75,7 +80,9 @@ impl std::fmt::Debug for DeviceMemory {
 
 // SAFETY: the bytes are the host region's, which keeps `Region`'s promise; the
 // registration only lets the device reach them on this side's own posts (module
-// invariants), and it is undone before the mapping goes.
+// invariants), and it is undone before the mapping goes. A peer reaches them otherwise
+// only through an exposure, whose caller answers for the bytes (`Endpoint::expose`) and
+// which holds the region until its own registration is undone.
 unsafe impl Region for DeviceMemory {
     fn base(&self) -> NonNull<u8> {
         self.host.base()
@@ -92,8 +99,9 @@ unsafe impl Region for DeviceMemory {
 
 /// Registers memory with an RDMA device for the verbs provider: maps it through a
 /// [`HostRegistrar`] (page-aligned anonymous memory, charged to the [`MemoryBudget`] in
-/// the whole pages that registration pins), registers it for local access only, and
-/// records it by remote key so that endpoints can check every buffer they are given.
+/// the whole pages that registration pins), registers it for local access only (no peer
+/// reaches it but through a receive posted or an exposure), and records it by remote key
+/// so that endpoints can check every buffer they are given.
 ///
 /// ```no_run
 /// use tierbuf_pool::{MemoryBudget, SlotPool};

@@ -56,7 +56,9 @@ impl fmt::Display for DeviceFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let queue = match self.opcode {
             Opcode::Send => "send",
-            Opcode::Recv => "receive",
+            Opcode::Write => "write",
+            Opcode::Read => "read",
+            Opcode::Recv | Opcode::RecvWithImm(_) => "receive",
         };
         write!(f, "{queue} work request {} failed with ", self.wr_id)?;
         match status_name(self.device_status) {
@@ -78,7 +80,7 @@ impl fmt::Display for DeviceFailure {
 /// a local queue pair's failure to carry out a request as posted (soft-RoCE reports a
 /// message longer than its receive so) to [`CompletionStatus::LocalOperationError`], a
 /// peer that does not answer to [`CompletionStatus::RetryExceeded`], and every other
-/// failure (remote access, responder and fatal errors, statuses of features a
+/// failure (responder and fatal errors, statuses of features a
 /// reliable-connected queue pair without shared receive queues never uses, values
 /// unknown to this build) to [`CompletionStatus::RemoteOperationError`]: a request that
 /// was not carried out and broke the connection. [`status_name`] keeps the device's own
@@ -100,6 +102,7 @@ pub fn completion_status(status: ibv_wc_status::Type) -> CompletionStatus {
         IBV_WC_LOC_PROT_ERR | IBV_WC_LOC_ACCESS_ERR => CompletionStatus::LocalProtectionError,
         IBV_WC_LOC_QP_OP_ERR | IBV_WC_LOC_EEC_OP_ERR => CompletionStatus::LocalOperationError,
         IBV_WC_REM_INV_REQ_ERR => CompletionStatus::RemoteInvalidRequest,
+        IBV_WC_REM_ACCESS_ERR => CompletionStatus::RemoteAccessError,
         IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR | IBV_WC_RESP_TIMEOUT_ERR => {
             CompletionStatus::RetryExceeded
         }
@@ -172,10 +175,7 @@ mod tests {
             IBV_WC_REM_INV_REQ_ERR,
             CompletionStatus::RemoteInvalidRequest,
         ),
-        (
-            IBV_WC_REM_ACCESS_ERR,
-            CompletionStatus::RemoteOperationError,
-        ),
+        (IBV_WC_REM_ACCESS_ERR, CompletionStatus::RemoteAccessError),
         (IBV_WC_REM_OP_ERR, CompletionStatus::RemoteOperationError),
         (IBV_WC_RETRY_EXC_ERR, CompletionStatus::RetryExceeded),
         (IBV_WC_RNR_RETRY_EXC_ERR, CompletionStatus::RetryExceeded),
