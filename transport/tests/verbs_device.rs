@@ -20,12 +20,12 @@ use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::verbs::{
-    EndpointOptions, MAX_QUEUE_DEPTH, VerbsConfig, VerbsEndpoint, VerbsError, VerbsProvider,
-    ibv_wc_status,
+    EndpointOptions, Exposures, MAX_QUEUE_DEPTH, VerbsConfig, VerbsEndpoint, VerbsError,
+    VerbsProvider, ibv_wc_status,
 };
 use tierbuf_transport::{
-    BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, PostError, Provider,
-    QueueKind,
+    Access, BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, PostError,
+    Provider, QueueKind,
 };
 
 const DEVICE_VARIABLE: &str = "TIERBUF_VERBS_DEVICE";
@@ -664,4 +664,94 @@ fn a_connection_promotes_and_segments_over_verbs() {
     assert_eq!(receiver.stats().messages_received, messages.len() as u64);
     drop((sender, receiver, reservoir));
     assert_eq!(budget.in_use(), 0, "every registered byte comes back");
+}
+
+/// What an exposure costs in each of the provider's two ways of making one, and what
+/// the device gave for inline sends: printed for `docs/verbs.md` (under an emulated CPU
+/// only the counts mean anything; the times are the emulator's). Each way exposes a range
+/// to the peer, which writes it with an immediate, and revokes it; the write lands, and
+/// a write under the revoked key breaks the connection.
+#[test]
+#[ignore = "needs an RDMA device (TIERBUF_VERBS_DEVICE)"]
+fn exposures_by_windows_and_by_registrations_work_and_say_what_they_cost() {
+    const ROUNDS: u32 = 64;
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let Some(windows) = provider(&budget) else {
+        return;
+    };
+    let name = windows.device_name().to_owned();
+    let registrations = VerbsProvider::open(
+        &VerbsConfig::new(&name)
+            .with_port(windows.path().port)
+            .with_exposures(Exposures::Registrations),
+        budget.clone(),
+    )
+    .expect("the same device");
+    println!("{name}: the device's own way is {:?}", windows.exposures());
+    for provider in [windows, registrations] {
+        let pool = SlotPool::new(&*provider.registrar(), 4096, 4).unwrap();
+        let (mut writer, mut target) = provider.pair(&options()).unwrap();
+        println!(
+            "{:?}: sends copied inline up to {:?} bytes",
+            provider.exposures(),
+            (1..=4096)
+                .take_while(|&len| writer.caller_copies().takes(len))
+                .last()
+        );
+        let window = slot(&pool);
+        let started = Instant::now();
+        for _ in 0..ROUNDS {
+            // SAFETY: nothing writes to the slot while it is exposed.
+            let exposed =
+                unsafe { target.expose(BufferRef::from(&window), Access::Write) }.unwrap();
+            target.revoke(exposed).unwrap();
+        }
+        let per_round = started.elapsed() / ROUNDS;
+        println!(
+            "{:?}: {ROUNDS} exposures and revocations of a 4 KiB slot, {per_round:?} each \
+             (an emulated CPU's figure where the guest is emulated)",
+            provider.exposures()
+        );
+        let mut source = slot(&pool);
+        source[..5].copy_from_slice(b"hello");
+        let signal = slot(&pool);
+        // SAFETY: the window is read only after the immediate's receive completes; the
+        // source and signal are left alone until their completions.
+        let exposed = unsafe { target.expose(BufferRef::from(&window), Access::Write) }.unwrap();
+        // SAFETY: as above.
+        unsafe {
+            target
+                .post_recv(BufferRef::from(&signal).prefix(0).unwrap(), 1)
+                .unwrap();
+            writer
+                .post_write(
+                    &[BufferRef::from(&source).prefix(5).unwrap()],
+                    exposed.slice(100, 5).unwrap(),
+                    Some(0xfeed_beef),
+                    2,
+                )
+                .unwrap();
+        }
+        assert_eq!(wait_for(&mut writer, 1)[0].opcode, Opcode::Write);
+        let received = wait_for(&mut target, 1);
+        assert_eq!(received[0].opcode, Opcode::RecvWithImm(0xfeed_beef));
+        assert_eq!(received[0].byte_len, 5);
+        assert_eq!(&window[100..105], b"hello");
+        target.revoke(exposed).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            writer
+                .post_write(
+                    &[BufferRef::from(&source).prefix(5).unwrap()],
+                    exposed.slice(0, 5).unwrap(),
+                    None,
+                    3,
+                )
+                .unwrap();
+        }
+        let refused = wait_for(&mut writer, 1);
+        assert_eq!(refused[0].status, CompletionStatus::RemoteAccessError);
+        assert_eq!(writer.state(), EndpointState::Broken);
+        assert_eq!(&window[..5], &[0; 5], "the revoked key wrote");
+    }
 }

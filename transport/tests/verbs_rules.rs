@@ -7,17 +7,21 @@
 //! ```
 //!
 //! Without the variable each rule prints why it skips and passes. `TIERBUF_VERBS_GID_INDEX`
-//! picks a GID entry, as for `verbs_device`.
+//! picks a GID entry, as for `verbs_device`; `TIERBUF_VERBS_EXPOSURES=registrations` makes
+//! exposures with a registration each instead of memory windows (the fallback for devices
+//! without type 2 windows), whose keys any connection of the provider can use:
+//! `another_connections_key_is_refused` does not hold there (`docs/threats.md`).
 #![cfg(feature = "verbs")]
 
 mod provider_rules;
 
 use provider_rules::TestProvider;
 use tierbuf_pool::MemoryBudget;
-use tierbuf_transport::verbs::{EndpointOptions, VerbsConfig, VerbsProvider};
+use tierbuf_transport::verbs::{EndpointOptions, Exposures, VerbsConfig, VerbsProvider};
 
 const DEVICE_VARIABLE: &str = "TIERBUF_VERBS_DEVICE";
 const GID_INDEX_VARIABLE: &str = "TIERBUF_VERBS_GID_INDEX";
+const EXPOSURES_VARIABLE: &str = "TIERBUF_VERBS_EXPOSURES";
 
 impl TestProvider for VerbsProvider {
     const DEREGISTRATION_UNDER_A_REQUEST_UNDEFINED: Option<&'static str> = Some(
@@ -25,6 +29,9 @@ impl TestProvider for VerbsProvider {
          failed the send with LOC_QP_OP_ERR in one run and left it uncompleted for 60 s in \
          another. Connections never do it: a tier retires only once every slot is back",
     );
+    /// A send of at most the queue pair's `max_inline_data` bytes is copied into its work
+    /// request as it is posted, then waits for the peer's receive as any send.
+    const COPIED_SENDS_WAIT_FOR_A_RECEIVE: bool = true;
 
     fn unavailable() -> Option<String> {
         match std::env::var(DEVICE_VARIABLE) {
@@ -45,6 +52,13 @@ impl TestProvider for VerbsProvider {
                 .parse()
                 .unwrap_or_else(|_| panic!("{GID_INDEX_VARIABLE}={index:?} is not a number"));
             config = config.with_gid_index(index);
+        }
+        match std::env::var(EXPOSURES_VARIABLE).as_deref() {
+            Err(_) | Ok("windows") => {}
+            Ok("registrations") => config = config.with_exposures(Exposures::Registrations),
+            Ok(other) => {
+                panic!("{EXPOSURES_VARIABLE}={other:?} is neither windows nor registrations")
+            }
         }
         VerbsProvider::open(&config, budget)
             .unwrap_or_else(|error| panic!("opening {}: {error}", config.device()))

@@ -35,6 +35,12 @@ pub(crate) trait TestProvider: Provider<Endpoint: 'static> {
     /// request names undefined, and soft-RoCE answered differently from run to run.
     const DEREGISTRATION_UNDER_A_REQUEST_UNDEFINED: Option<&'static str> = None;
 
+    /// Whether a send copied from the caller's memory is copied into the work request as
+    /// it is posted and then waits for the peer's receive as any send does (verbs inline
+    /// data), rather than copied straight into a receive the peer has posted, and taken
+    /// only when one is (the shm provider).
+    const COPIED_SENDS_WAIT_FOR_A_RECEIVE: bool = false;
+
     /// Why the rules cannot run here (no device, say), or `None` when they can.
     fn unavailable() -> Option<String> {
         None
@@ -801,6 +807,9 @@ pub(crate) fn closing_during_traffic_completes_every_request_exactly_once<P: Tes
 pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothing<
     P: TestProvider,
 >() {
+    if P::COPIED_SENDS_WAIT_FOR_A_RECEIVE {
+        return copied_sends_are_taken_at_once_and_wait_for_a_receive::<P>();
+    }
     let (pool, mut a, mut b) = fixture::<P>(256, 8, 4, 4);
     let message: Vec<u8> = (0..200).map(|offset| pattern(1, offset)).collect();
     let (head, tail) = message.split_at(150);
@@ -858,6 +867,75 @@ pub(crate) fn a_send_copied_from_the_callers_memory_goes_at_once_or_takes_nothin
         ]
     );
     assert_eq!(&inboxes[0][..200], &message[..]);
+    assert!(is_message(&inboxes[1][..64], 2));
+    assert_eq!(&inboxes[2][..2], &small);
+}
+
+/// The rule above for a provider whose copied sends wait for the peer's receives: a send
+/// of a length [`Endpoint::caller_copies`] takes is taken whether or not a receive is
+/// posted, and nothing of it is read after the call; it is delivered byte for byte, in
+/// order with the sends from registered memory around it, and completes as they do. A
+/// longer one is not taken.
+fn copied_sends_are_taken_at_once_and_wait_for_a_receive<P: TestProvider>() {
+    let (pool, mut a, mut b) = fixture::<P>(256, 8, 4, 4);
+    let copies = a.caller_copies();
+    let longest = (1..=256).take_while(|&len| copies.takes(len)).last();
+    let Some(longest) = longest else {
+        let message = [pattern(1, 0)];
+        assert!(!a.try_post_send_copied(&[&message], 1).unwrap());
+        assert_eq!(a.outstanding(), Outstanding::default());
+        return;
+    };
+    let too_long: Vec<u8> = (0..=longest).map(|offset| pattern(9, offset)).collect();
+    assert!(
+        !a.try_post_send_copied(&[&too_long], 9).unwrap(),
+        "longer than the endpoint copies"
+    );
+    assert_eq!(a.outstanding(), Outstanding::default(), "nothing taken");
+    let mut message: Vec<u8> = (0..longest).map(|offset| pattern(1, offset)).collect();
+    let (head, tail) = message.split_at(longest / 2);
+    assert!(
+        a.try_post_send_copied(&[head, tail], 1).unwrap(),
+        "taken with no receive posted"
+    );
+    // Nothing of the caller's memory is read after the call.
+    message.fill(0);
+    let mut registered = pool.try_acquire_owned().unwrap();
+    fill_message(&mut registered, 2, 64);
+    send(
+        &mut a,
+        &[BufferRef::from(&registered).prefix(64).unwrap()],
+        2,
+    )
+    .unwrap();
+    let small = [pattern(3, 0), pattern(3, 1)];
+    assert!(
+        a.try_post_send_copied(&[&small], 3).unwrap(),
+        "behind a waiting send"
+    );
+    assert_eq!(a.outstanding().sends, 3);
+    let inboxes: Vec<OwnedSlot> = (0..3).map(|_| pool.try_acquire_owned().unwrap()).collect();
+    for (index, inbox) in inboxes.iter().enumerate() {
+        recv(&mut b, BufferRef::from(inbox), 10 + index as u64).unwrap();
+    }
+    assert_eq!(
+        poll_for(&mut a, 3),
+        vec![
+            completion(1, 0, SUCCESS, Opcode::Send),
+            completion(2, 0, SUCCESS, Opcode::Send),
+            completion(3, 0, SUCCESS, Opcode::Send),
+        ]
+    );
+    assert_eq!(
+        poll_for(&mut b, 3),
+        vec![
+            completion(10, longest as u32, SUCCESS, Opcode::Recv),
+            completion(11, 64, SUCCESS, Opcode::Recv),
+            completion(12, 2, SUCCESS, Opcode::Recv),
+        ]
+    );
+    let expected: Vec<u8> = (0..longest).map(|offset| pattern(1, offset)).collect();
+    assert_eq!(&inboxes[0][..longest], &expected[..]);
     assert!(is_message(&inboxes[1][..64], 2));
     assert_eq!(&inboxes[2][..2], &small);
 }
