@@ -31,8 +31,9 @@
 //!   endpoint's own request, counted in no caller's `outstanding`; it is posted only with
 //!   a send-queue entry to spare and waited for before `expose` returns, so at most one
 //!   is in the device and the send queue and its completion queue never hold more than
-//!   the depth. Teardown destroys the queue pair before it undoes any grant, and undoes
-//!   every grant before it lets go of the regions.
+//!   the depth. Teardown deallocates the windows (a bound window holds its queue pair),
+//!   destroys the queue pair, then deregisters the ranges, and lets go of the regions
+//!   last.
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
@@ -253,6 +254,17 @@ impl Grant {
         match self {
             Grant::Window { window, .. } => window.key(),
             Grant::Registration(registration) => registration.key(),
+        }
+    }
+
+    /// Deallocates the grant's window, if it has one: its key is refused from then on. A
+    /// failure is reported, and left to the queue pair's destruction, which ends every
+    /// access through the window.
+    fn deallocate_window(&mut self) {
+        if let Grant::Window { window, .. } = self
+            && let Err(error) = window.deallocate()
+        {
+            tracing::warn!(%error, "deallocating a memory window (ibv_dealloc_mw) at teardown failed");
         }
     }
 
@@ -829,9 +841,15 @@ impl VerbsEndpoint {
             tracing::warn!(device = self.device.name(), %error, "draining a completion queue at teardown failed");
         }
         self.take_events();
+        // Windows first (deallocating one ends every access through it, as `revoke`
+        // does): a bound window holds its queue pair, which the device would wait on when
+        // destroying it.
+        for exposure in &mut self.exposures {
+            exposure.grant.deallocate_window();
+        }
         // Destroys the queue pair, then its completion queues: from here no peer reaches
-        // any exposure. Then the windows and remote registrations are undone, and the
-        // regions they held let go.
+        // any exposure. Then the registrations are undone, and the regions they held let
+        // go.
         self.connected = None;
         self.ended
             .extend(self.exposures.drain(..).map(|exposure| exposure.key));
