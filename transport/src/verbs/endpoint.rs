@@ -877,10 +877,11 @@ impl VerbsEndpoint {
     }
 
     /// Checks, at most once per [`PEER_CHECK_INTERVAL`], whether the peer went away (if it
-    /// did, tears this side down too), and whether the device moved the queue pair to the
-    /// error state with no request of this side's to say so: the peer's RDMA WRITE or
-    /// READ was refused here (a key not in force, bytes out of range), which breaks the
-    /// connection on this side too.
+    /// did, tears this side down too), and, with no receive posted, whether the device
+    /// moved the queue pair to the error state with no request of this side's to say so:
+    /// the peer's RDMA WRITE or READ was refused here (a key not in force, bytes out of
+    /// range), which breaks the connection on this side too. A posted receive's flush
+    /// says so by itself, so an endpoint with one (every connection's) pays no query.
     fn watch_peer(&mut self) {
         let Some(connected) = &self.connected else {
             return;
@@ -891,6 +892,7 @@ impl VerbsEndpoint {
         }
         self.next_peer_check = now + PEER_CHECK_INTERVAL;
         if self.state == EndpointState::Open
+            && self.in_device.recvs.is_empty()
             && connected
                 .queue_pair
                 .query(QueuePairAttributeMask::State)
