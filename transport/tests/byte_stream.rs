@@ -435,6 +435,80 @@ async fn split_halves_in_two_tasks_echo_every_byte<P: PairProvider>() {
     );
 }
 
+/// Rounds of [`split_halves_copy_one_way_without_a_timer`], and the bytes of each.
+const ONE_WAY_ROUNDS: usize = 4;
+const ONE_WAY_LEN: usize = 16 << 20;
+
+/// The halves of `tokio::io::split` in tasks of their own on both sides, the bytes going
+/// one way: the client's writer copies 16 MiB a round with `tokio::io::copy` while its
+/// reader waits for the server's answer, and the server's reader takes each round while
+/// its writer waits to answer. Demotion is an hour away, so a wake lost between the
+/// halves is a hang (with the ladder's own 10 s, each round waited for a multiple of it).
+async fn split_halves_copy_one_way_without_a_timer<P: PairProvider>() {
+    const ROUND: Duration = Duration::from_secs(20);
+    let provider = P::make();
+    let ladder = pairs::preset_demoting_after("rpc", Duration::from_secs(3600));
+    let (client, server) = connections(&provider, ladder);
+    let (mut server_read, mut server_write) = tokio::io::split(ByteStream::new(server).unwrap());
+    let (mut client_read, mut client_write) = tokio::io::split(ByteStream::new(client).unwrap());
+    let (rounds_read, mut read) = tokio::sync::mpsc::channel(1);
+    let reading = tokio::spawn(async move {
+        for round in 0..ONE_WAY_ROUNDS {
+            let mut received = vec![0u8; ONE_WAY_LEN];
+            server_read.read_exact(&mut received).await.unwrap();
+            assert!(
+                received == pattern(ONE_WAY_LEN, round as u64),
+                "round {round}"
+            );
+            rounds_read.send(round).await.unwrap();
+        }
+        let mut rest = Vec::new();
+        server_read.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "nothing after the rounds");
+        server_read
+    });
+    let answering = tokio::spawn(async move {
+        let mut rounds = 0;
+        while read.recv().await.is_some() {
+            rounds += 1;
+        }
+        server_write.write_all(b"done").await.unwrap();
+        server_write.shutdown().await.unwrap();
+        (rounds, server_write)
+    });
+    let answer = tokio::spawn(async move {
+        let mut answer = Vec::new();
+        client_read.read_to_end(&mut answer).await.unwrap();
+        (answer, client_read)
+    });
+    for round in 0..ONE_WAY_ROUNDS {
+        let data = pattern(ONE_WAY_LEN, round as u64);
+        let copied = tokio::time::timeout(ROUND, async {
+            let copied = tokio::io::copy(&mut &data[..], &mut client_write).await;
+            client_write.flush().await.unwrap();
+            copied
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round} was not copied within {ROUND:?}"))
+        .unwrap();
+        assert_eq!(copied, ONE_WAY_LEN as u64);
+    }
+    client_write.shutdown().await.unwrap();
+    let server_read = tokio::time::timeout(ROUND, reading)
+        .await
+        .expect("the reader takes every round and the end")
+        .unwrap();
+    let (rounds, server_write) = answering.await.unwrap();
+    assert_eq!(rounds, ONE_WAY_ROUNDS);
+    let (answer, client_read) = tokio::time::timeout(ROUND, answer)
+        .await
+        .expect("the answer and its end arrive")
+        .unwrap();
+    assert_eq!(&answer[..], b"done");
+    drop(client_read.unsplit(client_write));
+    drop(server_read.unsplit(server_write));
+}
+
 /// Body sizes the HTTP tests send, growing.
 const BODY_SIZES: [usize; 5] = [1, 1 << 10, 64 << 10, 1 << 20, 4 << 20];
 
@@ -583,6 +657,7 @@ on_each_provider!(
     a_shutdown_after_the_peer_took_everything_and_closed_succeeds,
     the_end_after_shutdown_and_drop,
     split_halves_in_two_tasks_echo_every_byte,
+    split_halves_copy_one_way_without_a_timer,
     http1_posts_of_growing_size_echo_every_byte,
     http2_posts_of_growing_size_echo_every_byte,
 );

@@ -380,6 +380,72 @@ async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
     serving.await.unwrap();
 }
 
+/// Calls of [`sink_and_stream_halves_in_tasks_of_their_own`].
+const SPLIT_CALLS: usize = 200;
+
+/// Both sides split with `StreamExt::split`, each half in a task of its own: the client's
+/// sink sends every request while its stream takes the replies, and the server's stream
+/// hands each request to its sink's task, which replies; then the server closes, and the
+/// client's stream ends. A half left pending must be woken though the other half armed
+/// the connection last, or took the event it waits for. Demotion is an hour away, so a
+/// lost wake is a hang, which `STALL` turns into a failure.
+async fn sink_and_stream_halves_in_tasks_of_their_own<P: PairProvider>() {
+    const STALL: Duration = Duration::from_secs(10);
+    let provider = P::make();
+    let ladder = pairs::preset_demoting_after("rpc", Duration::from_secs(3600));
+    let (client, server) = connections(&provider, ladder);
+    let (mut client_sink, mut client_stream) = AsyncConnection::new(client).unwrap().split();
+    let (mut server_sink, mut server_stream) = AsyncConnection::new(server).unwrap().split();
+    let (requests, mut taken) = tokio::sync::mpsc::unbounded_channel();
+    let serving_stream = tokio::spawn(async move {
+        for _ in 0..SPLIT_CALLS {
+            let request = server_stream.next().await.unwrap().unwrap();
+            requests.send(request.to_vec()).unwrap();
+        }
+        server_stream
+    });
+    let serving_sink = tokio::spawn(async move {
+        while let Some(request) = taken.recv().await {
+            server_sink.send(request).await.unwrap();
+        }
+        server_sink
+    });
+    let sending = tokio::spawn(async move {
+        for index in 0..SPLIT_CALLS {
+            client_sink.send(request(index)).await.unwrap();
+        }
+        client_sink
+    });
+    let receiving = tokio::spawn(async move {
+        for index in 0..SPLIT_CALLS {
+            let reply = client_stream.next().await.unwrap().unwrap();
+            assert!(reply[..] == request(index)[..], "reply {index}");
+        }
+        assert!(
+            client_stream.next().await.is_none(),
+            "the stream ends at the server's close"
+        );
+        client_stream
+    });
+    let served = async {
+        let stream = serving_stream.await.unwrap();
+        let sink = serving_sink.await.unwrap();
+        drop(stream.reunite(sink).unwrap());
+    };
+    tokio::time::timeout(STALL, served)
+        .await
+        .expect("the server takes every request and replies");
+    let sink = tokio::time::timeout(STALL, sending)
+        .await
+        .expect("the client's sink sends every request")
+        .unwrap();
+    let stream = tokio::time::timeout(STALL, receiving)
+        .await
+        .expect("the client's stream takes every reply and sees the close")
+        .unwrap();
+    drop(stream.reunite(sink).unwrap());
+}
+
 on_each_provider!(
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
@@ -390,6 +456,7 @@ on_each_provider!(
     one_task_reads_and_writes_with_four_in_flight,
     batches_arrive_message_by_message,
     the_sink_packs_what_waits_for_credit,
+    sink_and_stream_halves_in_tasks_of_their_own,
 );
 
 #[test]

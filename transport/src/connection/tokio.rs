@@ -28,6 +28,15 @@
 //!   Arming then would sleep on an event already taken; the task is woken instead, to poll
 //!   the pending call again. A receive or a send left pending counts until a call of its
 //!   own kind is polled again.
+//! - The receives and the sends may be polled from two tasks (the halves of
+//!   `StreamExt::split`, or a [`ByteStream`](super::ByteStream)'s in `tokio::io::split`).
+//!   Every call records its task as the receiver's or the sender's and polls the
+//!   connection with one waker that wakes both, so whichever task arms the endpoint, a
+//!   sleep, or the timer last, the wake reaches the other too; the task's own waker
+//!   would replace the other's. And a call that returns `Pending` after its progress took
+//!   what a pending call of the other kind waits for (a receive that took a credit, a
+//!   send that took a message) wakes it: its wake was spent on the task that took it,
+//!   and the other would wait for the connection's next event or timer.
 //! - Before it arms, a task that found nothing yields (`Pending`, woken at once) for up
 //!   to [`SPIN`] since the first such look of its wait: an answer that comes that soon is
 //!   taken without a wake through the reactor (a system call on each side), as the
@@ -60,8 +69,8 @@ use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::task::{Context, Poll, ready};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll, Wake, Waker, ready};
 use std::time::{Duration, Instant};
 
 use futures_core::Stream;
@@ -151,6 +160,40 @@ pub struct AsyncConnection<E: Endpoint> {
     /// Whether a send, the sink's readiness or a flush returned `Pending` and none of
     /// these has been polled since.
     send_waits: bool,
+    /// The tasks that last polled a receive and a send, and the waker that wakes both,
+    /// which every call polls the connection with (module invariants).
+    tasks: Arc<Tasks>,
+    waker: Waker,
+    /// What `tasks` holds, read without its lock: a call whose task is the one recorded
+    /// for its kind already takes no lock.
+    registered: [Option<Waker>; 2],
+}
+
+/// The tasks waiting on a connection: the one that last polled a receive and the one
+/// that last polled a send (the same task, unless the connection was split). A wake
+/// wakes both and keeps them, so recording a task again costs nothing.
+#[derive(Debug, Default)]
+struct Tasks {
+    wakers: Mutex<[Option<Waker>; 2]>,
+}
+
+impl Wake for Tasks {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        let [recv, send] = &*wakers;
+        if let Some(recv) = recv {
+            recv.wake_by_ref();
+        }
+        match (recv, send) {
+            (Some(recv), Some(send)) if recv.will_wake(send) => {}
+            (_, Some(send)) => send.wake_by_ref(),
+            (_, None) => {}
+        }
+    }
 }
 
 /// How long a task yields, looking for an event, before it arms the endpoint and parks
@@ -181,9 +224,9 @@ enum Wait {
 #[derive(Clone, Copy)]
 enum Call {
     /// A receive: waits for a message.
-    Recv,
+    Recv = 0,
     /// A send, the sink's readiness or a flush: waits for room, credit or completions.
-    Send,
+    Send = 1,
 }
 
 impl<E: Endpoint> AsyncConnection<E> {
@@ -210,7 +253,11 @@ impl<E: Endpoint> AsyncConnection<E> {
             }
             _ => None,
         };
+        let tasks = Arc::new(Tasks::default());
         Ok(AsyncConnection {
+            waker: Waker::from(Arc::clone(&tasks)),
+            tasks,
+            registered: [None, None],
             connection,
             descriptor,
             armed: false,
@@ -361,16 +408,20 @@ impl<E: Endpoint> AsyncConnection<E> {
         })
     }
 
-    /// Runs `poll`, a call of kind `call`, and if it is ready after finding the endpoint
-    /// armed, keeps the wake an earlier `Pending` is owed (module invariants): wakes the
-    /// task if `poll` took what a call left pending waits for, else arms the endpoint
-    /// again.
+    /// Runs `poll`, a call of kind `call`, with the waker of both of the connection's
+    /// tasks, having recorded the caller's task as `call`'s (module invariants). Then
+    /// keeps the wake a call of the other kind left pending is owed: wakes it if `poll`
+    /// took what it waits for; else, if `poll` is ready after finding the endpoint
+    /// armed, arms the endpoint again.
     fn keeping_armed<T>(
         &mut self,
         cx: &mut Context<'_>,
         call: Call,
         poll: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
+        self.register(call, cx.waker());
+        let waker = self.waker.clone();
+        let cx = &mut Context::from_waker(&waker);
         let was_armed = self.armed;
         let progress_made = self.connection.progress_made();
         let waits = match call {
@@ -379,24 +430,47 @@ impl<E: Endpoint> AsyncConnection<E> {
         };
         *waits = false;
         let polled = poll(self, cx);
-        if polled.is_ready() {
-            self.end_wait();
-        }
+        let progressed = self.connection.progress_made() != progress_made;
+        // What `poll` took that a pending call of the other kind waits for: a message
+        // for a receive, a credit or completion (any progress) for a send.
+        let taken = match call {
+            Call::Send => self.recv_waits && self.connection.has_delivered(),
+            Call::Recv => self.send_waits && progressed,
+        };
         if polled.is_pending() {
             match call {
                 Call::Recv => self.recv_waits = true,
                 Call::Send => self.send_waits = true,
             }
-        } else if was_armed {
-            let taken = (self.recv_waits && self.connection.has_delivered())
-                || (self.send_waits && self.connection.progress_made() != progress_made);
-            if taken {
+            // The other call may be another task's, which this one's progress took the
+            // event from without a wake: it would wait for the next one.
+            if taken && progressed {
                 cx.waker().wake_by_ref();
-            } else {
-                self.rearm(cx);
+            }
+        } else {
+            self.end_wait();
+            if was_armed {
+                if taken {
+                    cx.waker().wake_by_ref();
+                } else {
+                    self.rearm(cx);
+                }
             }
         }
         polled
+    }
+
+    /// Records `waker` as the task of `call`'s kind (module invariants).
+    fn register(&mut self, call: Call, waker: &Waker) {
+        let kept = &mut self.registered[call as usize];
+        if kept.as_ref().is_some_and(|kept| kept.will_wake(waker)) {
+            return;
+        }
+        *kept = Some(waker.clone());
+        self.tasks
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[call as usize] = Some(waker.clone());
     }
 
     /// Arms the endpoint again after a call that disarmed it returned `Ready`; if there
