@@ -446,6 +446,56 @@ async fn sink_and_stream_halves_in_tasks_of_their_own<P: PairProvider>() {
     drop(stream.reunite(sink).unwrap());
 }
 
+/// Two connections promoted both ways, then each side's task awaiting `recv` with nothing
+/// coming: the connection's timers run inside the pending receive, so each side demotes
+/// its send direction, the peer's pending receive answers, and every registered byte of
+/// the larger tier goes back. Without a wake at the timer both would wait for ever.
+async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
+    const DEMOTE_AFTER: Duration = Duration::from_millis(200);
+    let provider = P::make();
+    let budget = provider.registrar().budget().clone();
+    let (client, server) = connections(&provider, pairs::demoting_ladder(DEMOTE_AFTER));
+    let (mut client, mut server) = (
+        AsyncConnection::new(client).unwrap(),
+        AsyncConnection::new(server).unwrap(),
+    );
+    let at_rest = budget.in_use();
+    let large = patterned(1, 4000);
+    // The first goes in segments while the promotion is asked for; the rest whole.
+    for _ in 0..4 {
+        client.send(&large).await.unwrap();
+        assert!(server.recv().await.unwrap()[..] == large[..]);
+        server.send(&large).await.unwrap();
+        assert!(client.recv().await.unwrap()[..] == large[..]);
+    }
+    assert_eq!(server.get_mut().stats().send_tier, 1, "promoted");
+    assert_eq!(client.get_mut().stats().send_tier, 1, "promoted");
+    assert!(budget.in_use() > at_rest, "the larger tier is registered");
+    let waiting = |mut connection: AsyncConnection<P::Endpoint>| {
+        tokio::spawn(async move {
+            let ended = connection.recv().await;
+            (connection, ended.map(|message| message.to_vec()))
+        })
+    };
+    let (client_waits, server_waits) = (waiting(client), waiting(server));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while budget.in_use() > at_rest {
+            tokio::time::sleep(DEMOTE_AFTER / 4).await;
+        }
+    })
+    .await
+    .expect("both sides demote while their tasks await a message");
+    // The client's close ends the server's receive; the server's close, the client's.
+    let (client, server) = (client_waits, server_waits);
+    client.abort();
+    let (server, ended) = server.await.unwrap();
+    assert!(
+        ended.is_err_and(|failure| matches!(*failure, ConnectionError::PeerClosed)),
+        "the client closed"
+    );
+    assert_eq!(server.into_inner().stats().send_tier, 0, "demoted");
+}
+
 on_each_provider!(
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
@@ -457,6 +507,7 @@ on_each_provider!(
     batches_arrive_message_by_message,
     the_sink_packs_what_waits_for_credit,
     sink_and_stream_halves_in_tasks_of_their_own,
+    a_pending_receive_demotes_at_its_timer,
 );
 
 #[test]
