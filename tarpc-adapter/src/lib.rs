@@ -188,8 +188,7 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
 
     fn publish_stats(&mut self) {
         if let Some(cell) = &self.stats {
-            *cell.lock().unwrap_or_else(PoisonError::into_inner) =
-                self.connection.get_mut().stats();
+            *cell.lock().unwrap_or_else(PoisonError::into_inner) = self.connection.stats();
         }
     }
 }

@@ -90,7 +90,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, parts: &[&[u8
 
 /// Flushes `stream` until its send tier is `tier`, the peer reading meanwhile.
 async fn until_send_tier<E: Endpoint + Unpin>(stream: &mut ByteStream<E>, tier: u8) {
-    while stream.get_mut().stats().send_tier != tier {
+    while stream.stats().send_tier != tier {
         stream.flush().await.unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -122,7 +122,7 @@ async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairPr
         200,
         "the two small elements fit tier 0 together; the big one waits for the next write"
     );
-    let stats = writer.get_mut().stats();
+    let stats = writer.stats();
     assert_eq!((stats.messages_sent, stats.messages_segmented), (1, 0));
     assert_eq!(stats.send_tier, 0);
 
@@ -130,19 +130,19 @@ async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairPr
     // tier 1 is asked for; the element after it is left for the next write.
     let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
     assert_eq!(writer.write_vectored(&parts).await.unwrap(), big.len());
-    let stats = writer.get_mut().stats();
+    let stats = writer.stats();
     assert_eq!((stats.messages_sent, stats.messages_segmented), (2, 1));
 
     // Once the peer grants tier 1, the same element goes whole.
     until_send_tier(&mut writer, 1).await;
-    assert_eq!(writer.get_mut().stats().promotions, 1);
+    assert_eq!(writer.stats().promotions, 1);
     let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
     assert_eq!(
         writer.write_vectored(&parts).await.unwrap(),
         big.len() + tail.len(),
         "both fit tier 1 together"
     );
-    let stats = writer.get_mut().stats();
+    let stats = writer.stats();
     assert_eq!((stats.messages_sent, stats.messages_segmented), (3, 1));
 
     writer.write_all(&tail).await.unwrap();
@@ -280,10 +280,7 @@ async fn buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream<P: Pa
     let lent = reader.fill_buf().await.unwrap();
     assert_eq!(lent, b"hello", "one message at a time");
     reader.consume(2);
-    assert!(
-        reader.get_mut().stats().receives_lent >= 1,
-        "the slot is lent"
-    );
+    assert!(reader.stats().receives_lent >= 1, "the slot is lent");
     assert_eq!(reader.fill_buf().await.unwrap(), b"llo");
     reader.consume(3);
     let mut rest = Vec::new();
@@ -299,7 +296,7 @@ async fn buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream<P: Pa
     );
     // The messages read, and the empty one, gave their slots back; the one after the
     // end, never read, may hold its slot until the stream is dropped.
-    let lent = reader.get_mut().stats().receives_lent;
+    let lent = reader.stats().receives_lent;
     assert!(lent <= 1, "{lent} slots lent");
     drop(sender);
 }

@@ -5,12 +5,14 @@
 
 mod pairs;
 
+use std::io::IoSlice;
 use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tierbuf_transport::connection::{AsyncConnection, ConnectionError, SendError};
+use tierbuf_transport::connection::{AsyncConnection, ByteStream, ConnectionError, SendError};
 use tierbuf_transport::{LoopbackProvider, ShmProvider};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use pairs::{PairProvider, connections, preset};
 
@@ -162,7 +164,7 @@ async fn batches_arrive_message_by_message<P: PairProvider>() {
             start = end;
         }
         sender.flush().await.unwrap();
-        sender.get_mut().stats()
+        sender.stats()
     });
     for index in 0..COUNT {
         let received = receiver.next().await.unwrap().unwrap();
@@ -193,7 +195,7 @@ async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
             }
         }
         sender.flush().await.unwrap();
-        sender.get_mut().stats()
+        sender.stats()
     });
     start_reading.await.unwrap();
     for index in 0..COUNT {
@@ -468,8 +470,8 @@ async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
         server.send(&large).await.unwrap();
         assert!(client.recv().await.unwrap()[..] == large[..]);
     }
-    assert_eq!(server.get_mut().stats().send_tier, 1, "promoted");
-    assert_eq!(client.get_mut().stats().send_tier, 1, "promoted");
+    assert_eq!(server.stats().send_tier, 1, "promoted");
+    assert_eq!(client.stats().send_tier, 1, "promoted");
     assert!(budget.in_use() > at_rest, "the larger tier is registered");
     let waiting = |mut connection: AsyncConnection<P::Endpoint>| {
         tokio::spawn(async move {
@@ -496,6 +498,62 @@ async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
     assert_eq!(server.into_inner().stats().send_tier, 0, "demoted");
 }
 
+/// `send_gather` sends its parts as one message, whatever their number and lengths: a
+/// header and a body, parts past the top tier together (segmented), many small parts,
+/// empty ones among them; and it goes behind what the sink still holds.
+async fn a_gather_send_is_one_message<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "rpc");
+    let body = patterned(2, 3000);
+    let large = patterned(3, 50_000);
+    let small: Vec<Vec<u8>> = (0..40).map(|index| patterned(index, index % 7)).collect();
+    let gathers: Vec<Vec<&[u8]>> = vec![
+        vec![b"header:", &body],
+        vec![&large, &large, b"", &body],
+        small.iter().map(Vec::as_slice).collect(),
+        vec![b"", b""],
+    ];
+    let receiving = tokio::spawn(async move {
+        let mut received = Vec::new();
+        for _ in 0..5 {
+            received.push(receiver.recv().await.unwrap().to_vec());
+        }
+        received
+    });
+    sender.feed(b"first".to_vec()).await.unwrap();
+    for parts in &gathers {
+        let slices: Vec<IoSlice<'_>> = parts.iter().map(|part| IoSlice::new(part)).collect();
+        sender.send_gather(&slices).await.unwrap();
+    }
+    let received = receiving.await.unwrap();
+    assert_eq!(received[0], b"first", "the sink's message goes first");
+    for (index, parts) in gathers.iter().enumerate() {
+        assert!(
+            received[index + 1] == parts.concat(),
+            "gather {index} as one message"
+        );
+    }
+}
+
+/// An async connection's and a byte stream's counters are read through a shared
+/// reference, as from a task that holds them behind an `Arc`.
+async fn stats_are_read_through_a_shared_reference<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "rpc");
+    sender.send(b"counted").await.unwrap();
+    assert_eq!(&receiver.recv().await.unwrap()[..], b"counted");
+    let shared = std::sync::Arc::new(sender);
+    assert_eq!(shared.stats().messages_sent, 1);
+    let (a, b) = connections(&provider, preset("rpc"));
+    let (mut writer, mut reader) = (ByteStream::new(a).unwrap(), ByteStream::new(b).unwrap());
+    writer.write_all(b"counted").await.unwrap();
+    let mut read = [0u8; 7];
+    reader.read_exact(&mut read).await.unwrap();
+    let (writer, reader) = (&writer, &reader);
+    assert_eq!(writer.stats().bytes_sent, 7);
+    assert_eq!(reader.stats().bytes_received, 7);
+}
+
 on_each_provider!(
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
@@ -508,6 +566,8 @@ on_each_provider!(
     the_sink_packs_what_waits_for_credit,
     sink_and_stream_halves_in_tasks_of_their_own,
     a_pending_receive_demotes_at_its_timer,
+    a_gather_send_is_one_message,
+    stats_are_read_through_a_shared_reference,
 );
 
 #[test]

@@ -39,6 +39,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
+use super::core::ConnectionStats;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
@@ -154,7 +155,13 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
         })
     }
 
-    /// The connection, for its stats and state.
+    /// Counters and state of the connection under the stream ([`Connection::stats`]),
+    /// through a shared reference.
+    pub fn stats(&self) -> ConnectionStats {
+        self.connection.stats()
+    }
+
+    /// The connection, for its state and non-blocking calls.
     pub fn get_mut(&mut self) -> &mut Connection<E> {
         self.connection.get_mut()
     }

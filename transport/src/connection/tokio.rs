@@ -54,15 +54,17 @@
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
 //!   ([`ConnectionError::AbandonedMidMessage`]), and one dropped before withdraws it.
+//!   [`AsyncConnection::send_gather`] offers its message whole each time, so its future
+//!   has nothing begun to drop.
 //! - The sink takes a message at once when it can post it; while earlier ones wait for
 //!   credit it keeps a copy behind them, up to [`Sinking::MAX_MESSAGES`] messages or
 //!   [`Sinking::MAX_BYTES`] bytes, and `poll_ready` waits past that. What it keeps is
 //!   posted oldest first: a front that was offered already as `send` offers it (the core
 //!   may hold it as a message begun), the rest with one `try_send_batch`, so small
 //!   messages that waited together share packed frames. `poll_flush`, `poll_close`, and
-//!   every send call ([`AsyncConnection::send`], [`AsyncConnection::send_batch`], the byte
-//!   stream's writes) post all of it first, so messages leave in the order they were
-//!   given.
+//!   every send call ([`AsyncConnection::send`], [`AsyncConnection::send_gather`],
+//!   [`AsyncConnection::send_batch`], the byte stream's writes) post all of it first, so
+//!   messages leave in the order they were given.
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
@@ -79,6 +81,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Sleep;
 
+use super::core::ConnectionStats;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
@@ -305,8 +308,15 @@ impl<E: Endpoint> AsyncConnection<E> {
         self.spin
     }
 
-    /// The connection, for its stats and non-blocking calls. A message sent through it
-    /// goes ahead of any the sink still holds: flush the sink first to keep their order.
+    /// Counters and state of this side ([`Connection::stats`]), through a shared
+    /// reference: a task that holds the connection elsewhere (in a `Mutex`, an `Arc`
+    /// with the halves of a split) can read them.
+    pub fn stats(&self) -> ConnectionStats {
+        self.connection.stats()
+    }
+
+    /// The connection, for its non-blocking calls. A message sent through it goes ahead
+    /// of any the sink still holds: flush the sink first to keep their order.
     pub fn get_mut(&mut self) -> &mut Connection<E> {
         &mut self.connection
     }
@@ -342,6 +352,43 @@ impl<E: Endpoint> AsyncConnection<E> {
             } = &mut sending;
             connection.keeping_armed(cx, Call::Send, |connection, cx| {
                 connection.poll_send(cx, message, offset)
+            })
+        })
+        .await
+    }
+
+    /// Sends `parts` as one message, whatever their number and lengths (segmented, or
+    /// through a promotion, if it needs one), waiting for credits and tiers without
+    /// blocking the thread; the peer receives their bytes together. The message is taken
+    /// whole or not at all ([`Connection::try_send_gather`]: it is copied if it must be
+    /// segmented), so dropping the future leaves nothing half-sent.
+    ///
+    /// ```
+    /// use std::io::IoSlice;
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::AsyncConnection;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("gathered")?;
+    /// let mut a = AsyncConnection::new(node.connect("gathered")?)?;
+    /// let mut b = AsyncConnection::new(listener.accept()?)?;
+    /// let body = vec![7u8; 3000];
+    /// a.send_gather(&[IoSlice::new(b"header:"), IoSlice::new(&body)]).await?;
+    /// let message = b.recv().await?;
+    /// assert_eq!(message.len(), 3007);
+    /// assert_eq!(&message[..7], b"header:");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send_gather`].
+    pub async fn send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
+        poll_fn(|cx| {
+            self.keeping_armed(cx, Call::Send, |connection, cx| {
+                connection.poll_send_gather(cx, parts)
             })
         })
         .await
@@ -516,6 +563,23 @@ impl<E: Endpoint> AsyncConnection<E> {
             ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
             this.poll_send(cx, &[], &mut 0)
         })
+    }
+
+    /// Offers `parts` as one message, after everything the sink took, until it is taken.
+    fn poll_send_gather(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<Result<(), SendError>> {
+        ready!(self.poll_sinking(cx)).map_err(SendError::Failed)?;
+        loop {
+            self.disarm();
+            match self.connection.try_send_gather(parts) {
+                Ok(_) => return Poll::Ready(Ok(())),
+                Err(SendError::WouldBlock(_)) => ready!(self.poll_event(cx)),
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
     }
 
     /// Posts `messages` from `sent` on, advancing `sent`.
