@@ -186,15 +186,18 @@ impl Wake for Tasks {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
-        let [recv, send] = &*wakers;
-        if let Some(recv) = recv {
-            recv.wake_by_ref();
-        }
-        match (recv, send) {
-            (Some(recv), Some(send)) if recv.will_wake(send) => {}
-            (_, Some(send)) => send.wake_by_ref(),
-            (_, None) => {}
+        // Woken outside the lock: a waker may run code that records a task again.
+        let [recv, send] = self
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let send = match (&recv, send) {
+            (Some(recv), Some(send)) if recv.will_wake(&send) => None,
+            (_, send) => send,
+        };
+        for waker in [recv, send].into_iter().flatten() {
+            waker.wake();
         }
     }
 }
