@@ -143,7 +143,10 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
     /// Outside a tokio runtime with IO enabled.
     pub fn from_connection(
         connection: Connection<E>,
-    ) -> io::Result<TierbufTransport<E, Item, SinkItem>> {
+    ) -> io::Result<TierbufTransport<E, Item, SinkItem>>
+    where
+        E: 'static,
+    {
         Ok(TierbufTransport::new(AsyncConnection::new(connection)?))
     }
 

@@ -130,7 +130,12 @@ async fn many_connections_at_once<P: PairProvider>() {
 async fn a_send_dropped_halfway_fails_the_connection<P: PairProvider>() {
     let provider = P::make();
     let (mut sender, receiver) = pair(&provider, "patent");
-    // The receiver never reads: a segmented message stops when its credits run out.
+    // The receiver never reads: its driver takes what comes until a message waits for
+    // it, then nothing, so a segmented message stops when its credits run out.
+    sender.send(b"unread").await.unwrap();
+    while receiver.stats().messages_received == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let big = vec![9u8; 4 << 20];
     let outcome = tokio::time::timeout(Duration::from_millis(50), sender.send(&big)).await;
     assert!(
@@ -448,15 +453,20 @@ async fn sink_and_stream_halves_in_tasks_of_their_own<P: PairProvider>() {
     drop(stream.reunite(sink).unwrap());
 }
 
-/// Two connections promoted both ways, then each side's task awaiting `recv` with nothing
-/// coming: the connection's timers run inside the pending receive, so each side demotes
-/// its send direction, the peer's pending receive answers, and every registered byte of
-/// the larger tier goes back. Without a wake at the timer both would wait for ever.
-async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
-    const DEMOTE_AFTER: Duration = Duration::from_millis(200);
-    let provider = P::make();
+/// Demotion after [`promoted_pair`]: short, so the tests that wait for it are quick.
+const DEMOTE_AFTER: Duration = Duration::from_millis(200);
+
+/// Two connections on [`pairs::demoting_ladder`] promoted both ways, and the bytes the
+/// budget held before the promotions.
+async fn promoted_pair<P: PairProvider>(
+    provider: &P,
+) -> (
+    AsyncConnection<P::Endpoint>,
+    AsyncConnection<P::Endpoint>,
+    u64,
+) {
     let budget = provider.registrar().budget().clone();
-    let (client, server) = connections(&provider, pairs::demoting_ladder(DEMOTE_AFTER));
+    let (client, server) = connections(provider, pairs::demoting_ladder(DEMOTE_AFTER));
     let (mut client, mut server) = (
         AsyncConnection::new(client).unwrap(),
         AsyncConnection::new(server).unwrap(),
@@ -473,29 +483,86 @@ async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
     assert_eq!(server.stats().send_tier, 1, "promoted");
     assert_eq!(client.stats().send_tier, 1, "promoted");
     assert!(budget.in_use() > at_rest, "the larger tier is registered");
-    let waiting = |mut connection: AsyncConnection<P::Endpoint>| {
-        tokio::spawn(async move {
-            let ended = connection.recv().await;
-            (connection, ended.map(|message| message.to_vec()))
-        })
-    };
-    let (client_waits, server_waits) = (waiting(client), waiting(server));
+    (client, server, at_rest)
+}
+
+/// Waits until `provider`'s budget is back to `at_rest`, failing after ten seconds
+/// (fifty times the demotion's time).
+async fn back_at_rest<P: PairProvider>(provider: &P, at_rest: u64, what: &str) {
+    let budget = provider.registrar().budget().clone();
     tokio::time::timeout(Duration::from_secs(10), async {
         while budget.in_use() > at_rest {
             tokio::time::sleep(DEMOTE_AFTER / 4).await;
         }
     })
     .await
-    .expect("both sides demote while their tasks await a message");
-    // The client's close ends the server's receive; the server's close, the client's.
-    let (client, server) = (client_waits, server_waits);
+    .unwrap_or_else(|_| panic!("{what}: {} bytes, {at_rest} at rest", budget.in_use()));
+}
+
+/// A connection, given back by its task once its `recv` ends, and what that returned.
+type Awaited<E> = (
+    AsyncConnection<E>,
+    Result<Vec<u8>, std::sync::Arc<ConnectionError>>,
+);
+
+/// A connection's task awaiting `recv` with nothing coming.
+fn awaiting_a_message<E: tierbuf_transport::Endpoint + Unpin + 'static>(
+    mut connection: AsyncConnection<E>,
+) -> tokio::task::JoinHandle<Awaited<E>> {
+    tokio::spawn(async move {
+        let ended = connection.recv().await;
+        (connection, ended.map(|message| message.to_vec()))
+    })
+}
+
+/// Promoted both ways, then each side's task awaiting `recv` with nothing coming: the
+/// connection's timers run inside the pending receive, so each side demotes its send
+/// direction, the peer's pending receive answers, and every registered byte of the
+/// larger tier goes back.
+async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server, at_rest) = promoted_pair(&provider).await;
+    let (client, server) = (awaiting_a_message(client), awaiting_a_message(server));
+    back_at_rest(&provider, at_rest, "both sides await a message").await;
+    // The client's close ends the server's receive.
     client.abort();
     let (server, ended) = server.await.unwrap();
     assert!(
         ended.is_err_and(|failure| matches!(*failure, ConnectionError::PeerClosed)),
         "the client closed"
     );
-    assert_eq!(server.into_inner().stats().send_tier, 0, "demoted");
+    assert_eq!(server.stats().send_tier, 0, "demoted");
+}
+
+/// Promoted both ways, then the client left alone, no task polling it, while the
+/// server's task awaits a request: the client's driver demotes its send direction and
+/// answers the server's demotion, so both sides give back the larger tier. (Before the
+/// driver, the client kept both directions' larger tier for good.)
+async fn an_unpolled_connection_demotes_while_its_peer_awaits_a_message<P: PairProvider>() {
+    let provider = P::make();
+    let (mut client, server, at_rest) = promoted_pair(&provider).await;
+    let server = awaiting_a_message(server);
+    back_at_rest(
+        &provider,
+        at_rest,
+        "the client unpolled, the server awaiting",
+    )
+    .await;
+    assert_eq!(client.stats().send_tier, 0, "demoted");
+    // Still a connection: its user takes it up again.
+    client.send(b"again").await.unwrap();
+    drop(client);
+    let (_server, request) = server.await.unwrap();
+    assert_eq!(request.unwrap(), b"again");
+}
+
+/// Promoted both ways, then neither side polled by any task: both drivers demote.
+async fn connections_no_task_polls_demote<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server, at_rest) = promoted_pair(&provider).await;
+    back_at_rest(&provider, at_rest, "neither side polled").await;
+    assert_eq!(client.stats().send_tier, 0, "demoted");
+    assert_eq!(server.stats().send_tier, 0, "demoted");
 }
 
 /// `send_gather` sends its parts as one message, whatever their number and lengths: a
@@ -566,6 +633,8 @@ on_each_provider!(
     the_sink_packs_what_waits_for_credit,
     sink_and_stream_halves_in_tasks_of_their_own,
     a_pending_receive_demotes_at_its_timer,
+    an_unpolled_connection_demotes_while_its_peer_awaits_a_message,
+    connections_no_task_polls_demote,
     a_gather_send_is_one_message,
     stats_are_read_through_a_shared_reference,
 );

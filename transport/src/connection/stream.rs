@@ -43,7 +43,7 @@ use super::core::ConnectionStats;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
-use super::tokio::AsyncConnection;
+use super::tokio::{AsyncConnection, AsyncConnectionGuard};
 use crate::provider::Endpoint;
 
 /// A byte stream over a connection: tokio's [`AsyncRead`], [`AsyncBufRead`] and
@@ -141,7 +141,10 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
     /// # Panics
     ///
     /// Outside a tokio runtime with IO enabled, as [`AsyncConnection::new`].
-    pub fn new(connection: Connection<E>) -> io::Result<ByteStream<E>> {
+    pub fn new(connection: Connection<E>) -> io::Result<ByteStream<E>>
+    where
+        E: 'static,
+    {
         let config = connection.config();
         let top = config.capacity().whole(config.ladder().top());
         let max = usize::try_from(config.max_message_len()).unwrap_or(usize::MAX);
@@ -161,8 +164,9 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
         self.connection.stats()
     }
 
-    /// The connection, for its state and non-blocking calls.
-    pub fn get_mut(&mut self) -> &mut Connection<E> {
+    /// The connection, for its state and non-blocking calls
+    /// ([`AsyncConnection::get_mut`]).
+    pub fn get_mut(&mut self) -> AsyncConnectionGuard<'_, E> {
         self.connection.get_mut()
     }
 

@@ -1,8 +1,36 @@
 //! [`AsyncConnection`]: a [`Connection`] for tokio tasks (feature `tokio`), woken by its
-//! endpoint rather than polled: an idle connection costs its task nothing.
+//! endpoint rather than polled: an idle connection costs its task nothing. A task of its
+//! own, the driver, runs its timers and answers its peer while no call of the user's
+//! waits on it, so a connection nobody polls still demotes.
 //!
 //! # Invariants
 //!
+//! - The connection and the state of its waits are shared by the user's handle and the
+//!   driver (spawned by [`AsyncConnection::new`], holding them weakly, ending once they
+//!   are dropped or taken back), behind one lock. Every call of the user's holds it while
+//!   it is polled, and so does [`AsyncConnection::get_mut`]'s guard; the driver only
+//!   tries it, and looks again a polling sleep later if a call has it.
+//! - The driver makes the progress a call would (its look: [`State::drive`], which arms
+//!   the connection as a call's wait does), and is woken three ways: by the connection's
+//!   events and timer, through the waker every call polls with, but only while no call
+//!   of the user's waits (a waiting call is woken instead and makes the progress
+//!   itself); by a sleep until its plan, made at each look: the connection's next timer,
+//!   and while a tier above the smallest is held, a look `demote_after` later (in case a
+//!   call of the user's left the connection unarmed) or, over an endpoint that cannot
+//!   wake anybody, a polling sleep later; and by a call of the user's whose connection
+//!   has a timer earlier than the plan ([`Tasks::driver_at`]), which is how a promotion
+//!   made in a call reaches a driver that had nothing planned. So a connection nobody
+//!   polls demotes its send direction when that falls due, and answers its peer's
+//!   demotion, and one that is polled costs the driver a look per plan at most.
+//! - The driver takes nothing once a message waits for the user: unread messages keep
+//!   their receive slots, so the peer stops for want of credit as it would with no
+//!   driver, rather than this side reassembling what it sends into memory without
+//!   bound. It is woken again by the call that reads the last of them. A waiting call of
+//!   the user's is woken whenever the driver's progress may have taken its event.
+//! - A future of the user's dropped while its call waits (a `recv` that timed out)
+//!   gives the wait up, so the connection's events reach the driver again; a
+//!   [`Stream`] or [`Sink`] poll that is never repeated leaves its wait counted, and the
+//!   driver then looks at its plan only.
 //! - A task is left pending only after [`Endpoint::arm`] said [`Armed::Parked`] and the
 //!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
 //!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
@@ -66,12 +94,13 @@
 //!   [`AsyncConnection::send_batch`], the byte stream's writes) post all of it first, so
 //!   messages leave in the order they were given.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak};
 use std::task::{Context, Poll, Wake, Waker, ready};
 use std::time::{Duration, Instant};
 
@@ -135,6 +164,20 @@ use crate::provider::{Armed, Endpoint, Readiness};
 /// ```
 #[derive(Debug)]
 pub struct AsyncConnection<E: Endpoint> {
+    shared: Arc<Shared<E>>,
+}
+
+/// What an [`AsyncConnection`] shares with its driver (module invariants).
+#[derive(Debug)]
+struct Shared<E: Endpoint> {
+    /// The connection and its waits; `None` once taken back or dropped.
+    state: Mutex<Option<State<E>>>,
+    tasks: Arc<Tasks>,
+}
+
+/// An [`AsyncConnection`]'s connection and its waits.
+#[derive(Debug)]
+struct State<E: Endpoint> {
     connection: Connection<E>,
     /// A duplicate of the endpoint's wake descriptor in tokio's reactor, if it has one.
     descriptor: Option<AsyncFd<OwnedFd>>,
@@ -163,8 +206,8 @@ pub struct AsyncConnection<E: Endpoint> {
     /// Whether a send, the sink's readiness or a flush returned `Pending` and none of
     /// these has been polled since.
     send_waits: bool,
-    /// The tasks that last polled a receive and a send, and the waker that wakes both,
-    /// which every call polls the connection with (module invariants).
+    /// The tasks that last polled a receive and a send, and the waker that wakes them
+    /// (and the driver), which every call polls the connection with (module invariants).
     tasks: Arc<Tasks>,
     waker: Waker,
     /// What `tasks` holds, read without its lock: a call whose task is the one recorded
@@ -172,12 +215,51 @@ pub struct AsyncConnection<E: Endpoint> {
     registered: [Option<Waker>; 2],
 }
 
-/// The tasks waiting on a connection: the one that last polled a receive and the one
-/// that last polled a send (the same task, unless the connection was split). A wake
-/// wakes both and keeps them, so recording a task again costs nothing.
-#[derive(Debug, Default)]
+/// The tasks waiting on a connection: the one that last polled a receive, the one that
+/// last polled a send (the same task, unless the connection was split), and its driver.
+/// A wake wakes the first two and keeps them, so recording a task again costs nothing;
+/// it wakes the driver only while no call of the user's waits.
+#[derive(Debug)]
 struct Tasks {
-    wakers: Mutex<[Option<Waker>; 2]>,
+    wakers: Mutex<[Option<Waker>; 3]>,
+    /// Whether a receive or a send of the user's returned `Pending` and none of its kind
+    /// has been polled since.
+    user_waits: AtomicBool,
+    /// When the driver plans to look at the connection unwoken ([`clock_nanos`], or
+    /// [`Look::NEVER`] or [`Look::AFTER_READ`]; module invariants).
+    driver_at: AtomicU64,
+}
+
+impl Default for Tasks {
+    fn default() -> Tasks {
+        Tasks {
+            wakers: Mutex::default(),
+            user_waits: AtomicBool::new(false),
+            driver_at: AtomicU64::new(Look::NEVER),
+        }
+    }
+}
+
+/// The driver's place in [`Tasks::wakers`], after the calls' ([`Call`]).
+const DRIVER: usize = 2;
+
+impl Tasks {
+    /// Records `waker` at `index`, if another is there.
+    fn register(&self, index: usize, waker: &Waker) {
+        let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut wakers[index] {
+            Some(kept) if kept.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+    }
+
+    /// Wakes the driver, whatever the user's calls do: to find the connection gone.
+    fn wake_driver(&self) {
+        let driver = self.wakers.lock().unwrap_or_else(PoisonError::into_inner)[DRIVER].clone();
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+    }
 }
 
 impl Wake for Tasks {
@@ -187,7 +269,7 @@ impl Wake for Tasks {
 
     fn wake_by_ref(self: &Arc<Self>) {
         // Woken outside the lock: a waker may run code that records a task again.
-        let [recv, send] = self
+        let [recv, send, driver] = self
             .wakers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -196,11 +278,16 @@ impl Wake for Tasks {
             (Some(recv), Some(send)) if recv.will_wake(&send) => None,
             (_, send) => send,
         };
-        for waker in [recv, send].into_iter().flatten() {
+        let driver = driver.filter(|_| !self.user_waits.load(Ordering::Acquire));
+        for waker in [recv, send, driver].into_iter().flatten() {
             waker.wake();
         }
     }
 }
+
+/// Looks the driver makes at a connection that has work each time, before it looks
+/// again after a polling sleep.
+const DRIVER_PASSES: usize = 4;
 
 /// How long a task yields, looking for an event, before it arms the endpoint and parks
 /// (module invariants): about a round trip of a small RPC between two processes.
@@ -209,21 +296,25 @@ const SPIN: Duration = Duration::from_micros(50);
 /// The process's one spin at a time (module invariants; `spin_claim` has the protocol).
 static SPIN_WORD: SpinWord = SpinWord::new();
 
-/// The nanoseconds since the first look at the clock of the process's spins, on which
-/// [`SPIN_WORD`] counts (never 0, which means no claim).
-fn spin_nanos(at: Instant) -> u64 {
+/// The nanoseconds of `at` since this module first looked at the clock, on which
+/// [`SPIN_WORD`] and [`Tasks::driver_at`] count (never 0, which means no claim to the
+/// spin).
+fn clock_nanos(at: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let since = at.saturating_duration_since(*EPOCH.get_or_init(Instant::now));
     u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Whose wait [`AsyncConnection::poll_wake`] serves.
+/// Whose wait [`State::poll_wake`] serves.
 #[derive(Clone, Copy)]
 enum Wait {
     /// The wait of the call being polled.
     Call,
     /// An earlier call's, left pending, whose wake is armed again.
     Rearm,
+    /// The driver's, for the user (module invariants): no spin; work that arming finds
+    /// and an endpoint that cannot wake anybody are the driver's to look at again.
+    Drive,
 }
 
 /// The kinds of call an [`AsyncConnection`] may leave pending (module invariants).
@@ -235,8 +326,9 @@ enum Call {
     Send = 1,
 }
 
-impl<E: Endpoint> AsyncConnection<E> {
-    /// Drives `connection` from tokio tasks.
+impl<E: Endpoint + 'static> AsyncConnection<E> {
+    /// Drives `connection` from tokio tasks, and from a task of its own while no call of
+    /// theirs waits on it (module invariants).
     ///
     /// # Errors
     ///
@@ -260,9 +352,9 @@ impl<E: Endpoint> AsyncConnection<E> {
             _ => None,
         };
         let tasks = Arc::new(Tasks::default());
-        Ok(AsyncConnection {
+        let state = State {
             waker: Waker::from(Arc::clone(&tasks)),
-            tasks,
+            tasks: Arc::clone(&tasks),
             registered: [None, None],
             connection,
             descriptor,
@@ -277,7 +369,60 @@ impl<E: Endpoint> AsyncConnection<E> {
             spin_claim: None,
             recv_waits: false,
             send_waits: false,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Some(state)),
+            tasks,
+        });
+        tokio::spawn(Driver {
+            shared: Arc::downgrade(&shared),
+            sleep: None,
+        });
+        Ok(AsyncConnection { shared })
+    }
+}
+
+impl<E: Endpoint> AsyncConnection<E> {
+    /// Runs `f` on the state, locked: the driver waits meanwhile (module invariants).
+    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> T {
+        let mut state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        f(state.as_mut().expect(TAKEN_AT_THE_END))
+    }
+
+    /// Takes the state out, ending the driver (module invariants).
+    fn take(&self) -> Option<State<E>> {
+        let state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.shared.tasks.wake_driver();
+        state
+    }
+
+    /// Polls a call of kind `call` until it is ready; if the future is dropped while the
+    /// call waits, the wait is no longer the user's (module invariants).
+    async fn waiting<T>(
+        &self,
+        call: Call,
+        mut poll: impl FnMut(&mut State<E>, &mut Context<'_>) -> Poll<T>,
+    ) -> T {
+        let mut watch = Abandoned {
+            connection: self,
+            call,
+            pending: false,
+        };
+        poll_fn(|cx| {
+            let polled = self.with(|state| state.keeping_armed(cx, call, &mut poll));
+            watch.pending = polled.is_pending();
+            polled
         })
+        .await
     }
 
     /// Sets how long a wait may spin before the task parks (50 µs unless set; the
@@ -303,32 +448,41 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// # }
     /// ```
     pub fn set_spin(&mut self, spin: Duration) {
-        self.spin = spin;
+        self.with(|state| state.spin = spin);
     }
 
     /// How long a wait may spin before the task parks ([`AsyncConnection::set_spin`]).
     pub fn spin(&self) -> Duration {
-        self.spin
+        self.with(|state| state.spin)
     }
 
     /// Counters and state of this side ([`Connection::stats`]), through a shared
     /// reference: a task that holds the connection elsewhere (in a `Mutex`, an `Arc`
     /// with the halves of a split) can read them.
     pub fn stats(&self) -> ConnectionStats {
-        self.connection.stats()
+        self.with(|state| state.connection.stats())
     }
 
-    /// The connection, for its non-blocking calls. A message sent through it goes ahead
-    /// of any the sink still holds: flush the sink first to keep their order.
-    pub fn get_mut(&mut self) -> &mut Connection<E> {
-        &mut self.connection
+    /// The connection, for its non-blocking calls; the driver waits while it is held. A
+    /// message sent through it goes ahead of any the sink still holds: flush the sink
+    /// first to keep their order.
+    pub fn get_mut(&mut self) -> AsyncConnectionGuard<'_, E> {
+        AsyncConnectionGuard {
+            state: self
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        }
     }
 
-    /// The connection back, leaving tokio. What the sink took and has not posted is
-    /// dropped with it, as a `Sink` may drop what was never flushed: flush first.
-    pub fn into_inner(mut self) -> Connection<E> {
-        self.disarm();
-        self.connection
+    /// The connection back, leaving tokio (its driver ends). What the sink took and has
+    /// not posted is dropped with it, as a `Sink` may drop what was never flushed: flush
+    /// first.
+    pub fn into_inner(self) -> Connection<E> {
+        let mut state = self.take().expect(TAKEN_AT_THE_END);
+        state.disarm();
+        state.connection
     }
 
     /// Sends `message` whole (segmented or through a promotion if it needs one), waiting
@@ -341,7 +495,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     pub async fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
         // What the sink took goes first (module invariants), before this message is
         // offered: a drop while it waits has nothing of this message to abandon.
-        poll_fn(|cx| self.keeping_armed(cx, Call::Send, Self::poll_sinking))
+        self.waiting(Call::Send, State::poll_sinking)
             .await
             .map_err(SendError::Failed)?;
         let mut sending = Sending {
@@ -349,15 +503,12 @@ impl<E: Endpoint> AsyncConnection<E> {
             len: message.len(),
             offset: 0,
         };
-        poll_fn(|cx| {
-            let Sending {
-                connection, offset, ..
-            } = &mut sending;
-            connection.keeping_armed(cx, Call::Send, |connection, cx| {
-                connection.poll_send(cx, message, offset)
+        let connection = sending.connection;
+        connection
+            .waiting(Call::Send, |state, cx| {
+                state.poll_send(cx, message, &mut sending.offset)
             })
-        })
-        .await
+            .await
     }
 
     /// Sends `parts` as one message, whatever their number and lengths (segmented, or
@@ -389,12 +540,8 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::send_gather`].
     pub async fn send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
-        poll_fn(|cx| {
-            self.keeping_armed(cx, Call::Send, |connection, cx| {
-                connection.poll_send_gather(cx, parts)
-            })
-        })
-        .await
+        self.waiting(Call::Send, |state, cx| state.poll_send_gather(cx, parts))
+            .await
     }
 
     /// Sends every one of `messages`, each as a message of its own, waiting for credits
@@ -407,12 +554,10 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::send_batch`].
     pub async fn send_batch(&mut self, messages: &[&[u8]]) -> Result<(), SendError> {
-        self.connection.check_batch_lengths(messages)?;
+        self.with(|state| state.connection.check_batch_lengths(messages))?;
         let mut sent = 0;
-        poll_fn(|cx| {
-            self.keeping_armed(cx, Call::Send, |connection, cx| {
-                connection.poll_send_batch(cx, messages, &mut sent)
-            })
+        self.waiting(Call::Send, |state, cx| {
+            state.poll_send_batch(cx, messages, &mut sent)
         })
         .await
     }
@@ -424,7 +569,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// As [`Connection::recv`]: the connection's failure, after every message delivered
     /// before it.
     pub async fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
-        poll_fn(|cx| self.keeping_armed(cx, Call::Recv, Self::poll_recv)).await
+        self.waiting(Call::Recv, State::poll_recv).await
     }
 
     /// Waits until everything taken has been posted and every send has completed.
@@ -433,7 +578,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
-        poll_fn(|cx| self.keeping_armed(cx, Call::Send, Self::poll_flushed)).await
+        self.waiting(Call::Send, State::poll_flushed).await
     }
 
     /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
@@ -442,6 +587,60 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// nothing can be taken (no credit or send slot, or a segmented message holds the
     /// send order).
     pub(super) fn poll_try_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<Result<usize, SendError>> {
+        self.with(|state| state.poll_try_send(cx, parts))
+    }
+
+    /// Sends an empty message, after the rest of anything the sink took, as
+    /// [`AsyncConnection::send`] does; `Ready` once the connection has taken it (there is
+    /// nothing of it to take in parts, so nothing to resume).
+    pub(super) fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+        self.with(|state| state.poll_send_empty(cx))
+    }
+}
+
+/// The connection under an [`AsyncConnection`], lent by [`AsyncConnection::get_mut`]: its
+/// driver waits while this is held.
+#[derive(Debug)]
+pub struct AsyncConnectionGuard<'a, E: Endpoint> {
+    state: MutexGuard<'a, Option<State<E>>>,
+}
+
+impl<E: Endpoint> std::ops::Deref for AsyncConnectionGuard<'_, E> {
+    type Target = Connection<E>;
+
+    fn deref(&self) -> &Connection<E> {
+        &self.state.as_ref().expect(TAKEN_AT_THE_END).connection
+    }
+}
+
+impl<E: Endpoint> std::ops::DerefMut for AsyncConnectionGuard<'_, E> {
+    fn deref_mut(&mut self) -> &mut Connection<E> {
+        &mut self.state.as_mut().expect(TAKEN_AT_THE_END).connection
+    }
+}
+
+/// Why the state is there whenever a user's call runs.
+const TAKEN_AT_THE_END: &str =
+    "the state is taken only by `into_inner` and by the drop, which end the connection";
+
+impl<E: Endpoint> Drop for AsyncConnection<E> {
+    fn drop(&mut self) {
+        // Dropped outside the lock, the connection closes; the driver wakes and ends.
+        drop(self.take());
+    }
+}
+
+impl<E: Endpoint> State<E> {
+    /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
+    /// the rest of anything the sink took: `Ready` with the bytes of the leading elements
+    /// taken as one message (at least one byte of a vector that has any), `Pending` while
+    /// nothing can be taken (no credit or send slot, or a segmented message holds the
+    /// send order).
+    fn poll_try_send(
         &mut self,
         cx: &mut Context<'_>,
         parts: &[IoSlice<'_>],
@@ -507,7 +706,107 @@ impl<E: Endpoint> AsyncConnection<E> {
                 }
             }
         }
+        self.tell_user_waits();
+        self.plan_driver();
         polled
+    }
+
+    /// Wakes the driver if the connection needs progress unwoken before the driver plans
+    /// to look (module invariants): a timer earlier than its plan, or a larger tier held
+    /// while it plans nothing, or every message read that it stopped for. Timers that
+    /// move later, as demotions do while large messages keep coming, wake nothing.
+    fn plan_driver(&self) {
+        let planned = self.tasks.driver_at.load(Ordering::Relaxed);
+        if planned == Look::AFTER_READ {
+            if !self.connection.has_delivered() {
+                self.tasks.driver_at.store(Look::NEVER, Ordering::Relaxed);
+                self.tasks.wake_driver();
+            }
+            return;
+        }
+        let due = match self.connection.next_timer() {
+            Some(timer) => clock_nanos(timer),
+            None if planned == Look::NEVER && self.connection.above_smallest_tier() => {
+                clock_nanos(Instant::now())
+            }
+            None => return,
+        };
+        if due < planned {
+            self.tasks.driver_at.store(due, Ordering::Relaxed);
+            self.tasks.wake_driver();
+        }
+    }
+
+    /// Publishes whether a call of the user's waits, for the wakes of the driver.
+    fn tell_user_waits(&self) {
+        let waits = self.recv_waits || self.send_waits;
+        if self.tasks.user_waits.load(Ordering::Relaxed) != waits {
+            self.tasks.user_waits.store(waits, Ordering::Release);
+        }
+    }
+
+    /// Forgets the wait of a call of kind `call` whose future was dropped pending.
+    fn forget_wait(&mut self, call: Call) {
+        match call {
+            Call::Recv => self.recv_waits = false,
+            Call::Send => self.send_waits = false,
+        }
+        self.tell_user_waits();
+    }
+
+    /// The driver's look (module invariants): makes the progress the connection's events
+    /// and timers ask for and leaves it armed with the tasks' waker, so its next event or
+    /// timer wakes the driver again while no call of the user's waits (or that call, if
+    /// one does). Takes nothing more once a message waits for the user. Says when to look
+    /// again unwoken.
+    fn drive(&mut self) -> Look {
+        let waker = self.waker.clone();
+        let cx = &mut Context::from_waker(&waker);
+        let progress_made = self.connection.progress_made();
+        let user_waits = self.recv_waits || self.send_waits;
+        let mut busy = false;
+        for _ in 0..DRIVER_PASSES {
+            if self.connection.has_delivered() {
+                if user_waits {
+                    // Its call takes the message, or arms again for what it waits for.
+                    waker.wake_by_ref();
+                }
+                return Look::AfterRead;
+            }
+            self.disarm();
+            busy = self.poll_wake(cx, Wait::Drive).is_ready();
+            if !busy {
+                break;
+            }
+        }
+        if busy {
+            self.disarm();
+        }
+        if user_waits && (busy || self.connection.progress_made() != progress_made) {
+            // A pending call of the user's may have waited for what this progress took,
+            // or for the arm it left undone.
+            waker.wake_by_ref();
+        }
+        let now = Instant::now();
+        if busy {
+            return Look::At(now + Waiter::LONGEST_SLEEP);
+        }
+        let check = if !self.connection.above_smallest_tier() {
+            None
+        } else if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
+            // Nothing wakes it: it is looked at as a blocking wait polls, while it holds
+            // a larger tier.
+            Some(now + Waiter::LONGEST_SLEEP)
+        } else {
+            // Armed, so woken by its events; looked at again in case a call of the
+            // user's disarmed it and returned without arming it again.
+            Some(now + self.connection.config().ladder().policy().demote_after())
+        };
+        match (self.connection.next_timer(), check) {
+            (Some(timer), Some(check)) => Look::At(timer.min(check)),
+            (Some(at), None) | (None, Some(at)) => Look::At(at),
+            (None, None) => Look::Woken,
+        }
     }
 
     /// Records `waker` as the task of `call`'s kind (module invariants).
@@ -561,7 +860,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// Sends an empty message, after the rest of anything the sink took, as
     /// [`AsyncConnection::send`] does; `Ready` once the connection has taken it (there is
     /// nothing of it to take in parts, so nothing to resume).
-    pub(super) fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+    fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
         self.keeping_armed(cx, Call::Send, |this, cx| {
             ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
             this.poll_send(cx, &[], &mut 0)
@@ -683,7 +982,7 @@ impl<E: Endpoint> AsyncConnection<E> {
         self.poll_wake(cx, Wait::Call)
     }
 
-    /// [`AsyncConnection::poll_event`] for a call's wait (`Wait::Call`: it may spin, and
+    /// [`State::poll_event`] for a call's wait (`Wait::Call`: it may spin, and
     /// its start is kept until the call returns), or to arm again for an earlier call's
     /// wait (`Wait::Rearm`: no spin, no wait of its own).
     fn poll_wake(&mut self, cx: &mut Context<'_>, wait: Wait) -> Poll<()> {
@@ -704,7 +1003,7 @@ impl<E: Endpoint> AsyncConnection<E> {
             if self.spin_pays && now.duration_since(since) < self.spin {
                 if self.spin_claim.is_none() {
                     self.spin_claim =
-                        SPIN_WORD.take(spin_nanos(now), spin_nanos(since + self.spin));
+                        SPIN_WORD.take(clock_nanos(now), clock_nanos(since + self.spin));
                 }
                 if self.spin_claim.is_some() {
                     // Yielded as tokio's own `yield_now` does: the task is woken after the
@@ -717,11 +1016,18 @@ impl<E: Endpoint> AsyncConnection<E> {
             }
             self.give_up_spin();
         }
+        let driving = matches!(wait, Wait::Drive);
         if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
+            if driving {
+                return Poll::Pending;
+            }
             return self.poll_polling_sleep(cx);
         }
         if self.connection.arm(cx.waker()) == Armed::Pending {
             self.connection.disarm();
+            if driving {
+                return Poll::Ready(());
+            }
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
@@ -807,7 +1113,7 @@ impl<E: Endpoint> AsyncConnection<E> {
 /// A send in progress ([`AsyncConnection::send`]): gives its message up when dropped
 /// unfinished.
 struct Sending<'a, E: Endpoint> {
-    connection: &'a mut AsyncConnection<E>,
+    connection: &'a AsyncConnection<E>,
     len: usize,
     offset: usize,
 }
@@ -816,8 +1122,103 @@ impl<E: Endpoint> Drop for Sending<'_, E> {
     fn drop(&mut self) {
         if self.offset < self.len {
             // Withdrawn, or the connection fails: either way nothing is left half-sent.
-            let _failure = self.connection.connection.abandon_message(self.len);
+            let _failure = self
+                .connection
+                .with(|state| state.connection.abandon_message(self.len));
         }
+    }
+}
+
+/// A future of the user's waiting on a call ([`AsyncConnection::recv`], the sends,
+/// `flush`): dropped while its call is pending, the wait is no longer the user's, so the
+/// driver takes the connection's events again (module invariants).
+struct Abandoned<'a, E: Endpoint> {
+    connection: &'a AsyncConnection<E>,
+    call: Call,
+    /// Whether its call returned `Pending` when last polled.
+    pending: bool,
+}
+
+impl<E: Endpoint> Drop for Abandoned<'_, E> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.connection.with(|state| state.forget_wait(self.call));
+        }
+    }
+}
+
+/// When the driver looks at a connection again unwoken.
+enum Look {
+    /// At this time.
+    At(Instant),
+    /// Never: only the connection's events and timers wake it.
+    Woken,
+    /// Once the user has read every message delivered.
+    AfterRead,
+}
+
+impl Look {
+    /// [`Tasks::driver_at`] for [`Look::Woken`].
+    const NEVER: u64 = u64::MAX;
+    /// [`Tasks::driver_at`] for [`Look::AfterRead`] ([`clock_nanos`] is never 0).
+    const AFTER_READ: u64 = 0;
+}
+
+/// The task that drives an [`AsyncConnection`] while no call of the user's waits on it
+/// (module invariants): it holds the connection only weakly, and ends once the
+/// connection is dropped or taken back.
+struct Driver<E: Endpoint> {
+    shared: Weak<Shared<E>>,
+    /// When it looks at the connection again unwoken, and the sleep until then.
+    sleep: Option<(Instant, Pin<Box<Sleep>>)>,
+}
+
+impl<E: Endpoint> Future for Driver<E> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let Some(shared) = this.shared.upgrade() else {
+            return Poll::Ready(());
+        };
+        shared.tasks.register(DRIVER, cx.waker());
+        let look = match shared.state.try_lock() {
+            Ok(mut state) => match state.as_mut() {
+                Some(state) => state.drive(),
+                None => return Poll::Ready(()),
+            },
+            Err(TryLockError::Poisoned(poisoned)) => match poisoned.into_inner().as_mut() {
+                Some(state) => state.drive(),
+                None => return Poll::Ready(()),
+            },
+            // A call of the user's has the connection: look again soon, as it may leave
+            // it unarmed.
+            Err(TryLockError::WouldBlock) => Look::At(Instant::now() + Waiter::LONGEST_SLEEP),
+        };
+        let (planned, at) = match look {
+            Look::At(at) => (clock_nanos(at), Some(at)),
+            Look::Woken => (Look::NEVER, None),
+            Look::AfterRead => (Look::AFTER_READ, None),
+        };
+        shared.tasks.driver_at.store(planned, Ordering::Relaxed);
+        drop(shared);
+        let Some(at) = at else {
+            this.sleep = None;
+            return Poll::Pending;
+        };
+        let sleep = match &mut this.sleep {
+            Some((kept, sleep)) if *kept == at => sleep,
+            slot => {
+                let sleep = Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(at)));
+                &mut slot.insert((at, sleep)).1
+            }
+        };
+        if sleep.as_mut().poll(cx).is_ready() {
+            // Due: looked at in the next poll.
+            this.sleep = None;
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 }
 
@@ -896,8 +1297,10 @@ impl<E: Endpoint + Unpin> Stream for AsyncConnection<E> {
     type Item = Result<Message, Arc<ConnectionError>>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        match ready!(this.keeping_armed(cx, Call::Recv, Self::poll_recv)) {
+        let received = self
+            .get_mut()
+            .with(|state| state.keeping_armed(cx, Call::Recv, State::poll_recv));
+        match ready!(received) {
             Ok(message) => Poll::Ready(Some(Ok(message))),
             Err(error) if matches!(*error, ConnectionError::PeerClosed) => Poll::Ready(None),
             Err(error) => Poll::Ready(Some(Err(error))),
@@ -911,20 +1314,38 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     type Error = Arc<ConnectionError>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().keeping_armed(cx, Call::Send, |this, cx| {
-            loop {
-                this.disarm();
-                if this.post_sunk().map_err(failure_of)? || this.sinking.has_room() {
-                    return Poll::Ready(Ok(()));
+        self.get_mut().with(|state| {
+            state.keeping_armed(cx, Call::Send, |this, cx| {
+                loop {
+                    this.disarm();
+                    if this.post_sunk().map_err(failure_of)? || this.sinking.has_room() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    ready!(this.poll_event(cx));
                 }
-                ready!(this.poll_event(cx));
-            }
+            })
         })
     }
 
     fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
-        let this = self.get_mut();
-        let message = item.as_ref();
+        self.get_mut().with(|state| state.start_send(item.as_ref()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut()
+            .with(|state| state.keeping_armed(cx, Call::Send, State::poll_flushed))
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut()
+            .with(|state| state.keeping_armed(cx, Call::Send, State::poll_flushed))
+    }
+}
+
+impl<E: Endpoint> State<E> {
+    /// [`Sink::start_send`] of `message`.
+    fn start_send(&mut self, message: &[u8]) -> Result<(), Arc<ConnectionError>> {
+        let this = self;
         if !this.sinking.messages.is_empty() {
             // Behind messages waiting for credit: it waits with them, to share their
             // frames if it is small.
@@ -939,15 +1360,5 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
             Err(error) => return Err(failure_of(error)),
         }
         Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut()
-            .keeping_armed(cx, Call::Send, Self::poll_flushed)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut()
-            .keeping_armed(cx, Call::Send, Self::poll_flushed)
     }
 }
