@@ -994,7 +994,8 @@ impl<E: Endpoint> State<E> {
             self.polling_sleep = Waiter::FIRST_SLEEP;
             return Poll::Ready(());
         }
-        if self.poll_timer(cx).is_ready() {
+        let driving = matches!(wait, Wait::Drive);
+        if self.poll_timer(cx, !driving).is_ready() {
             return Poll::Ready(());
         }
         if let Wait::Call = wait {
@@ -1016,7 +1017,6 @@ impl<E: Endpoint> State<E> {
             }
             self.give_up_spin();
         }
-        let driving = matches!(wait, Wait::Drive);
         if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
             if driving {
                 return Poll::Pending;
@@ -1067,8 +1067,9 @@ impl<E: Endpoint> State<E> {
         Poll::Ready(())
     }
 
-    /// Polls a sleep until the connection's next timer; `Ready` once it is due.
-    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Polls a sleep until the connection's next timer; `Ready` once it is due, having
+    /// woken the task if `wake` (the driver looks again by its own plan).
+    fn poll_timer(&mut self, cx: &mut Context<'_>, wake: bool) -> Poll<()> {
         let Some(at) = self.connection.next_timer() else {
             self.timer = None;
             return Poll::Pending;
@@ -1084,7 +1085,9 @@ impl<E: Endpoint> State<E> {
         self.timer = None;
         // As for the polling sleep: a call of this poll left `Pending` on this timer is
         // polled again.
-        cx.waker().wake_by_ref();
+        if wake {
+            cx.waker().wake_by_ref();
+        }
         Poll::Ready(())
     }
 
