@@ -11,17 +11,19 @@
 //!   it is polled, and so does [`AsyncConnection::get_mut`]'s guard; the driver only
 //!   tries it, and looks again a polling sleep later if a call has it.
 //! - The driver makes the progress a call would (its look: [`State::drive`], which arms
-//!   the connection as a call's wait does), and is woken three ways: by the connection's
-//!   events and timer, through the waker every call polls with, but only while no call
-//!   of the user's waits (a waiting call is woken instead and makes the progress
-//!   itself); by a sleep until its plan, made at each look: the connection's next timer,
-//!   and while a tier above the smallest is held, a look `demote_after` later (in case a
-//!   call of the user's left the connection unarmed) or, over an endpoint that cannot
-//!   wake anybody, a polling sleep later; and by a call of the user's whose connection
-//!   has a timer earlier than the plan ([`Tasks::driver_at`]), which is how a promotion
-//!   made in a call reaches a driver that had nothing planned. So a connection nobody
-//!   polls demotes its send direction when that falls due, and answers its peer's
-//!   demotion, and one that is polled costs the driver a look per plan at most.
+//!   the connection as a call's wait does). It looks when a sleep until its plan ends:
+//!   the plan, made at each look, is the connection's next timer and, while a tier above
+//!   the smallest is held, a look `demote_after` later (in case a call of the user's
+//!   left the connection unarmed) or, over an endpoint that cannot wake anybody, a
+//!   polling sleep later. A call of the user's wakes it where it planned nothing and the
+//!   connection now has a timer or a larger tier ([`Tasks::driver_at`]): a promotion
+//!   made in a call reaches it that way. A look that finds no call of the user's
+//!   waiting *engages* the driver: from then on the connection's events and timer wake
+//!   it too, through the waker every call polls with, until a call of the user's is
+//!   polled. So a connection nobody polls demotes its send direction when that falls
+//!   due and answers its peer's demotion, and one in use costs the driver a look per
+//!   plan, not a wake per event: between two calls of a request and its reply the
+//!   driver is not engaged.
 //! - The driver takes nothing once a message waits for the user: unread messages keep
 //!   their receive slots, so the peer stops for want of credit as it would with no
 //!   driver, rather than this side reassembling what it sends into memory without
@@ -218,13 +220,14 @@ struct State<E: Endpoint> {
 /// The tasks waiting on a connection: the one that last polled a receive, the one that
 /// last polled a send (the same task, unless the connection was split), and its driver.
 /// A wake wakes the first two and keeps them, so recording a task again costs nothing;
-/// it wakes the driver only while no call of the user's waits.
+/// it wakes the driver only while the driver is engaged.
 #[derive(Debug)]
 struct Tasks {
     wakers: Mutex<[Option<Waker>; 3]>,
-    /// Whether a receive or a send of the user's returned `Pending` and none of its kind
-    /// has been polled since.
-    user_waits: AtomicBool,
+    /// Whether the driver took the connection over, finding no call of the user's
+    /// waiting at a look, and no call of the user's has been polled since (module
+    /// invariants).
+    engaged: AtomicBool,
     /// When the driver plans to look at the connection unwoken ([`clock_nanos`], or
     /// [`Look::NEVER`] or [`Look::AFTER_READ`]; module invariants).
     driver_at: AtomicU64,
@@ -234,7 +237,7 @@ impl Default for Tasks {
     fn default() -> Tasks {
         Tasks {
             wakers: Mutex::default(),
-            user_waits: AtomicBool::new(false),
+            engaged: AtomicBool::new(false),
             driver_at: AtomicU64::new(Look::NEVER),
         }
     }
@@ -268,17 +271,21 @@ impl Wake for Tasks {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        // Woken outside the lock: a waker may run code that records a task again.
-        let [recv, send, driver] = self
-            .wakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let send = match (&recv, send) {
-            (Some(recv), Some(send)) if recv.will_wake(&send) => None,
-            (_, send) => send,
+        // Woken outside the lock: a waker may run code that records a task again. The
+        // sender is the receiver unless the connection was split: one clone then.
+        let [recv, send, driver] = {
+            let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+            let [recv, send, driver] = &*wakers;
+            let send = match (recv, send) {
+                (Some(recv), Some(send)) if recv.will_wake(send) => None,
+                (_, send) => send.clone(),
+            };
+            let driver = driver
+                .as_ref()
+                .filter(|_| self.engaged.load(Ordering::Acquire))
+                .cloned();
+            [recv.clone(), send, driver]
         };
-        let driver = driver.filter(|_| !self.user_waits.load(Ordering::Acquire));
         for waker in [recv, send, driver].into_iter().flatten() {
             waker.wake();
         }
@@ -669,6 +676,10 @@ impl<E: Endpoint> State<E> {
         poll: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
         self.register(call, cx.waker());
+        // A call of the user's takes the connection back from the driver.
+        if self.tasks.engaged.load(Ordering::Relaxed) {
+            self.tasks.engaged.store(false, Ordering::Relaxed);
+        }
         let waker = self.waker.clone();
         let cx = &mut Context::from_waker(&waker);
         let was_armed = self.armed;
@@ -706,42 +717,25 @@ impl<E: Endpoint> State<E> {
                 }
             }
         }
-        self.tell_user_waits();
         self.plan_driver();
         polled
     }
 
-    /// Wakes the driver if the connection needs progress unwoken before the driver plans
-    /// to look (module invariants): a timer earlier than its plan, or a larger tier held
-    /// while it plans nothing, or every message read that it stopped for. Timers that
-    /// move later, as demotions do while large messages keep coming, wake nothing.
+    /// Wakes the driver if it plans no look and the connection now needs one (module
+    /// invariants): a timer, or a larger tier held, where it planned nothing; every
+    /// message read, where it stopped for them. A driver with a plan looks by it.
     fn plan_driver(&self) {
-        let planned = self.tasks.driver_at.load(Ordering::Relaxed);
-        if planned == Look::AFTER_READ {
-            if !self.connection.has_delivered() {
-                self.tasks.driver_at.store(Look::NEVER, Ordering::Relaxed);
-                self.tasks.wake_driver();
+        let woken = match self.tasks.driver_at.load(Ordering::Relaxed) {
+            Look::AFTER_READ => !self.connection.has_delivered(),
+            Look::NEVER => {
+                self.connection.next_timer().is_some() || self.connection.above_smallest_tier()
             }
-            return;
-        }
-        let due = match self.connection.next_timer() {
-            Some(timer) => clock_nanos(timer),
-            None if planned == Look::NEVER && self.connection.above_smallest_tier() => {
-                clock_nanos(Instant::now())
-            }
-            None => return,
+            // It looks by its plan, and plans anew then.
+            _ => false,
         };
-        if due < planned {
-            self.tasks.driver_at.store(due, Ordering::Relaxed);
+        if woken {
+            self.tasks.driver_at.store(Look::SOON, Ordering::Relaxed);
             self.tasks.wake_driver();
-        }
-    }
-
-    /// Publishes whether a call of the user's waits, for the wakes of the driver.
-    fn tell_user_waits(&self) {
-        let waits = self.recv_waits || self.send_waits;
-        if self.tasks.user_waits.load(Ordering::Relaxed) != waits {
-            self.tasks.user_waits.store(waits, Ordering::Release);
         }
     }
 
@@ -751,7 +745,6 @@ impl<E: Endpoint> State<E> {
             Call::Recv => self.recv_waits = false,
             Call::Send => self.send_waits = false,
         }
-        self.tell_user_waits();
     }
 
     /// The driver's look (module invariants): makes the progress the connection's events
@@ -764,9 +757,13 @@ impl<E: Endpoint> State<E> {
         let cx = &mut Context::from_waker(&waker);
         let progress_made = self.connection.progress_made();
         let user_waits = self.recv_waits || self.send_waits;
+        // With no call of the user's waiting, the connection's events and timer wake the
+        // driver from now on, until a call of the user's is polled.
+        self.tasks.engaged.store(!user_waits, Ordering::Release);
         let mut busy = false;
         for _ in 0..DRIVER_PASSES {
             if self.connection.has_delivered() {
+                self.tasks.engaged.store(false, Ordering::Relaxed);
                 if user_waits {
                     // Its call takes the message, or arms again for what it waits for.
                     waker.wake_by_ref();
@@ -1165,6 +1162,8 @@ impl Look {
     const NEVER: u64 = u64::MAX;
     /// [`Tasks::driver_at`] for [`Look::AfterRead`] ([`clock_nanos`] is never 0).
     const AFTER_READ: u64 = 0;
+    /// [`Tasks::driver_at`] for a look a call asked for and the driver has not made.
+    const SOON: u64 = 1;
 }
 
 /// The task that drives an [`AsyncConnection`] while no call of the user's waits on it
