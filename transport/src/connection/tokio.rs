@@ -30,9 +30,9 @@
 //!   bound. It is woken again by the call that reads the last of them. A waiting call of
 //!   the user's is woken whenever the driver's progress may have taken its event.
 //! - A future of the user's dropped while its call waits (a `recv` that timed out)
-//!   gives the wait up, so the connection's events reach the driver again; a
-//!   [`Stream`] or [`Sink`] poll that is never repeated leaves its wait counted, and the
-//!   driver then looks at its plan only.
+//!   gives the wait up, so the driver's next look engages it; a [`Stream`] or [`Sink`]
+//!   poll that is never repeated leaves its wait counted, and the driver's looks then
+//!   make progress at its plan without engaging it.
 //! - A task is left pending only after [`Endpoint::arm`] said [`Armed::Parked`] and the
 //!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
 //!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
