@@ -556,6 +556,21 @@ async fn an_unpolled_connection_demotes_while_its_peer_awaits_a_message<P: PairP
     assert_eq!(request.unwrap(), b"again");
 }
 
+/// As [`an_unpolled_connection_demotes_while_its_peer_awaits_a_message`], the client's
+/// last call a `recv` given up at a timeout: the wait it left is no longer the user's,
+/// so the client's driver takes the connection over.
+async fn a_receive_given_up_leaves_the_connection_to_its_driver<P: PairProvider>() {
+    let provider = P::make();
+    let (mut client, server, at_rest) = promoted_pair(&provider).await;
+    let server = awaiting_a_message(server);
+    let given_up = tokio::time::timeout(DEMOTE_AFTER / 10, client.recv()).await;
+    assert!(given_up.is_err(), "nothing was sent");
+    back_at_rest(&provider, at_rest, "the client's receive given up").await;
+    drop(client);
+    let (_server, ended) = server.await.unwrap();
+    assert!(ended.is_err(), "the client closed");
+}
+
 /// Promoted both ways, then neither side polled by any task: both drivers demote.
 async fn connections_no_task_polls_demote<P: PairProvider>() {
     let provider = P::make();
@@ -635,6 +650,7 @@ on_each_provider!(
     a_pending_receive_demotes_at_its_timer,
     an_unpolled_connection_demotes_while_its_peer_awaits_a_message,
     connections_no_task_polls_demote,
+    a_receive_given_up_leaves_the_connection_to_its_driver,
     a_gather_send_is_one_message,
     stats_are_read_through_a_shared_reference,
 );

@@ -29,10 +29,9 @@
 //!   driver, rather than this side reassembling what it sends into memory without
 //!   bound. It is woken again by the call that reads the last of them. A waiting call of
 //!   the user's is woken whenever the driver's progress may have taken its event.
-//! - A future of the user's dropped while its call waits (a `recv` that timed out)
-//!   gives the wait up, so the driver's next look engages it; a [`Stream`] or [`Sink`]
-//!   poll that is never repeated leaves its wait counted, and the driver's looks then
-//!   make progress at its plan without engaging it.
+//! - A call of the user's left `Pending` and never polled again (a `recv` given up at a
+//!   timeout) still counts as waiting: the driver's looks then make the progress at its
+//!   plan without engaging it (test: `a_receive_given_up_leaves_the_connection_to_its_driver`).
 //! - A task is left pending only after [`Endpoint::arm`] said [`Armed::Parked`] and the
 //!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
 //!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
@@ -412,24 +411,13 @@ impl<E: Endpoint> AsyncConnection<E> {
         state
     }
 
-    /// Polls a call of kind `call` until it is ready; if the future is dropped while the
-    /// call waits, the wait is no longer the user's (module invariants).
+    /// Polls a call of kind `call` until it is ready, locking the state for each poll.
     async fn waiting<T>(
         &self,
         call: Call,
         mut poll: impl FnMut(&mut State<E>, &mut Context<'_>) -> Poll<T>,
     ) -> T {
-        let mut watch = Abandoned {
-            connection: self,
-            call,
-            pending: false,
-        };
-        poll_fn(|cx| {
-            let polled = self.with(|state| state.keeping_armed(cx, call, &mut poll));
-            watch.pending = polled.is_pending();
-            polled
-        })
-        .await
+        poll_fn(|cx| self.with(|state| state.keeping_armed(cx, call, &mut poll))).await
     }
 
     /// Sets how long a wait may spin before the task parks (50 µs unless set; the
@@ -736,14 +724,6 @@ impl<E: Endpoint> State<E> {
         if woken {
             self.tasks.driver_at.store(Look::SOON, Ordering::Relaxed);
             self.tasks.wake_driver();
-        }
-    }
-
-    /// Forgets the wait of a call of kind `call` whose future was dropped pending.
-    fn forget_wait(&mut self, call: Call) {
-        match call {
-            Call::Recv => self.recv_waits = false,
-            Call::Send => self.send_waits = false,
         }
     }
 
@@ -1125,24 +1105,6 @@ impl<E: Endpoint> Drop for Sending<'_, E> {
             let _failure = self
                 .connection
                 .with(|state| state.connection.abandon_message(self.len));
-        }
-    }
-}
-
-/// A future of the user's waiting on a call ([`AsyncConnection::recv`], the sends,
-/// `flush`): dropped while its call is pending, the wait is no longer the user's, so the
-/// driver takes the connection's events again (module invariants).
-struct Abandoned<'a, E: Endpoint> {
-    connection: &'a AsyncConnection<E>,
-    call: Call,
-    /// Whether its call returned `Pending` when last polled.
-    pending: bool,
-}
-
-impl<E: Endpoint> Drop for Abandoned<'_, E> {
-    fn drop(&mut self) {
-        if self.pending {
-            self.connection.with(|state| state.forget_wait(self.call));
         }
     }
 }
