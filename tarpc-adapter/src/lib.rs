@@ -143,7 +143,10 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
     /// Outside a tokio runtime with IO enabled.
     pub fn from_connection(
         connection: Connection<E>,
-    ) -> io::Result<TierbufTransport<E, Item, SinkItem>> {
+    ) -> io::Result<TierbufTransport<E, Item, SinkItem>>
+    where
+        E: 'static,
+    {
         Ok(TierbufTransport::new(AsyncConnection::new(connection)?))
     }
 
@@ -188,8 +191,7 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
 
     fn publish_stats(&mut self) {
         if let Some(cell) = &self.stats {
-            *cell.lock().unwrap_or_else(PoisonError::into_inner) =
-                self.connection.get_mut().stats();
+            *cell.lock().unwrap_or_else(PoisonError::into_inner) = self.connection.stats();
         }
     }
 }

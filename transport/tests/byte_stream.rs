@@ -90,7 +90,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(writer: &mut W, parts: &[&[u8
 
 /// Flushes `stream` until its send tier is `tier`, the peer reading meanwhile.
 async fn until_send_tier<E: Endpoint + Unpin>(stream: &mut ByteStream<E>, tier: u8) {
-    while stream.get_mut().stats().send_tier != tier {
+    while stream.stats().send_tier != tier {
         stream.flush().await.unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -122,7 +122,7 @@ async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairPr
         200,
         "the two small elements fit tier 0 together; the big one waits for the next write"
     );
-    let stats = writer.get_mut().stats();
+    let stats = writer.stats();
     assert_eq!((stats.messages_sent, stats.messages_segmented), (1, 0));
     assert_eq!(stats.send_tier, 0);
 
@@ -130,19 +130,19 @@ async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairPr
     // tier 1 is asked for; the element after it is left for the next write.
     let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
     assert_eq!(writer.write_vectored(&parts).await.unwrap(), big.len());
-    let stats = writer.get_mut().stats();
+    let stats = writer.stats();
     assert_eq!((stats.messages_sent, stats.messages_segmented), (2, 1));
 
     // Once the peer grants tier 1, the same element goes whole.
     until_send_tier(&mut writer, 1).await;
-    assert_eq!(writer.get_mut().stats().promotions, 1);
+    assert_eq!(writer.stats().promotions, 1);
     let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
     assert_eq!(
         writer.write_vectored(&parts).await.unwrap(),
         big.len() + tail.len(),
         "both fit tier 1 together"
     );
-    let stats = writer.get_mut().stats();
+    let stats = writer.stats();
     assert_eq!((stats.messages_sent, stats.messages_segmented), (3, 1));
 
     writer.write_all(&tail).await.unwrap();
@@ -280,10 +280,7 @@ async fn buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream<P: Pa
     let lent = reader.fill_buf().await.unwrap();
     assert_eq!(lent, b"hello", "one message at a time");
     reader.consume(2);
-    assert!(
-        reader.get_mut().stats().receives_lent >= 1,
-        "the slot is lent"
-    );
+    assert!(reader.stats().receives_lent >= 1, "the slot is lent");
     assert_eq!(reader.fill_buf().await.unwrap(), b"llo");
     reader.consume(3);
     let mut rest = Vec::new();
@@ -299,7 +296,7 @@ async fn buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream<P: Pa
     );
     // The messages read, and the empty one, gave their slots back; the one after the
     // end, never read, may hold its slot until the stream is dropped.
-    let lent = reader.get_mut().stats().receives_lent;
+    let lent = reader.stats().receives_lent;
     assert!(lent <= 1, "{lent} slots lent");
     drop(sender);
 }
@@ -433,6 +430,80 @@ async fn split_halves_in_two_tasks_echo_every_byte<P: PairProvider>() {
         data.len() as u64,
         "the echo ends at the end"
     );
+}
+
+/// Rounds of [`split_halves_copy_one_way_without_a_timer`], and the bytes of each.
+const ONE_WAY_ROUNDS: usize = 4;
+const ONE_WAY_LEN: usize = 16 << 20;
+
+/// The halves of `tokio::io::split` in tasks of their own on both sides, the bytes going
+/// one way: the client's writer copies 16 MiB a round with `tokio::io::copy` while its
+/// reader waits for the server's answer, and the server's reader takes each round while
+/// its writer waits to answer. Demotion is an hour away, so a wake lost between the
+/// halves is a hang (with the ladder's own 10 s, each round waited for a multiple of it).
+async fn split_halves_copy_one_way_without_a_timer<P: PairProvider>() {
+    const ROUND: Duration = Duration::from_secs(20);
+    let provider = P::make();
+    let ladder = pairs::preset_demoting_after("rpc", Duration::from_secs(3600));
+    let (client, server) = connections(&provider, ladder);
+    let (mut server_read, mut server_write) = tokio::io::split(ByteStream::new(server).unwrap());
+    let (mut client_read, mut client_write) = tokio::io::split(ByteStream::new(client).unwrap());
+    let (rounds_read, mut read) = tokio::sync::mpsc::channel(1);
+    let reading = tokio::spawn(async move {
+        for round in 0..ONE_WAY_ROUNDS {
+            let mut received = vec![0u8; ONE_WAY_LEN];
+            server_read.read_exact(&mut received).await.unwrap();
+            assert!(
+                received == pattern(ONE_WAY_LEN, round as u64),
+                "round {round}"
+            );
+            rounds_read.send(round).await.unwrap();
+        }
+        let mut rest = Vec::new();
+        server_read.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "nothing after the rounds");
+        server_read
+    });
+    let answering = tokio::spawn(async move {
+        let mut rounds = 0;
+        while read.recv().await.is_some() {
+            rounds += 1;
+        }
+        server_write.write_all(b"done").await.unwrap();
+        server_write.shutdown().await.unwrap();
+        (rounds, server_write)
+    });
+    let answer = tokio::spawn(async move {
+        let mut answer = Vec::new();
+        client_read.read_to_end(&mut answer).await.unwrap();
+        (answer, client_read)
+    });
+    for round in 0..ONE_WAY_ROUNDS {
+        let data = pattern(ONE_WAY_LEN, round as u64);
+        let copied = tokio::time::timeout(ROUND, async {
+            let copied = tokio::io::copy(&mut &data[..], &mut client_write).await;
+            client_write.flush().await.unwrap();
+            copied
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round} was not copied within {ROUND:?}"))
+        .unwrap();
+        assert_eq!(copied, ONE_WAY_LEN as u64);
+    }
+    client_write.shutdown().await.unwrap();
+    let server_read = tokio::time::timeout(ROUND, reading)
+        .await
+        .expect("the reader takes every round and the end")
+        .unwrap();
+    let (rounds, server_write) = answering.await.unwrap();
+    assert_eq!(rounds, ONE_WAY_ROUNDS);
+    let (answer, client_read) = tokio::time::timeout(ROUND, answer)
+        .await
+        .expect("the answer and its end arrive")
+        .unwrap();
+    assert_eq!(&answer[..], b"done");
+    drop(client_read.unsplit(client_write));
+    drop(server_read.unsplit(server_write));
 }
 
 /// Body sizes the HTTP tests send, growing.
@@ -583,6 +654,7 @@ on_each_provider!(
     a_shutdown_after_the_peer_took_everything_and_closed_succeeds,
     the_end_after_shutdown_and_drop,
     split_halves_in_two_tasks_echo_every_byte,
+    split_halves_copy_one_way_without_a_timer,
     http1_posts_of_growing_size_echo_every_byte,
     http2_posts_of_growing_size_echo_every_byte,
 );

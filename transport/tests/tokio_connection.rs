@@ -5,12 +5,14 @@
 
 mod pairs;
 
+use std::io::IoSlice;
 use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tierbuf_transport::connection::{AsyncConnection, ConnectionError, SendError};
+use tierbuf_transport::connection::{AsyncConnection, ByteStream, ConnectionError, SendError};
 use tierbuf_transport::{LoopbackProvider, ShmProvider};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use pairs::{PairProvider, connections, preset};
 
@@ -128,7 +130,12 @@ async fn many_connections_at_once<P: PairProvider>() {
 async fn a_send_dropped_halfway_fails_the_connection<P: PairProvider>() {
     let provider = P::make();
     let (mut sender, receiver) = pair(&provider, "patent");
-    // The receiver never reads: a segmented message stops when its credits run out.
+    // The receiver never reads: its driver takes what comes until a message waits for
+    // it, then nothing, so a segmented message stops when its credits run out.
+    sender.send(b"unread").await.unwrap();
+    while receiver.stats().messages_received == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let big = vec![9u8; 4 << 20];
     let outcome = tokio::time::timeout(Duration::from_millis(50), sender.send(&big)).await;
     assert!(
@@ -162,7 +169,7 @@ async fn batches_arrive_message_by_message<P: PairProvider>() {
             start = end;
         }
         sender.flush().await.unwrap();
-        sender.get_mut().stats()
+        sender.stats()
     });
     for index in 0..COUNT {
         let received = receiver.next().await.unwrap().unwrap();
@@ -193,7 +200,7 @@ async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
             }
         }
         sender.flush().await.unwrap();
-        sender.get_mut().stats()
+        sender.stats()
     });
     start_reading.await.unwrap();
     for index in 0..COUNT {
@@ -380,6 +387,255 @@ async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
     serving.await.unwrap();
 }
 
+/// Calls of [`sink_and_stream_halves_in_tasks_of_their_own`].
+const SPLIT_CALLS: usize = 200;
+
+/// Both sides split with `StreamExt::split`, each half in a task of its own: the client's
+/// sink sends every request while its stream takes the replies, and the server's stream
+/// hands each request to its sink's task, which replies; then the server closes, and the
+/// client's stream ends. A half left pending must be woken though the other half armed
+/// the connection last, or took the event it waits for. Demotion is an hour away, so a
+/// lost wake is a hang, which `STALL` turns into a failure.
+async fn sink_and_stream_halves_in_tasks_of_their_own<P: PairProvider>() {
+    const STALL: Duration = Duration::from_secs(10);
+    let provider = P::make();
+    let ladder = pairs::preset_demoting_after("rpc", Duration::from_secs(3600));
+    let (client, server) = connections(&provider, ladder);
+    let (mut client_sink, mut client_stream) = AsyncConnection::new(client).unwrap().split();
+    let (mut server_sink, mut server_stream) = AsyncConnection::new(server).unwrap().split();
+    let (requests, mut taken) = tokio::sync::mpsc::unbounded_channel();
+    let serving_stream = tokio::spawn(async move {
+        for _ in 0..SPLIT_CALLS {
+            let request = server_stream.next().await.unwrap().unwrap();
+            requests.send(request.to_vec()).unwrap();
+        }
+        server_stream
+    });
+    let serving_sink = tokio::spawn(async move {
+        while let Some(request) = taken.recv().await {
+            server_sink.send(request).await.unwrap();
+        }
+        server_sink
+    });
+    let sending = tokio::spawn(async move {
+        for index in 0..SPLIT_CALLS {
+            client_sink.send(request(index)).await.unwrap();
+        }
+        client_sink
+    });
+    let receiving = tokio::spawn(async move {
+        for index in 0..SPLIT_CALLS {
+            let reply = client_stream.next().await.unwrap().unwrap();
+            assert!(reply[..] == request(index)[..], "reply {index}");
+        }
+        assert!(
+            client_stream.next().await.is_none(),
+            "the stream ends at the server's close"
+        );
+        client_stream
+    });
+    let served = async {
+        let stream = serving_stream.await.unwrap();
+        let sink = serving_sink.await.unwrap();
+        drop(stream.reunite(sink).unwrap());
+    };
+    tokio::time::timeout(STALL, served)
+        .await
+        .expect("the server takes every request and replies");
+    let sink = tokio::time::timeout(STALL, sending)
+        .await
+        .expect("the client's sink sends every request")
+        .unwrap();
+    let stream = tokio::time::timeout(STALL, receiving)
+        .await
+        .expect("the client's stream takes every reply and sees the close")
+        .unwrap();
+    drop(stream.reunite(sink).unwrap());
+}
+
+/// Demotion after [`promoted_pair`]: short, so the tests that wait for it are quick.
+const DEMOTE_AFTER: Duration = Duration::from_millis(200);
+
+/// Two connections on [`pairs::demoting_ladder`] promoted both ways, and the bytes the
+/// budget held before the promotions.
+async fn promoted_pair<P: PairProvider>(
+    provider: &P,
+) -> (
+    AsyncConnection<P::Endpoint>,
+    AsyncConnection<P::Endpoint>,
+    u64,
+) {
+    let budget = provider.registrar().budget().clone();
+    let (client, server) = connections(provider, pairs::demoting_ladder(DEMOTE_AFTER));
+    let (mut client, mut server) = (
+        AsyncConnection::new(client).unwrap(),
+        AsyncConnection::new(server).unwrap(),
+    );
+    let at_rest = budget.in_use();
+    let large = patterned(1, 4000);
+    // The first goes in segments while the promotion is asked for; the rest whole.
+    for _ in 0..4 {
+        client.send(&large).await.unwrap();
+        assert!(server.recv().await.unwrap()[..] == large[..]);
+        server.send(&large).await.unwrap();
+        assert!(client.recv().await.unwrap()[..] == large[..]);
+    }
+    assert_eq!(server.stats().send_tier, 1, "promoted");
+    assert_eq!(client.stats().send_tier, 1, "promoted");
+    assert!(budget.in_use() > at_rest, "the larger tier is registered");
+    (client, server, at_rest)
+}
+
+/// Waits until `provider`'s budget is back to `at_rest`, failing after ten seconds
+/// (fifty times the demotion's time).
+async fn back_at_rest<P: PairProvider>(provider: &P, at_rest: u64, what: &str) {
+    let budget = provider.registrar().budget().clone();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while budget.in_use() > at_rest {
+            tokio::time::sleep(DEMOTE_AFTER / 4).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: {} bytes, {at_rest} at rest", budget.in_use()));
+}
+
+/// A connection, given back by its task once its `recv` ends, and what that returned.
+type Awaited<E> = (
+    AsyncConnection<E>,
+    Result<Vec<u8>, std::sync::Arc<ConnectionError>>,
+);
+
+/// A connection's task awaiting `recv` with nothing coming.
+fn awaiting_a_message<E: tierbuf_transport::Endpoint + Unpin + 'static>(
+    mut connection: AsyncConnection<E>,
+) -> tokio::task::JoinHandle<Awaited<E>> {
+    tokio::spawn(async move {
+        let ended = connection.recv().await;
+        (connection, ended.map(|message| message.to_vec()))
+    })
+}
+
+/// Promoted both ways, then each side's task awaiting `recv` with nothing coming: the
+/// connection's timers run inside the pending receive, so each side demotes its send
+/// direction, the peer's pending receive answers, and every registered byte of the
+/// larger tier goes back.
+async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server, at_rest) = promoted_pair(&provider).await;
+    let (client, server) = (awaiting_a_message(client), awaiting_a_message(server));
+    back_at_rest(&provider, at_rest, "both sides await a message").await;
+    // The client's close ends the server's receive.
+    client.abort();
+    let (server, ended) = server.await.unwrap();
+    assert!(
+        ended.is_err_and(|failure| matches!(*failure, ConnectionError::PeerClosed)),
+        "the client closed"
+    );
+    assert_eq!(server.stats().send_tier, 0, "demoted");
+}
+
+/// Promoted both ways, then the client left alone, no task polling it, while the
+/// server's task awaits a request: the client's driver demotes its send direction and
+/// answers the server's demotion, so both sides give back the larger tier. (Before the
+/// driver, the client kept both directions' larger tier for good.)
+async fn an_unpolled_connection_demotes_while_its_peer_awaits_a_message<P: PairProvider>() {
+    let provider = P::make();
+    let (mut client, server, at_rest) = promoted_pair(&provider).await;
+    let server = awaiting_a_message(server);
+    back_at_rest(
+        &provider,
+        at_rest,
+        "the client unpolled, the server awaiting",
+    )
+    .await;
+    assert_eq!(client.stats().send_tier, 0, "demoted");
+    // Still a connection: its user takes it up again.
+    client.send(b"again").await.unwrap();
+    drop(client);
+    let (_server, request) = server.await.unwrap();
+    assert_eq!(request.unwrap(), b"again");
+}
+
+/// As [`an_unpolled_connection_demotes_while_its_peer_awaits_a_message`], the client's
+/// last call a `recv` given up at a timeout: the wait it left is no longer the user's,
+/// so the client's driver takes the connection over.
+async fn a_receive_given_up_leaves_the_connection_to_its_driver<P: PairProvider>() {
+    let provider = P::make();
+    let (mut client, server, at_rest) = promoted_pair(&provider).await;
+    let server = awaiting_a_message(server);
+    let given_up = tokio::time::timeout(DEMOTE_AFTER / 10, client.recv()).await;
+    assert!(given_up.is_err(), "nothing was sent");
+    back_at_rest(&provider, at_rest, "the client's receive given up").await;
+    drop(client);
+    let (_server, ended) = server.await.unwrap();
+    assert!(ended.is_err(), "the client closed");
+}
+
+/// Promoted both ways, then neither side polled by any task: both drivers demote.
+async fn connections_no_task_polls_demote<P: PairProvider>() {
+    let provider = P::make();
+    let (client, server, at_rest) = promoted_pair(&provider).await;
+    back_at_rest(&provider, at_rest, "neither side polled").await;
+    assert_eq!(client.stats().send_tier, 0, "demoted");
+    assert_eq!(server.stats().send_tier, 0, "demoted");
+}
+
+/// `send_gather` sends its parts as one message, whatever their number and lengths: a
+/// header and a body, parts past the top tier together (segmented), many small parts,
+/// empty ones among them; and it goes behind what the sink still holds.
+async fn a_gather_send_is_one_message<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "rpc");
+    let body = patterned(2, 3000);
+    let large = patterned(3, 50_000);
+    let small: Vec<Vec<u8>> = (0..40).map(|index| patterned(index, index % 7)).collect();
+    let gathers: Vec<Vec<&[u8]>> = vec![
+        vec![b"header:", &body],
+        vec![&large, &large, b"", &body],
+        small.iter().map(Vec::as_slice).collect(),
+        vec![b"", b""],
+    ];
+    let receiving = tokio::spawn(async move {
+        let mut received = Vec::new();
+        for _ in 0..5 {
+            received.push(receiver.recv().await.unwrap().to_vec());
+        }
+        received
+    });
+    sender.feed(b"first".to_vec()).await.unwrap();
+    for parts in &gathers {
+        let slices: Vec<IoSlice<'_>> = parts.iter().map(|part| IoSlice::new(part)).collect();
+        sender.send_gather(&slices).await.unwrap();
+    }
+    let received = receiving.await.unwrap();
+    assert_eq!(received[0], b"first", "the sink's message goes first");
+    for (index, parts) in gathers.iter().enumerate() {
+        assert!(
+            received[index + 1] == parts.concat(),
+            "gather {index} as one message"
+        );
+    }
+}
+
+/// An async connection's and a byte stream's counters are read through a shared
+/// reference, as from a task that holds them behind an `Arc`.
+async fn stats_are_read_through_a_shared_reference<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "rpc");
+    sender.send(b"counted").await.unwrap();
+    assert_eq!(&receiver.recv().await.unwrap()[..], b"counted");
+    let shared = std::sync::Arc::new(sender);
+    assert_eq!(shared.stats().messages_sent, 1);
+    let (a, b) = connections(&provider, preset("rpc"));
+    let (mut writer, mut reader) = (ByteStream::new(a).unwrap(), ByteStream::new(b).unwrap());
+    writer.write_all(b"counted").await.unwrap();
+    let mut read = [0u8; 7];
+    reader.read_exact(&mut read).await.unwrap();
+    let (writer, reader) = (&writer, &reader);
+    assert_eq!(writer.stats().bytes_sent, 7);
+    assert_eq!(reader.stats().bytes_received, 7);
+}
+
 on_each_provider!(
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
@@ -390,6 +646,13 @@ on_each_provider!(
     one_task_reads_and_writes_with_four_in_flight,
     batches_arrive_message_by_message,
     the_sink_packs_what_waits_for_credit,
+    sink_and_stream_halves_in_tasks_of_their_own,
+    a_pending_receive_demotes_at_its_timer,
+    an_unpolled_connection_demotes_while_its_peer_awaits_a_message,
+    connections_no_task_polls_demote,
+    a_receive_given_up_leaves_the_connection_to_its_driver,
+    a_gather_send_is_one_message,
+    stats_are_read_through_a_shared_reference,
 );
 
 #[test]

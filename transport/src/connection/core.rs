@@ -425,6 +425,12 @@ impl ConnectionCore {
         self.tiers.send_tier()
     }
 
+    /// Whether either direction is on a tier above the smallest: whether this side holds
+    /// registered memory that demotions would give back.
+    pub(super) fn above_smallest_tier(&self) -> bool {
+        self.tiers.send_tier().get() > 0 || self.tiers.recv_tier().get() > 0
+    }
+
     /// Whether a segmented message taken on still has bytes to post.
     pub(super) fn has_unsent_message(&self) -> bool {
         self.outbox.is_some()

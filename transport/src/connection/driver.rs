@@ -1048,6 +1048,12 @@ impl<E: Endpoint> Connection<E> {
         self.core.poll_timeout()
     }
 
+    /// Whether either direction is on a tier above the smallest.
+    #[cfg(feature = "tokio")]
+    pub(super) fn above_smallest_tier(&self) -> bool {
+        self.core.above_smallest_tier()
+    }
+
     /// Counters and state of this side.
     pub fn stats(&self) -> ConnectionStats {
         self.core.stats()

@@ -37,7 +37,7 @@ mod tokio;
 mod wait;
 
 #[cfg(all(feature = "tokio", not(loom)))]
-pub use self::tokio::AsyncConnection;
+pub use self::tokio::{AsyncConnection, AsyncConnectionGuard};
 pub use config::ConnectionConfig;
 pub use core::{ConnectionCore, ConnectionStats, CopiedFrame, WorkRequest};
 pub use driver::{Connection, SendBuffer};

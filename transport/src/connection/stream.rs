@@ -25,25 +25,25 @@
 //!   close ([`ConnectionError::PeerClosed`]), after every byte sent before it; once it
 //!   has come, no message is read again. Any other failure of the connection is an
 //!   [`io::Error`] whose inner error is the connection's.
-//! - Every poll records its task's waker (as the reader or as the writer) and polls the
-//!   connection with the stream's own waker, which wakes both: the halves of
-//!   `tokio::io::split` may be polled from two tasks, and whichever one leaves the
-//!   endpoint armed ([`AsyncConnection`]'s invariants), the wake reaches both. Each poll
-//!   goes through one [`AsyncConnection`] call, so its invariants hold as they are.
+//! - Each poll goes through one [`AsyncConnection`] call, a read through a receive and a
+//!   write, flush or shutdown through a send, so its invariants hold as they are: the
+//!   halves of `tokio::io::split` may be polled from two tasks, and the connection keeps
+//!   the wakes of both.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Wake, Waker, ready};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
+use super::core::ConnectionStats;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
-use super::tokio::AsyncConnection;
+use super::tokio::{AsyncConnection, AsyncConnectionGuard};
 use crate::provider::Endpoint;
 
 /// A byte stream over a connection: tokio's [`AsyncRead`], [`AsyncBufRead`] and
@@ -129,48 +129,6 @@ pub struct ByteStream<E: Endpoint> {
     /// The longest message a write makes: the top tier's whole message, or the
     /// connection's longest message if that is shorter.
     longest_write: usize,
-    /// The reader's and the writer's wakers, and the waker that wakes both, which every
-    /// poll of the connection is given (module invariants).
-    tasks: Arc<Tasks>,
-    waker: Waker,
-}
-
-/// The tasks waiting on a stream: the reader's and the writer's.
-#[derive(Debug, Default)]
-struct Tasks {
-    wakers: Mutex<[Option<Waker>; 2]>,
-}
-
-/// Which of a stream's tasks a poll is for.
-#[derive(Debug, Clone, Copy)]
-enum Side {
-    Read = 0,
-    Write = 1,
-}
-
-impl Tasks {
-    /// Records `waker` as `side`'s.
-    fn register(&self, side: Side, waker: &Waker) {
-        let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut wakers[side as usize] {
-            Some(kept) if kept.will_wake(waker) => {}
-            slot => *slot = Some(waker.clone()),
-        }
-    }
-}
-
-impl Wake for Tasks {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        let taken =
-            std::mem::take(&mut *self.wakers.lock().unwrap_or_else(PoisonError::into_inner));
-        for waker in taken.into_iter().flatten() {
-            waker.wake();
-        }
-    }
 }
 
 impl<E: Endpoint + Unpin> ByteStream<E> {
@@ -183,25 +141,32 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
     /// # Panics
     ///
     /// Outside a tokio runtime with IO enabled, as [`AsyncConnection::new`].
-    pub fn new(connection: Connection<E>) -> io::Result<ByteStream<E>> {
+    pub fn new(connection: Connection<E>) -> io::Result<ByteStream<E>>
+    where
+        E: 'static,
+    {
         let config = connection.config();
         let top = config.capacity().whole(config.ladder().top());
         let max = usize::try_from(config.max_message_len()).unwrap_or(usize::MAX);
         let longest_write = top.map_or(max, |top| top.min(max)).max(1);
-        let tasks = Arc::new(Tasks::default());
         Ok(ByteStream {
             connection: AsyncConnection::new(connection)?,
             reading: None,
             ended: false,
             shutdown: Shutdown::Writing,
             longest_write,
-            waker: Waker::from(Arc::clone(&tasks)),
-            tasks,
         })
     }
 
-    /// The connection, for its stats and state.
-    pub fn get_mut(&mut self) -> &mut Connection<E> {
+    /// Counters and state of the connection under the stream ([`Connection::stats`]),
+    /// through a shared reference.
+    pub fn stats(&self) -> ConnectionStats {
+        self.connection.stats()
+    }
+
+    /// The connection, for its state and non-blocking calls
+    /// ([`AsyncConnection::get_mut`]).
+    pub fn get_mut(&mut self) -> AsyncConnectionGuard<'_, E> {
         self.connection.get_mut()
     }
 
@@ -215,9 +180,7 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
             }
             // A message read to its end (or empty) gives its receive slot back.
             self.reading = None;
-            self.tasks.register(Side::Read, cx.waker());
-            let mut context = Context::from_waker(&self.waker);
-            match ready!(Pin::new(&mut self.connection).poll_next(&mut context)) {
+            match ready!(Pin::new(&mut self.connection).poll_next(cx)) {
                 // The peer's shutdown (module invariants).
                 Some(Ok(message)) if message.is_empty() => self.ended = true,
                 Some(Ok(message)) => self.reading = Some((message, 0)),
@@ -244,10 +207,8 @@ impl<E: Endpoint + Unpin> ByteStream<E> {
     /// Polls everything written until it has been posted and has completed. A peer that
     /// closed after every byte written reached it leaves nothing unflushed.
     fn poll_flushed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.tasks.register(Side::Write, cx.waker());
-        let mut context = Context::from_waker(&self.waker);
         let connection = Pin::new(&mut self.connection);
-        match ready!(Sink::<&[u8]>::poll_flush(connection, &mut context)) {
+        match ready!(Sink::<&[u8]>::poll_flush(connection, cx)) {
             Err(failure)
                 if matches!(*failure, ConnectionError::PeerClosed)
                     && self.connection.get_mut().is_flushed() =>
@@ -331,10 +292,8 @@ impl<E: Endpoint + Unpin> AsyncWrite for ByteStream<E> {
                 .count();
             &bufs[..fitting]
         };
-        this.tasks.register(Side::Write, cx.waker());
-        let mut context = Context::from_waker(&this.waker);
         this.connection
-            .poll_try_send(&mut context, offered)
+            .poll_try_send(cx, offered)
             .map_err(|error| match error {
                 SendError::Failed(failure) => io_error(failure),
                 other => io::Error::new(io::ErrorKind::InvalidInput, other),
@@ -358,9 +317,7 @@ impl<E: Endpoint + Unpin> AsyncWrite for ByteStream<E> {
                     this.shutdown = Shutdown::Telling;
                 }
                 Shutdown::Telling => {
-                    this.tasks.register(Side::Write, cx.waker());
-                    let mut context = Context::from_waker(&this.waker);
-                    let told = ready!(this.connection.poll_send_empty(&mut context));
+                    let told = ready!(this.connection.poll_send_empty(cx));
                     // Refused or not, nothing more is written.
                     this.shutdown = Shutdown::Told;
                     match told {

@@ -1,8 +1,37 @@
 //! [`AsyncConnection`]: a [`Connection`] for tokio tasks (feature `tokio`), woken by its
-//! endpoint rather than polled: an idle connection costs its task nothing.
+//! endpoint rather than polled: an idle connection costs its task nothing. A task of its
+//! own, the driver, runs its timers and answers its peer while no call of the user's
+//! waits on it, so a connection nobody polls still demotes.
 //!
 //! # Invariants
 //!
+//! - The connection and the state of its waits are shared by the user's handle and the
+//!   driver (spawned by [`AsyncConnection::new`], holding them weakly, ending once they
+//!   are dropped or taken back), behind one lock. Every call of the user's holds it while
+//!   it is polled, and so does [`AsyncConnection::get_mut`]'s guard; the driver only
+//!   tries it, and looks again a polling sleep later if a call has it.
+//! - The driver makes the progress a call would (its look: [`State::drive`], which arms
+//!   the connection as a call's wait does). It looks when a sleep until its plan ends:
+//!   the plan, made at each look, is the connection's next timer and, while a tier above
+//!   the smallest is held, a look `demote_after` later (in case a call of the user's
+//!   left the connection unarmed) or, over an endpoint that cannot wake anybody, a
+//!   polling sleep later. A call of the user's wakes it where it planned nothing and the
+//!   connection now has a timer or a larger tier ([`Tasks::driver_at`]): a promotion
+//!   made in a call reaches it that way. A look that finds no call of the user's
+//!   waiting *engages* the driver: from then on the connection's events and timer wake
+//!   it too, through the waker every call polls with, until a call of the user's is
+//!   polled. So a connection nobody polls demotes its send direction when that falls
+//!   due and answers its peer's demotion, and one in use costs the driver a look per
+//!   plan, not a wake per event: between two calls of a request and its reply the
+//!   driver is not engaged.
+//! - The driver takes nothing once a message waits for the user: unread messages keep
+//!   their receive slots, so the peer stops for want of credit as it would with no
+//!   driver, rather than this side reassembling what it sends into memory without
+//!   bound. It is woken again by the call that reads the last of them. A waiting call of
+//!   the user's is woken whenever the driver's progress may have taken its event.
+//! - A call of the user's left `Pending` and never polled again (a `recv` given up at a
+//!   timeout) still counts as waiting: the driver's looks then make the progress at its
+//!   plan without engaging it (test: `a_receive_given_up_leaves_the_connection_to_its_driver`).
 //! - A task is left pending only after [`Endpoint::arm`] said [`Armed::Parked`] and the
 //!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
 //!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
@@ -28,6 +57,15 @@
 //!   Arming then would sleep on an event already taken; the task is woken instead, to poll
 //!   the pending call again. A receive or a send left pending counts until a call of its
 //!   own kind is polled again.
+//! - The receives and the sends may be polled from two tasks (the halves of
+//!   `StreamExt::split`, or a [`ByteStream`](super::ByteStream)'s in `tokio::io::split`).
+//!   Every call records its task as the receiver's or the sender's and polls the
+//!   connection with one waker that wakes both, so whichever task arms the endpoint, a
+//!   sleep, or the timer last, the wake reaches the other too; the task's own waker
+//!   would replace the other's. And a call that returns `Pending` after its progress took
+//!   what a pending call of the other kind waits for (a receive that took a credit, a
+//!   send that took a message) wakes it: its wake was spent on the task that took it,
+//!   and the other would wait for the connection's next event or timer.
 //! - Before it arms, a task that found nothing yields (`Pending`, woken at once) for up
 //!   to [`SPIN`] since the first such look of its wait: an answer that comes that soon is
 //!   taken without a wake through the reactor (a system call on each side), as the
@@ -45,23 +83,26 @@
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
 //!   ([`ConnectionError::AbandonedMidMessage`]), and one dropped before withdraws it.
+//!   [`AsyncConnection::send_gather`] offers its message whole each time, so its future
+//!   has nothing begun to drop.
 //! - The sink takes a message at once when it can post it; while earlier ones wait for
 //!   credit it keeps a copy behind them, up to [`Sinking::MAX_MESSAGES`] messages or
 //!   [`Sinking::MAX_BYTES`] bytes, and `poll_ready` waits past that. What it keeps is
 //!   posted oldest first: a front that was offered already as `send` offers it (the core
 //!   may hold it as a message begun), the rest with one `try_send_batch`, so small
 //!   messages that waited together share packed frames. `poll_flush`, `poll_close`, and
-//!   every send call ([`AsyncConnection::send`], [`AsyncConnection::send_batch`], the byte
-//!   stream's writes) post all of it first, so messages leave in the order they were
-//!   given.
+//!   every send call ([`AsyncConnection::send`], [`AsyncConnection::send_gather`],
+//!   [`AsyncConnection::send_batch`], the byte stream's writes) post all of it first, so
+//!   messages leave in the order they were given.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::task::{Context, Poll, ready};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak};
+use std::task::{Context, Poll, Wake, Waker, ready};
 use std::time::{Duration, Instant};
 
 use futures_core::Stream;
@@ -70,6 +111,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Sleep;
 
+use super::core::ConnectionStats;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError};
 use super::receive::Message;
@@ -123,6 +165,20 @@ use crate::provider::{Armed, Endpoint, Readiness};
 /// ```
 #[derive(Debug)]
 pub struct AsyncConnection<E: Endpoint> {
+    shared: Arc<Shared<E>>,
+}
+
+/// What an [`AsyncConnection`] shares with its driver (module invariants).
+#[derive(Debug)]
+struct Shared<E: Endpoint> {
+    /// The connection and its waits; `None` once taken back or dropped.
+    state: Mutex<Option<State<E>>>,
+    tasks: Arc<Tasks>,
+}
+
+/// An [`AsyncConnection`]'s connection and its waits.
+#[derive(Debug)]
+struct State<E: Endpoint> {
     connection: Connection<E>,
     /// A duplicate of the endpoint's wake descriptor in tokio's reactor, if it has one.
     descriptor: Option<AsyncFd<OwnedFd>>,
@@ -151,7 +207,93 @@ pub struct AsyncConnection<E: Endpoint> {
     /// Whether a send, the sink's readiness or a flush returned `Pending` and none of
     /// these has been polled since.
     send_waits: bool,
+    /// The tasks that last polled a receive and a send, and the waker that wakes them
+    /// (and the driver), which every call polls the connection with (module invariants).
+    tasks: Arc<Tasks>,
+    waker: Waker,
+    /// What `tasks` holds, read without its lock: a call whose task is the one recorded
+    /// for its kind already takes no lock.
+    registered: [Option<Waker>; 2],
 }
+
+/// The tasks waiting on a connection: the one that last polled a receive, the one that
+/// last polled a send (the same task, unless the connection was split), and its driver.
+/// A wake wakes the first two and keeps them, so recording a task again costs nothing;
+/// it wakes the driver only while the driver is engaged.
+#[derive(Debug)]
+struct Tasks {
+    wakers: Mutex<[Option<Waker>; 3]>,
+    /// Whether the driver took the connection over, finding no call of the user's
+    /// waiting at a look, and no call of the user's has been polled since (module
+    /// invariants).
+    engaged: AtomicBool,
+    /// When the driver plans to look at the connection unwoken ([`clock_nanos`], or
+    /// [`Look::NEVER`] or [`Look::AFTER_READ`]; module invariants).
+    driver_at: AtomicU64,
+}
+
+impl Default for Tasks {
+    fn default() -> Tasks {
+        Tasks {
+            wakers: Mutex::default(),
+            engaged: AtomicBool::new(false),
+            driver_at: AtomicU64::new(Look::NEVER),
+        }
+    }
+}
+
+/// The driver's place in [`Tasks::wakers`], after the calls' ([`Call`]).
+const DRIVER: usize = 2;
+
+impl Tasks {
+    /// Records `waker` at `index`, if another is there.
+    fn register(&self, index: usize, waker: &Waker) {
+        let mut wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut wakers[index] {
+            Some(kept) if kept.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+    }
+
+    /// Wakes the driver, whatever the user's calls do: to find the connection gone.
+    fn wake_driver(&self) {
+        let driver = self.wakers.lock().unwrap_or_else(PoisonError::into_inner)[DRIVER].clone();
+        if let Some(driver) = driver {
+            driver.wake();
+        }
+    }
+}
+
+impl Wake for Tasks {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Woken outside the lock: a waker may run code that records a task again. The
+        // sender is the receiver unless the connection was split: one clone then.
+        let [recv, send, driver] = {
+            let wakers = self.wakers.lock().unwrap_or_else(PoisonError::into_inner);
+            let [recv, send, driver] = &*wakers;
+            let send = match (recv, send) {
+                (Some(recv), Some(send)) if recv.will_wake(send) => None,
+                (_, send) => send.clone(),
+            };
+            let driver = driver
+                .as_ref()
+                .filter(|_| self.engaged.load(Ordering::Acquire))
+                .cloned();
+            [recv.clone(), send, driver]
+        };
+        for waker in [recv, send, driver].into_iter().flatten() {
+            waker.wake();
+        }
+    }
+}
+
+/// Looks the driver makes at a connection that has work each time, before it looks
+/// again after a polling sleep.
+const DRIVER_PASSES: usize = 4;
 
 /// How long a task yields, looking for an event, before it arms the endpoint and parks
 /// (module invariants): about a round trip of a small RPC between two processes.
@@ -160,34 +302,39 @@ const SPIN: Duration = Duration::from_micros(50);
 /// The process's one spin at a time (module invariants; `spin_claim` has the protocol).
 static SPIN_WORD: SpinWord = SpinWord::new();
 
-/// The nanoseconds since the first look at the clock of the process's spins, on which
-/// [`SPIN_WORD`] counts (never 0, which means no claim).
-fn spin_nanos(at: Instant) -> u64 {
+/// The nanoseconds of `at` since this module first looked at the clock, on which
+/// [`SPIN_WORD`] and [`Tasks::driver_at`] count (never 0, which means no claim to the
+/// spin).
+fn clock_nanos(at: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let since = at.saturating_duration_since(*EPOCH.get_or_init(Instant::now));
     u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
-/// Whose wait [`AsyncConnection::poll_wake`] serves.
+/// Whose wait [`State::poll_wake`] serves.
 #[derive(Clone, Copy)]
 enum Wait {
     /// The wait of the call being polled.
     Call,
     /// An earlier call's, left pending, whose wake is armed again.
     Rearm,
+    /// The driver's, for the user (module invariants): no spin; work that arming finds
+    /// and an endpoint that cannot wake anybody are the driver's to look at again.
+    Drive,
 }
 
 /// The kinds of call an [`AsyncConnection`] may leave pending (module invariants).
 #[derive(Clone, Copy)]
 enum Call {
     /// A receive: waits for a message.
-    Recv,
+    Recv = 0,
     /// A send, the sink's readiness or a flush: waits for room, credit or completions.
-    Send,
+    Send = 1,
 }
 
-impl<E: Endpoint> AsyncConnection<E> {
-    /// Drives `connection` from tokio tasks.
+impl<E: Endpoint + 'static> AsyncConnection<E> {
+    /// Drives `connection` from tokio tasks, and from a task of its own while no call of
+    /// theirs waits on it (module invariants).
     ///
     /// # Errors
     ///
@@ -210,7 +357,11 @@ impl<E: Endpoint> AsyncConnection<E> {
             }
             _ => None,
         };
-        Ok(AsyncConnection {
+        let tasks = Arc::new(Tasks::default());
+        let state = State {
+            waker: Waker::from(Arc::clone(&tasks)),
+            tasks: Arc::clone(&tasks),
+            registered: [None, None],
             connection,
             descriptor,
             armed: false,
@@ -224,7 +375,49 @@ impl<E: Endpoint> AsyncConnection<E> {
             spin_claim: None,
             recv_waits: false,
             send_waits: false,
-        })
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Some(state)),
+            tasks,
+        });
+        tokio::spawn(Driver {
+            shared: Arc::downgrade(&shared),
+            sleep: None,
+        });
+        Ok(AsyncConnection { shared })
+    }
+}
+
+impl<E: Endpoint> AsyncConnection<E> {
+    /// Runs `f` on the state, locked: the driver waits meanwhile (module invariants).
+    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> T {
+        let mut state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        f(state.as_mut().expect(TAKEN_AT_THE_END))
+    }
+
+    /// Takes the state out, ending the driver (module invariants).
+    fn take(&self) -> Option<State<E>> {
+        let state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.shared.tasks.wake_driver();
+        state
+    }
+
+    /// Polls a call of kind `call` until it is ready, locking the state for each poll.
+    async fn waiting<T>(
+        &self,
+        call: Call,
+        mut poll: impl FnMut(&mut State<E>, &mut Context<'_>) -> Poll<T>,
+    ) -> T {
+        poll_fn(|cx| self.with(|state| state.keeping_armed(cx, call, &mut poll))).await
     }
 
     /// Sets how long a wait may spin before the task parks (50 µs unless set; the
@@ -250,25 +443,41 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// # }
     /// ```
     pub fn set_spin(&mut self, spin: Duration) {
-        self.spin = spin;
+        self.with(|state| state.spin = spin);
     }
 
     /// How long a wait may spin before the task parks ([`AsyncConnection::set_spin`]).
     pub fn spin(&self) -> Duration {
-        self.spin
+        self.with(|state| state.spin)
     }
 
-    /// The connection, for its stats and non-blocking calls. A message sent through it
-    /// goes ahead of any the sink still holds: flush the sink first to keep their order.
-    pub fn get_mut(&mut self) -> &mut Connection<E> {
-        &mut self.connection
+    /// Counters and state of this side ([`Connection::stats`]), through a shared
+    /// reference: a task that holds the connection elsewhere (in a `Mutex`, an `Arc`
+    /// with the halves of a split) can read them.
+    pub fn stats(&self) -> ConnectionStats {
+        self.with(|state| state.connection.stats())
     }
 
-    /// The connection back, leaving tokio. What the sink took and has not posted is
-    /// dropped with it, as a `Sink` may drop what was never flushed: flush first.
-    pub fn into_inner(mut self) -> Connection<E> {
-        self.disarm();
-        self.connection
+    /// The connection, for its non-blocking calls; the driver waits while it is held. A
+    /// message sent through it goes ahead of any the sink still holds: flush the sink
+    /// first to keep their order.
+    pub fn get_mut(&mut self) -> AsyncConnectionGuard<'_, E> {
+        AsyncConnectionGuard {
+            state: self
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// The connection back, leaving tokio (its driver ends). What the sink took and has
+    /// not posted is dropped with it, as a `Sink` may drop what was never flushed: flush
+    /// first.
+    pub fn into_inner(self) -> Connection<E> {
+        let mut state = self.take().expect(TAKEN_AT_THE_END);
+        state.disarm();
+        state.connection
     }
 
     /// Sends `message` whole (segmented or through a promotion if it needs one), waiting
@@ -281,7 +490,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     pub async fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
         // What the sink took goes first (module invariants), before this message is
         // offered: a drop while it waits has nothing of this message to abandon.
-        poll_fn(|cx| self.keeping_armed(cx, Call::Send, Self::poll_sinking))
+        self.waiting(Call::Send, State::poll_sinking)
             .await
             .map_err(SendError::Failed)?;
         let mut sending = Sending {
@@ -289,15 +498,45 @@ impl<E: Endpoint> AsyncConnection<E> {
             len: message.len(),
             offset: 0,
         };
-        poll_fn(|cx| {
-            let Sending {
-                connection, offset, ..
-            } = &mut sending;
-            connection.keeping_armed(cx, Call::Send, |connection, cx| {
-                connection.poll_send(cx, message, offset)
+        let connection = sending.connection;
+        connection
+            .waiting(Call::Send, |state, cx| {
+                state.poll_send(cx, message, &mut sending.offset)
             })
-        })
-        .await
+            .await
+    }
+
+    /// Sends `parts` as one message, whatever their number and lengths (segmented, or
+    /// through a promotion, if it needs one), waiting for credits and tiers without
+    /// blocking the thread; the peer receives their bytes together. The message is taken
+    /// whole or not at all ([`Connection::try_send_gather`]: it is copied if it must be
+    /// segmented), so dropping the future leaves nothing half-sent.
+    ///
+    /// ```
+    /// use std::io::IoSlice;
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::AsyncConnection;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("gathered")?;
+    /// let mut a = AsyncConnection::new(node.connect("gathered")?)?;
+    /// let mut b = AsyncConnection::new(listener.accept()?)?;
+    /// let body = vec![7u8; 3000];
+    /// a.send_gather(&[IoSlice::new(b"header:"), IoSlice::new(&body)]).await?;
+    /// let message = b.recv().await?;
+    /// assert_eq!(message.len(), 3007);
+    /// assert_eq!(&message[..7], b"header:");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::send_gather`].
+    pub async fn send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
+        self.waiting(Call::Send, |state, cx| state.poll_send_gather(cx, parts))
+            .await
     }
 
     /// Sends every one of `messages`, each as a message of its own, waiting for credits
@@ -310,12 +549,10 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::send_batch`].
     pub async fn send_batch(&mut self, messages: &[&[u8]]) -> Result<(), SendError> {
-        self.connection.check_batch_lengths(messages)?;
+        self.with(|state| state.connection.check_batch_lengths(messages))?;
         let mut sent = 0;
-        poll_fn(|cx| {
-            self.keeping_armed(cx, Call::Send, |connection, cx| {
-                connection.poll_send_batch(cx, messages, &mut sent)
-            })
+        self.waiting(Call::Send, |state, cx| {
+            state.poll_send_batch(cx, messages, &mut sent)
         })
         .await
     }
@@ -327,7 +564,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// As [`Connection::recv`]: the connection's failure, after every message delivered
     /// before it.
     pub async fn recv(&mut self) -> Result<Message, Arc<ConnectionError>> {
-        poll_fn(|cx| self.keeping_armed(cx, Call::Recv, Self::poll_recv)).await
+        self.waiting(Call::Recv, State::poll_recv).await
     }
 
     /// Waits until everything taken has been posted and every send has completed.
@@ -336,7 +573,7 @@ impl<E: Endpoint> AsyncConnection<E> {
     ///
     /// As [`Connection::flush`].
     pub async fn flush(&mut self) -> Result<(), Arc<ConnectionError>> {
-        poll_fn(|cx| self.keeping_armed(cx, Call::Send, Self::poll_flushed)).await
+        self.waiting(Call::Send, State::poll_flushed).await
     }
 
     /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
@@ -345,6 +582,60 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// nothing can be taken (no credit or send slot, or a segmented message holds the
     /// send order).
     pub(super) fn poll_try_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<Result<usize, SendError>> {
+        self.with(|state| state.poll_try_send(cx, parts))
+    }
+
+    /// Sends an empty message, after the rest of anything the sink took, as
+    /// [`AsyncConnection::send`] does; `Ready` once the connection has taken it (there is
+    /// nothing of it to take in parts, so nothing to resume).
+    pub(super) fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+        self.with(|state| state.poll_send_empty(cx))
+    }
+}
+
+/// The connection under an [`AsyncConnection`], lent by [`AsyncConnection::get_mut`]: its
+/// driver waits while this is held.
+#[derive(Debug)]
+pub struct AsyncConnectionGuard<'a, E: Endpoint> {
+    state: MutexGuard<'a, Option<State<E>>>,
+}
+
+impl<E: Endpoint> std::ops::Deref for AsyncConnectionGuard<'_, E> {
+    type Target = Connection<E>;
+
+    fn deref(&self) -> &Connection<E> {
+        &self.state.as_ref().expect(TAKEN_AT_THE_END).connection
+    }
+}
+
+impl<E: Endpoint> std::ops::DerefMut for AsyncConnectionGuard<'_, E> {
+    fn deref_mut(&mut self) -> &mut Connection<E> {
+        &mut self.state.as_mut().expect(TAKEN_AT_THE_END).connection
+    }
+}
+
+/// Why the state is there whenever a user's call runs.
+const TAKEN_AT_THE_END: &str =
+    "the state is taken only by `into_inner` and by the drop, which end the connection";
+
+impl<E: Endpoint> Drop for AsyncConnection<E> {
+    fn drop(&mut self) {
+        // Dropped outside the lock, the connection closes; the driver wakes and ends.
+        drop(self.take());
+    }
+}
+
+impl<E: Endpoint> State<E> {
+    /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
+    /// the rest of anything the sink took: `Ready` with the bytes of the leading elements
+    /// taken as one message (at least one byte of a vector that has any), `Pending` while
+    /// nothing can be taken (no credit or send slot, or a segmented message holds the
+    /// send order).
+    fn poll_try_send(
         &mut self,
         cx: &mut Context<'_>,
         parts: &[IoSlice<'_>],
@@ -361,16 +652,24 @@ impl<E: Endpoint> AsyncConnection<E> {
         })
     }
 
-    /// Runs `poll`, a call of kind `call`, and if it is ready after finding the endpoint
-    /// armed, keeps the wake an earlier `Pending` is owed (module invariants): wakes the
-    /// task if `poll` took what a call left pending waits for, else arms the endpoint
-    /// again.
+    /// Runs `poll`, a call of kind `call`, with the waker of both of the connection's
+    /// tasks, having recorded the caller's task as `call`'s (module invariants). Then
+    /// keeps the wake a call of the other kind left pending is owed: wakes it if `poll`
+    /// took what it waits for; else, if `poll` is ready after finding the endpoint
+    /// armed, arms the endpoint again.
     fn keeping_armed<T>(
         &mut self,
         cx: &mut Context<'_>,
         call: Call,
         poll: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
+        self.register(call, cx.waker());
+        // A call of the user's takes the connection back from the driver.
+        if self.tasks.engaged.load(Ordering::Relaxed) {
+            self.tasks.engaged.store(false, Ordering::Relaxed);
+        }
+        let waker = self.waker.clone();
+        let cx = &mut Context::from_waker(&waker);
         let was_armed = self.armed;
         let progress_made = self.connection.progress_made();
         let waits = match call {
@@ -379,24 +678,125 @@ impl<E: Endpoint> AsyncConnection<E> {
         };
         *waits = false;
         let polled = poll(self, cx);
-        if polled.is_ready() {
-            self.end_wait();
-        }
+        let progressed = self.connection.progress_made() != progress_made;
+        // What `poll` took that a pending call of the other kind waits for: a message
+        // for a receive, a credit or completion (any progress) for a send.
+        let taken = match call {
+            Call::Send => self.recv_waits && self.connection.has_delivered(),
+            Call::Recv => self.send_waits && progressed,
+        };
         if polled.is_pending() {
             match call {
                 Call::Recv => self.recv_waits = true,
                 Call::Send => self.send_waits = true,
             }
-        } else if was_armed {
-            let taken = (self.recv_waits && self.connection.has_delivered())
-                || (self.send_waits && self.connection.progress_made() != progress_made);
-            if taken {
+            // The other call may be another task's, which this one's progress took the
+            // event from without a wake: it would wait for the next one.
+            if taken && progressed {
                 cx.waker().wake_by_ref();
-            } else {
-                self.rearm(cx);
+            }
+        } else {
+            self.end_wait();
+            if was_armed {
+                if taken {
+                    cx.waker().wake_by_ref();
+                } else {
+                    self.rearm(cx);
+                }
             }
         }
+        self.plan_driver();
         polled
+    }
+
+    /// Wakes the driver if it plans no look and the connection now needs one (module
+    /// invariants): a timer, or a larger tier held, where it planned nothing; every
+    /// message read, where it stopped for them. A driver with a plan looks by it.
+    fn plan_driver(&self) {
+        let woken = match self.tasks.driver_at.load(Ordering::Relaxed) {
+            Look::AFTER_READ => !self.connection.has_delivered(),
+            Look::NEVER => {
+                self.connection.next_timer().is_some() || self.connection.above_smallest_tier()
+            }
+            // It looks by its plan, and plans anew then.
+            _ => false,
+        };
+        if woken {
+            self.tasks.driver_at.store(Look::SOON, Ordering::Relaxed);
+            self.tasks.wake_driver();
+        }
+    }
+
+    /// The driver's look (module invariants): makes the progress the connection's events
+    /// and timers ask for and leaves it armed with the tasks' waker, so its next event or
+    /// timer wakes the driver again while no call of the user's waits (or that call, if
+    /// one does). Takes nothing more once a message waits for the user. Says when to look
+    /// again unwoken.
+    fn drive(&mut self) -> Look {
+        let waker = self.waker.clone();
+        let cx = &mut Context::from_waker(&waker);
+        let progress_made = self.connection.progress_made();
+        let user_waits = self.recv_waits || self.send_waits;
+        // With no call of the user's waiting, the connection's events and timer wake the
+        // driver from now on, until a call of the user's is polled.
+        self.tasks.engaged.store(!user_waits, Ordering::Release);
+        let mut busy = false;
+        for _ in 0..DRIVER_PASSES {
+            if self.connection.has_delivered() {
+                self.tasks.engaged.store(false, Ordering::Relaxed);
+                if user_waits {
+                    // Its call takes the message, or arms again for what it waits for.
+                    waker.wake_by_ref();
+                }
+                return Look::AfterRead;
+            }
+            self.disarm();
+            busy = self.poll_wake(cx, Wait::Drive).is_ready();
+            if !busy {
+                break;
+            }
+        }
+        if busy {
+            self.disarm();
+        }
+        if user_waits && (busy || self.connection.progress_made() != progress_made) {
+            // A pending call of the user's may have waited for what this progress took,
+            // or for the arm it left undone.
+            waker.wake_by_ref();
+        }
+        let now = Instant::now();
+        if busy {
+            return Look::At(now + Waiter::LONGEST_SLEEP);
+        }
+        let check = if !self.connection.above_smallest_tier() {
+            None
+        } else if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
+            // Nothing wakes it: it is looked at as a blocking wait polls, while it holds
+            // a larger tier.
+            Some(now + Waiter::LONGEST_SLEEP)
+        } else {
+            // Armed, so woken by its events; looked at again in case a call of the
+            // user's disarmed it and returned without arming it again.
+            Some(now + self.connection.config().ladder().policy().demote_after())
+        };
+        match (self.connection.next_timer(), check) {
+            (Some(timer), Some(check)) => Look::At(timer.min(check)),
+            (Some(at), None) | (None, Some(at)) => Look::At(at),
+            (None, None) => Look::Woken,
+        }
+    }
+
+    /// Records `waker` as the task of `call`'s kind (module invariants).
+    fn register(&mut self, call: Call, waker: &Waker) {
+        let kept = &mut self.registered[call as usize];
+        if kept.as_ref().is_some_and(|kept| kept.will_wake(waker)) {
+            return;
+        }
+        *kept = Some(waker.clone());
+        self.tasks
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[call as usize] = Some(waker.clone());
     }
 
     /// Arms the endpoint again after a call that disarmed it returned `Ready`; if there
@@ -437,11 +837,28 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// Sends an empty message, after the rest of anything the sink took, as
     /// [`AsyncConnection::send`] does; `Ready` once the connection has taken it (there is
     /// nothing of it to take in parts, so nothing to resume).
-    pub(super) fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
+    fn poll_send_empty(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SendError>> {
         self.keeping_armed(cx, Call::Send, |this, cx| {
             ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
             this.poll_send(cx, &[], &mut 0)
         })
+    }
+
+    /// Offers `parts` as one message, after everything the sink took, until it is taken.
+    fn poll_send_gather(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<Result<(), SendError>> {
+        ready!(self.poll_sinking(cx)).map_err(SendError::Failed)?;
+        loop {
+            self.disarm();
+            match self.connection.try_send_gather(parts) {
+                Ok(_) => return Poll::Ready(Ok(())),
+                Err(SendError::WouldBlock(_)) => ready!(self.poll_event(cx)),
+                Err(error) => return Poll::Ready(Err(error)),
+            }
+        }
     }
 
     /// Posts `messages` from `sent` on, advancing `sent`.
@@ -542,7 +959,7 @@ impl<E: Endpoint> AsyncConnection<E> {
         self.poll_wake(cx, Wait::Call)
     }
 
-    /// [`AsyncConnection::poll_event`] for a call's wait (`Wait::Call`: it may spin, and
+    /// [`State::poll_event`] for a call's wait (`Wait::Call`: it may spin, and
     /// its start is kept until the call returns), or to arm again for an earlier call's
     /// wait (`Wait::Rearm`: no spin, no wait of its own).
     fn poll_wake(&mut self, cx: &mut Context<'_>, wait: Wait) -> Poll<()> {
@@ -554,7 +971,8 @@ impl<E: Endpoint> AsyncConnection<E> {
             self.polling_sleep = Waiter::FIRST_SLEEP;
             return Poll::Ready(());
         }
-        if self.poll_timer(cx).is_ready() {
+        let driving = matches!(wait, Wait::Drive);
+        if self.poll_timer(cx, !driving).is_ready() {
             return Poll::Ready(());
         }
         if let Wait::Call = wait {
@@ -563,7 +981,7 @@ impl<E: Endpoint> AsyncConnection<E> {
             if self.spin_pays && now.duration_since(since) < self.spin {
                 if self.spin_claim.is_none() {
                     self.spin_claim =
-                        SPIN_WORD.take(spin_nanos(now), spin_nanos(since + self.spin));
+                        SPIN_WORD.take(clock_nanos(now), clock_nanos(since + self.spin));
                 }
                 if self.spin_claim.is_some() {
                     // Yielded as tokio's own `yield_now` does: the task is woken after the
@@ -577,10 +995,16 @@ impl<E: Endpoint> AsyncConnection<E> {
             self.give_up_spin();
         }
         if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
+            if driving {
+                return Poll::Pending;
+            }
             return self.poll_polling_sleep(cx);
         }
         if self.connection.arm(cx.waker()) == Armed::Pending {
             self.connection.disarm();
+            if driving {
+                return Poll::Ready(());
+            }
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
@@ -620,8 +1044,9 @@ impl<E: Endpoint> AsyncConnection<E> {
         Poll::Ready(())
     }
 
-    /// Polls a sleep until the connection's next timer; `Ready` once it is due.
-    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Polls a sleep until the connection's next timer; `Ready` once it is due, having
+    /// woken the task if `wake` (the driver looks again by its own plan).
+    fn poll_timer(&mut self, cx: &mut Context<'_>, wake: bool) -> Poll<()> {
         let Some(at) = self.connection.next_timer() else {
             self.timer = None;
             return Poll::Pending;
@@ -637,7 +1062,9 @@ impl<E: Endpoint> AsyncConnection<E> {
         self.timer = None;
         // As for the polling sleep: a call of this poll left `Pending` on this timer is
         // polled again.
-        cx.waker().wake_by_ref();
+        if wake {
+            cx.waker().wake_by_ref();
+        }
         Poll::Ready(())
     }
 
@@ -666,7 +1093,7 @@ impl<E: Endpoint> AsyncConnection<E> {
 /// A send in progress ([`AsyncConnection::send`]): gives its message up when dropped
 /// unfinished.
 struct Sending<'a, E: Endpoint> {
-    connection: &'a mut AsyncConnection<E>,
+    connection: &'a AsyncConnection<E>,
     len: usize,
     offset: usize,
 }
@@ -675,8 +1102,87 @@ impl<E: Endpoint> Drop for Sending<'_, E> {
     fn drop(&mut self) {
         if self.offset < self.len {
             // Withdrawn, or the connection fails: either way nothing is left half-sent.
-            let _failure = self.connection.connection.abandon_message(self.len);
+            let _failure = self
+                .connection
+                .with(|state| state.connection.abandon_message(self.len));
         }
+    }
+}
+
+/// When the driver looks at a connection again unwoken.
+enum Look {
+    /// At this time.
+    At(Instant),
+    /// Never: only the connection's events and timers wake it.
+    Woken,
+    /// Once the user has read every message delivered.
+    AfterRead,
+}
+
+impl Look {
+    /// [`Tasks::driver_at`] for [`Look::Woken`].
+    const NEVER: u64 = u64::MAX;
+    /// [`Tasks::driver_at`] for [`Look::AfterRead`] ([`clock_nanos`] is never 0).
+    const AFTER_READ: u64 = 0;
+    /// [`Tasks::driver_at`] for a look a call asked for and the driver has not made.
+    const SOON: u64 = 1;
+}
+
+/// The task that drives an [`AsyncConnection`] while no call of the user's waits on it
+/// (module invariants): it holds the connection only weakly, and ends once the
+/// connection is dropped or taken back.
+struct Driver<E: Endpoint> {
+    shared: Weak<Shared<E>>,
+    /// When it looks at the connection again unwoken, and the sleep until then.
+    sleep: Option<(Instant, Pin<Box<Sleep>>)>,
+}
+
+impl<E: Endpoint> Future for Driver<E> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let Some(shared) = this.shared.upgrade() else {
+            return Poll::Ready(());
+        };
+        shared.tasks.register(DRIVER, cx.waker());
+        let look = match shared.state.try_lock() {
+            Ok(mut state) => match state.as_mut() {
+                Some(state) => state.drive(),
+                None => return Poll::Ready(()),
+            },
+            Err(TryLockError::Poisoned(poisoned)) => match poisoned.into_inner().as_mut() {
+                Some(state) => state.drive(),
+                None => return Poll::Ready(()),
+            },
+            // A call of the user's has the connection: look again soon, as it may leave
+            // it unarmed.
+            Err(TryLockError::WouldBlock) => Look::At(Instant::now() + Waiter::LONGEST_SLEEP),
+        };
+        let (planned, at) = match look {
+            Look::At(at) => (clock_nanos(at), Some(at)),
+            Look::Woken => (Look::NEVER, None),
+            Look::AfterRead => (Look::AFTER_READ, None),
+        };
+        shared.tasks.driver_at.store(planned, Ordering::Relaxed);
+        drop(shared);
+        let Some(at) = at else {
+            this.sleep = None;
+            return Poll::Pending;
+        };
+        let sleep = match &mut this.sleep {
+            Some((kept, sleep)) if *kept == at => sleep,
+            slot => {
+                let sleep = Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(at)));
+                &mut slot.insert((at, sleep)).1
+            }
+        };
+        if sleep.as_mut().poll(cx).is_ready() {
+            // Due: looked at in the next poll.
+            this.sleep = None;
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 }
 
@@ -755,8 +1261,10 @@ impl<E: Endpoint + Unpin> Stream for AsyncConnection<E> {
     type Item = Result<Message, Arc<ConnectionError>>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        match ready!(this.keeping_armed(cx, Call::Recv, Self::poll_recv)) {
+        let received = self
+            .get_mut()
+            .with(|state| state.keeping_armed(cx, Call::Recv, State::poll_recv));
+        match ready!(received) {
             Ok(message) => Poll::Ready(Some(Ok(message))),
             Err(error) if matches!(*error, ConnectionError::PeerClosed) => Poll::Ready(None),
             Err(error) => Poll::Ready(Some(Err(error))),
@@ -770,20 +1278,38 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
     type Error = Arc<ConnectionError>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().keeping_armed(cx, Call::Send, |this, cx| {
-            loop {
-                this.disarm();
-                if this.post_sunk().map_err(failure_of)? || this.sinking.has_room() {
-                    return Poll::Ready(Ok(()));
+        self.get_mut().with(|state| {
+            state.keeping_armed(cx, Call::Send, |this, cx| {
+                loop {
+                    this.disarm();
+                    if this.post_sunk().map_err(failure_of)? || this.sinking.has_room() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    ready!(this.poll_event(cx));
                 }
-                ready!(this.poll_event(cx));
-            }
+            })
         })
     }
 
     fn start_send(self: Pin<&mut Self>, item: B) -> Result<(), Self::Error> {
-        let this = self.get_mut();
-        let message = item.as_ref();
+        self.get_mut().with(|state| state.start_send(item.as_ref()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut()
+            .with(|state| state.keeping_armed(cx, Call::Send, State::poll_flushed))
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut()
+            .with(|state| state.keeping_armed(cx, Call::Send, State::poll_flushed))
+    }
+}
+
+impl<E: Endpoint> State<E> {
+    /// [`Sink::start_send`] of `message`.
+    fn start_send(&mut self, message: &[u8]) -> Result<(), Arc<ConnectionError>> {
+        let this = self;
         if !this.sinking.messages.is_empty() {
             // Behind messages waiting for credit: it waits with them, to share their
             // frames if it is small.
@@ -798,15 +1324,5 @@ impl<E: Endpoint + Unpin, B: AsRef<[u8]>> Sink<B> for AsyncConnection<E> {
             Err(error) => return Err(failure_of(error)),
         }
         Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut()
-            .keeping_armed(cx, Call::Send, Self::poll_flushed)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut()
-            .keeping_armed(cx, Call::Send, Self::poll_flushed)
     }
 }

@@ -127,3 +127,21 @@ pub(crate) fn connections_wrapping<P: PairProvider, W: Endpoint>(
         Connection::new(core(), b).unwrap(),
     )
 }
+
+/// The preset ladder `name`, demoting only after `demote_after`: a test that stalls until
+/// a timer of the connection waits that long, so with an hour a lost wake is a hang.
+#[allow(dead_code)] // Not every test binary changes a preset's policy.
+pub(crate) fn preset_demoting_after(name: &str, demote_after: Duration) -> TierLadder {
+    let ladder = preset(name);
+    let mut builder = TierLadder::builder()
+        .policy(*ladder.policy())
+        .demote_after(demote_after);
+    for spec in ladder.tiers() {
+        builder = builder.tier(
+            spec.slot_size(),
+            spec.slot_count(),
+            spec.promote_threshold(),
+        );
+    }
+    builder.build().unwrap()
+}
