@@ -427,6 +427,7 @@ impl ConnectionCore {
 
     /// Whether either direction is on a tier above the smallest: whether this side holds
     /// registered memory that demotions would give back.
+    #[cfg(feature = "tokio")]
     pub(super) fn above_smallest_tier(&self) -> bool {
         self.tiers.send_tier().get() > 0 || self.tiers.recv_tier().get() > 0
     }
