@@ -55,6 +55,10 @@ fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<Loop
 /// once and is posted again, no give-back is lost from the count (it ends at zero lent),
 /// and the sender ends holding a credit for every receive: none was lost.
 pub fn returned_slots_across_threads() {
+    crate::harness::on_deep_stack(returned_slots_on_a_deep_stack);
+}
+
+fn returned_slots_on_a_deep_stack() {
     let budget = MemoryBudget::with_cap(1 << 20);
     let (mut sender, mut receiver) = pair(&budget);
     sender.send(b"first").expect("send the first message");

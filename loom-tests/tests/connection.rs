@@ -6,7 +6,7 @@ use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
 
 #[test]
 fn connection_returned_slots_across_threads() {
-    loom::model(returned_slots_across_threads);
+    tierbuf_loom_tests::harness::connection_builder().check(returned_slots_across_threads);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 #![cfg(loom)]
 
 use tierbuf_loom_tests::connection_models::returned_slots_across_threads;
-use tierbuf_loom_tests::harness::expect_caught;
+use tierbuf_loom_tests::harness::{connection_builder, expect_caught, expect_caught_with};
 use tierbuf_loom_tests::pool_models::{budget_admission, budget_peak, slots_hand_over};
 use tierbuf_loom_tests::tiers_models::{demotion_against_in_flight_slot, promotion_race};
 use tierbuf_loom_tests::transport_models::{exposure, post_is_never_stranded, shm};
@@ -65,7 +65,11 @@ fn loopback_no_recheck_after_release_is_caught() {
 
 #[test]
 fn lent_count_load_then_store_is_caught() {
-    let message = expect_caught(Bug::LentCountLoadThenStore, returned_slots_across_threads);
+    let message = expect_caught_with(
+        Bug::LentCountLoadThenStore,
+        connection_builder(),
+        returned_slots_across_threads,
+    );
     assert!(message.contains("lost an update"), "{message}");
 }
 

@@ -41,6 +41,7 @@
 //!   (`SeqCst`) and then wakes both sides' parkers. The parker's invariants make sure no
 //!   wake is lost; a spurious one costs the woken side one empty poll.
 
+use std::sync::OnceLock;
 use std::task::Waker;
 
 use crate::exposure::{Access, ExposureTable};
@@ -218,8 +219,9 @@ fn expect_room(pushed: bool) {
 pub(crate) struct PairShared {
     /// `channels[side]` carries messages from `side` to the other side.
     channels: [Channel; 2],
-    /// `exposures[side]`: the ranges `side` exposed to the other side.
-    exposures: [ExposureTable; 2],
+    /// `exposures[side]`: the ranges `side` exposed to the other side; made at its first
+    /// exposure, so that a pair that never exposes anything carries no table.
+    exposures: [OnceLock<Box<ExposureTable>>; 2],
     state: StateWord,
     parkers: [Parker; 2],
 }
@@ -231,15 +233,20 @@ impl PairShared {
                 Channel::new(send_depth, recv_depth),
                 Channel::new(send_depth, recv_depth),
             ],
-            exposures: [ExposureTable::default(), ExposureTable::default()],
+            exposures: [OnceLock::new(), OnceLock::new()],
             state: StateWord::new(),
             parkers: [Parker::default(), Parker::default()],
         }
     }
 
-    /// The ranges `side` exposed to the other side.
-    pub(crate) fn exposures(&self, side: usize) -> &ExposureTable {
-        &self.exposures[side]
+    /// The ranges `side` exposed to the other side, if it ever exposed any.
+    pub(crate) fn exposures(&self, side: usize) -> Option<&ExposureTable> {
+        self.exposures[side].get().map(|table| &**table)
+    }
+
+    /// The table of `side`'s exposures, made now if it had none (`side`'s own call).
+    pub(crate) fn own_exposures(&self, side: usize) -> &ExposureTable {
+        self.exposures[side].get_or_init(|| Box::new(ExposureTable::default()))
     }
 
     /// Asks for `waker` to be woken at the next completion for `side` or change of state
@@ -373,7 +380,7 @@ impl PairShared {
                 None
             };
             completed = true;
-            let peer_exposures = &self.exposures[1 - side];
+            let peer_exposures = self.exposures(1 - side);
             let outcome = match (&request.work, &recv) {
                 (
                     Work::Write {
@@ -493,7 +500,7 @@ impl Delivery {
 /// says why when a check fails: the key, the bounds ([`CompletionStatus::RemoteAccessError`]),
 /// or a local region deregistered meanwhile ([`CompletionStatus::LocalProtectionError`]).
 fn access(
-    table: &ExposureTable,
+    table: Option<&ExposureTable>,
     request: &SendRequest,
     remote: RemoteBuffer,
     access: Access,
@@ -503,6 +510,9 @@ fn access(
     if !request.gather.iter().flatten().all(|s| s.region.is_live()) {
         return Err(CompletionStatus::LocalProtectionError);
     }
+    let Some(table) = table else {
+        return Err(CompletionStatus::RemoteAccessError);
+    };
     let Ok(window) = table.begin_access(remote.key, access) else {
         return Err(CompletionStatus::RemoteAccessError);
     };

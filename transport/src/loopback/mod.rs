@@ -218,7 +218,7 @@ impl LoopbackEndpoint {
     /// before the access: looked up now, so that its memory stays mapped for the request,
     /// and checked against the exposure again when the request is carried out.
     fn peer_target(&mut self, remote: RemoteBuffer) -> Option<Resolved<HostRegion>> {
-        let region_key = self.shared.exposures(self.peer()).region_hint(remote.key);
+        let region_key = self.shared.exposures(self.peer())?.region_hint(remote.key);
         self.regions
             .resolve(BufferRef {
                 remote_key: region_key,
@@ -281,7 +281,7 @@ impl Endpoint for LoopbackEndpoint {
         let slot = self.exposures.free_slot()?;
         let resolved = self.regions.resolve(buffer)?;
         let key = self.regions.exposure_key(slot);
-        let table = self.shared.exposures(self.side);
+        let table = self.shared.own_exposures(self.side);
         Ok(self.exposures.publish(table, key, access, buffer, resolved))
     }
 
@@ -289,7 +289,7 @@ impl Endpoint for LoopbackEndpoint {
         self.exposures.check(exposed)?;
         // The peer's access in flight is a copy on a thread of this process: it ends.
         self.shared
-            .exposures(self.side)
+            .own_exposures(self.side)
             .revoke(exposed.key, || true);
         self.exposures.remove(exposed.key);
         Ok(())
