@@ -29,7 +29,7 @@ fn main() -> Result<(), Error> {
         None => 10_000,
     };
     let node = Transport::shm()
-        .ladder_preset("patent")
+        .ladder_preset("two-tier")
         .budget_bytes(64 << 20)
         .build()?;
     let path = std::env::temp_dir().join(format!("tierbuf-wait-ready-{}", std::process::id()));

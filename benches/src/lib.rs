@@ -22,7 +22,7 @@ use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore
 /// use tierbuf_transport::{LoopbackProvider, Provider};
 ///
 /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(1 << 24));
-/// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
 /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
 /// let (a, b) = provider.pair(64, 64)?;
 /// let a = tierbuf_benches::connect(&config, &reservoir, a);

@@ -129,7 +129,7 @@ fn main() -> Result<(), Error> {
 fn verbs(device: &str, connections: usize) -> Result<(), Error> {
     use tierbuf_transport::verbs::VerbsConfig;
     let verbs = Transport::verbs(VerbsConfig::new(device))
-        .ladder_preset("patent")
+        .ladder_preset("two-tier")
         .budget_bytes(1 << 30)
         // The table's connections, and both ends of the blocked receive's pair.
         .connections(connections + 2)
@@ -175,11 +175,11 @@ fn verbs(_device: &str, _connections: usize) -> Result<(), Error> {
 /// The figures of the loopback and shm providers.
 fn software_providers() -> Result<(), Error> {
     let loopback = Transport::loopback()
-        .ladder_preset("patent")
+        .ladder_preset("two-tier")
         .budget_bytes(1 << 30)
         .build()?;
     let shm = Transport::shm()
-        .ladder_preset("patent")
+        .ladder_preset("two-tier")
         .budget_bytes(1 << 30)
         // Both ends of 5 000 pairs, and of the blocked receive's.
         .connections(10_002)

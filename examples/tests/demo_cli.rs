@@ -41,7 +41,7 @@ fn a_small_demo_runs_promotes_demotes_and_reports() {
             "3",
         ],
         &[
-            "16 connection pairs on loopback, ladder preset patent",
+            "16 connection pairs on loopback, ladder preset two-tier",
             "static top tier up front (from the ladder)",
             "tiered, peak during traffic (measured)",
             "small (tier 0)",
@@ -128,7 +128,7 @@ fn a_small_shm_demo_runs_in_two_processes_and_reports() {
             "3",
         ],
         &[
-            "8 connection pairs on shm, ladder preset patent",
+            "8 connection pairs on shm, ladder preset two-tier",
             "(16 endpoints, 8 in each process)",
             "this process   peer process",
             "tiered, peak during traffic (measured)",

@@ -33,7 +33,7 @@ fn stderr(output: &Output) -> String {
 
 #[test]
 fn check_accepts_a_valid_file_and_prints_its_memory_table() {
-    let path = example("patent.toml");
+    let path = example("two-tier.toml");
     let output = tierbuf(&["ladder", "check", path.to_str().unwrap()]);
     assert!(output.status.success(), "{}", stderr(&output));
     let report = stdout(&output);
@@ -48,7 +48,7 @@ fn check_accepts_a_valid_file_and_prints_its_memory_table() {
 
 #[test]
 fn check_totals_for_the_connections_asked_for() {
-    let path = example("patent.toml");
+    let path = example("two-tier.toml");
     let output = tierbuf(&[
         "ladder",
         "check",
@@ -228,7 +228,7 @@ fn show_needs_exactly_one_source_and_a_known_preset() {
     let unknown = tierbuf(&["ladder", "show", "--preset", "huge"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(
-        stderr(&unknown).contains("patent, rpc, storage"),
+        stderr(&unknown).contains("two-tier, rpc, storage"),
         "{}",
         stderr(&unknown)
     );

@@ -219,7 +219,7 @@ impl From<PolicyError> for ControllerError {
 /// use tierbuf_tiers::policy::FrameCapacity;
 /// use tierbuf_tiers::{NegotiationConfig, Reservoir, TierIndex, ladder::TierLadder};
 ///
-/// let ladder = Arc::new(TierLadder::preset("patent")?); // 480 B, then 8 KiB
+/// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 480 B, then 8 KiB
 /// let capacity = Arc::new(FrameCapacity::new(Arc::clone(&ladder), 16)?);
 /// let negotiation = NegotiationConfig::for_ladder(&ladder, std::time::Duration::from_millis(100), 5)?;
 /// let registrar = Arc::new(HostRegistrar::new(MemoryBudget::with_cap(16 << 20)));
@@ -346,7 +346,7 @@ impl TierController {
         })
     }
 
-    /// Plans the next message of an I/O vector (the patent's Figure 5 scan): the longest
+    /// Plans the next message of an I/O vector (the prefix rule, `docs/policy.md`, "I/O vectors"): the longest
     /// prefix of whole elements that fits the tier in force, sent whole; or, when the first
     /// element with any bytes does not fit on its own, that element (with the empty ones
     /// before it) segmented, asking for a larger tier as [`TierController::plan_message`]

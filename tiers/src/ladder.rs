@@ -657,7 +657,7 @@ impl TierLadder {
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
-    /// let ladder = TierLadder::preset("patent")?;
+    /// let ladder = TierLadder::preset("two-tier")?;
     /// let sizes: Vec<usize> = ladder.tiers().iter().map(|t| t.slot_size()).collect();
     /// assert_eq!(sizes, [512, 8192]);
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
@@ -670,7 +670,7 @@ impl TierLadder {
     ///
     /// ```
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
-    /// let ladder = TierLadder::preset("patent")?;
+    /// let ladder = TierLadder::preset("two-tier")?;
     /// assert_eq!(ladder.tier(TierIndex::new(1)).map(|t| t.slot_size()), Some(8192));
     /// assert!(ladder.tier(TierIndex::new(2)).is_none());
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
@@ -683,7 +683,7 @@ impl TierLadder {
     ///
     /// ```
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
-    /// let ladder = TierLadder::preset("patent")?;
+    /// let ladder = TierLadder::preset("two-tier")?;
     /// let (top, spec) = ladder.iter().last().unwrap();
     /// assert_eq!((top, spec.slot_size()), (TierIndex::new(1), 8192));
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
@@ -723,7 +723,7 @@ impl TierLadder {
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
-    /// assert!(!TierLadder::preset("patent")?.policy().retain_replaced());
+    /// assert!(!TierLadder::preset("two-tier")?.policy().retain_replaced());
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
     /// ```
     pub fn policy(&self) -> &LadderPolicy {
@@ -735,7 +735,7 @@ impl TierLadder {
     ///
     /// ```
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder};
-    /// let ladder = TierLadder::preset("patent")?; // thresholds 480 and 8192
+    /// let ladder = TierLadder::preset("two-tier")?; // thresholds 480 and 8192
     /// assert_eq!(ladder.tier_for_len(0), Some(TierIndex::SMALLEST));
     /// assert_eq!(ladder.tier_for_len(480), Some(TierIndex::SMALLEST));
     /// assert_eq!(ladder.tier_for_len(481), Some(TierIndex::new(1)));
@@ -753,7 +753,7 @@ impl TierLadder {
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
-    /// let table = TierLadder::preset("patent")?.memory_table(1);
+    /// let table = TierLadder::preset("two-tier")?.memory_table(1);
     /// assert_eq!(table.rows()[0].per_connection(), 16 * 1024);
     /// assert_eq!(table.static_per_connection(), 256 * 1024);
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())

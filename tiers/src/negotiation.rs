@@ -209,7 +209,7 @@ impl NegotiationConfig {
     /// ```
     /// use std::time::Duration;
     /// use tierbuf_tiers::{NegotiationConfig, ladder::TierLadder};
-    /// let ladder = TierLadder::preset("patent")?;
+    /// let ladder = TierLadder::preset("two-tier")?;
     /// let config = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(50), 5)?;
     /// assert_eq!(config.tiers().len(), ladder.len());
     /// assert_eq!(config.tiers()[1].slot_size as usize, ladder.tiers()[1].slot_size());

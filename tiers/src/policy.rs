@@ -45,7 +45,7 @@ pub use capacity::{CapacityError, FrameCapacity};
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, PolicyError, Promotion, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
 /// let err = plan_message(&capacity, TierIndex::new(5), 100, Promotion::Allowed).unwrap_err();
 /// assert_eq!(err, PolicyError::TierOutsideLadder { tier: TierIndex::new(5), top: TierIndex::new(1) });
 /// assert_eq!(err.to_string(), "tier 5 is not on the ladder, whose top is tier 1");
@@ -133,7 +133,7 @@ impl Promotion {
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // top threshold 8192
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // top threshold 8192
 /// let top = TierIndex::new(1);
 /// let MessagePlan::Segment { segments, .. } = plan_message(&capacity, top, 20_000, Promotion::Allowed)? else {
 ///     unreachable!("longer than the top tier");
@@ -162,7 +162,7 @@ impl Segments {
     /// ```
     /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// assert_eq!(plan.segments().map(|s| s.message_len()), Some(1000));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -176,7 +176,7 @@ impl Segments {
     /// ```
     /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// assert_eq!(plan.segments().map(|s| s.segment_len()), Some(480));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -190,7 +190,7 @@ impl Segments {
     /// ```
     /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// assert_eq!(plan.segments().map(|s| s.count()), Some(3)); // 480 + 480 + 40
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -206,7 +206,7 @@ impl Segments {
     /// ```
     /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
     /// let ranges: Vec<_> = plan.segments().unwrap().ranges().collect();
     /// assert_eq!(ranges, [0..480, 480..960, 960..1000]);
@@ -305,7 +305,7 @@ impl MessagePlan {
     /// ```
     /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Allowed)?;
     /// assert_eq!(plan.tier(), TierIndex::new(1));
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Refused)?;
@@ -324,7 +324,7 @@ impl MessagePlan {
     /// ```
     /// # use std::sync::Arc;
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
     /// assert!(plan_message(&capacity, TierIndex::SMALLEST, 100, Promotion::Allowed)?.segments().is_none());
     /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 100_000, Promotion::Allowed)?;
     /// assert_eq!(plan.segments().map(|s| s.count()), Some(13));
@@ -354,7 +354,7 @@ impl MessagePlan {
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, SegmentCause, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // thresholds 480 and 8192
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // thresholds 480 and 8192
 /// let (small, top) = (TierIndex::SMALLEST, TierIndex::new(1));
 /// assert_eq!(plan_message(&capacity, small, 480, Promotion::Allowed)?, MessagePlan::Send { tier: small });
 /// assert_eq!(plan_message(&capacity, small, 481, Promotion::Allowed)?, MessagePlan::Promote { to: top });
@@ -378,15 +378,15 @@ pub fn plan_message(
     plan_oversized(capacity, current, threshold, len, promotion)
 }
 
-/// What to do with the next part of an I/O vector, given the tier in force (the patent's
-/// Figure 5 scan, for one message per call).
+/// What to do with the next part of an I/O vector, given the tier in force (the prefix
+/// rule, `docs/policy.md`, "I/O vectors", for one message per call).
 ///
 /// ```
 /// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, Promotion, plan_io_vector_lens};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // threshold 480 on tier 0
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // threshold 480 on tier 0
 /// let plan = plan_io_vector_lens(&capacity, TierIndex::SMALLEST, &[200, 200, 200], Promotion::Allowed)?;
 /// assert_eq!(plan, IoVecPlan::SendPrefix { tier: TierIndex::SMALLEST, elements: 2, bytes: 400 });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -433,7 +433,7 @@ pub enum IoVecPlan {
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, Promotion, plan_io_vector};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?;
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
 /// let (header, body) = ([0u8; 64], vec![0u8; 4000]);
 /// let vector = [IoSlice::new(&header), IoSlice::new(&body)];
 /// assert_eq!(
@@ -458,7 +458,7 @@ pub fn plan_io_vector(
 }
 
 /// Plans the next message of an I/O vector whose element lengths are `lens`, on the tier
-/// `current`: the patent's Figure 5 scan.
+/// `current`: the prefix rule (`docs/policy.md`, "I/O vectors").
 ///
 /// If the first element with any bytes does not fit the tier in force on its own, the vector
 /// is [`IoVecPlan::Oversized`] (promote, or segment when past the top or refused). Otherwise
@@ -476,7 +476,7 @@ pub fn plan_io_vector(
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, MessagePlan, Promotion, plan_io_vector_lens};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?; // thresholds 480 and 8192
+/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // thresholds 480 and 8192
 /// let small = TierIndex::SMALLEST;
 /// assert_eq!(
 ///     plan_io_vector_lens(&capacity, small, &[0, 2000, 10], Promotion::Allowed)?,
@@ -597,7 +597,7 @@ fn threshold_of(capacity: &FrameCapacity, tier: TierIndex) -> Result<usize, Poli
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{FrameCapacity, DemotionTracker};
-/// let ladder = Arc::new(TierLadder::preset("patent")?); // 60 s idle, 5 s hysteresis
+/// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 60 s idle, 5 s hysteresis
 /// let start = Instant::now();
 /// let at = |secs| start + Duration::from_secs(secs);
 /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
@@ -659,7 +659,7 @@ impl DemotionTracker {
     /// ```
     /// # use std::{sync::Arc, time::{Duration, Instant}};
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let ladder = Arc::new(TierLadder::preset("patent")?); // 60 s idle
+    /// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 60 s idle
     /// let start = Instant::now();
     /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
     /// tracker.tier_changed(start, TierIndex::new(1))?;
@@ -683,7 +683,7 @@ impl DemotionTracker {
     /// ```
     /// # use std::{sync::Arc, time::Instant};
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("patent")?), 0)?), Instant::now());
+    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?), Instant::now());
     /// tracker.tier_changed(Instant::now(), TierIndex::new(1))?;
     /// let err = tracker.tier_changed(Instant::now(), TierIndex::new(2)).unwrap_err();
     /// assert!(matches!(err, PolicyError::TierOutsideLadder { .. }));
@@ -740,7 +740,7 @@ impl DemotionTracker {
     /// ```
     /// # use std::{sync::Arc, time::{Duration, Instant}};
     /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let ladder = Arc::new(TierLadder::preset("patent")?); // 60 s idle, 5 s hysteresis
+    /// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 60 s idle, 5 s hysteresis
     /// let start = Instant::now();
     /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
     /// assert_eq!(tracker.next_deadline(), None);
@@ -832,7 +832,7 @@ mod tests {
 
     #[test]
     fn a_message_that_fits_the_tier_in_force_is_sent_on_it() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         for len in [0, 1, 479, 480] {
             assert_eq!(
                 plan_message(&ladder, tier(0), len, Promotion::Allowed),
@@ -848,7 +848,7 @@ mod tests {
 
     #[test]
     fn a_message_one_byte_over_promotes_to_the_next_tier() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         assert_eq!(
             plan_message(&ladder, tier(0), 481, Promotion::Allowed),
             Ok(MessagePlan::Promote { to: tier(1) })
@@ -890,7 +890,7 @@ mod tests {
 
     #[test]
     fn a_message_past_the_top_on_the_top_is_segmented_there() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         for promotion in [Promotion::Allowed, Promotion::Refused] {
             let plan = plan_message(&ladder, tier(1), 16 * KIB, promotion).unwrap();
             assert!(matches!(
@@ -939,7 +939,7 @@ mod tests {
 
     #[test]
     fn a_tier_off_the_ladder_is_an_error_not_a_panic() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         let expected = Err(PolicyError::TierOutsideLadder {
             tier: tier(2),
             top: tier(1),
@@ -997,25 +997,25 @@ mod tests {
 
     #[test]
     fn an_empty_vector_is_one_zero_byte_message() {
-        assert_eq!(iovec(&preset("patent"), 0, &[]), prefix(0, 0, 0));
+        assert_eq!(iovec(&preset("two-tier"), 0, &[]), prefix(0, 0, 0));
     }
 
     #[test]
     fn a_vector_of_zero_length_elements_is_consumed_as_one_zero_byte_message() {
-        assert_eq!(iovec(&preset("patent"), 0, &[0, 0, 0]), prefix(0, 3, 0));
+        assert_eq!(iovec(&preset("two-tier"), 0, &[0, 0, 0]), prefix(0, 3, 0));
     }
 
     #[test]
     fn a_vector_that_fits_together_is_one_message() {
         assert_eq!(
-            iovec(&preset("patent"), 0, &[100, 0, 200, 180]),
+            iovec(&preset("two-tier"), 0, &[100, 0, 200, 180]),
             prefix(0, 4, 480)
         );
     }
 
     #[test]
     fn the_prefix_stops_at_the_first_element_that_does_not_fit_with_it() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         assert_eq!(
             iovec(&ladder, 0, &[100, 2000, 10]),
             prefix(0, 1, 100),
@@ -1060,7 +1060,7 @@ mod tests {
 
     #[test]
     fn a_first_element_past_the_top_promotes_to_the_top_or_segments_there() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         assert_eq!(
             iovec(&ladder, 0, &[9000]),
             IoVecPlan::Oversized {
@@ -1086,7 +1086,7 @@ mod tests {
 
     #[test]
     fn a_refused_vector_segments_its_first_element_on_the_tier_in_force() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         assert_eq!(
             plan_io_vector_lens(&ladder, tier(0), &[0, 1000], Promotion::Refused),
             Ok(IoVecPlan::Oversized {
@@ -1102,7 +1102,7 @@ mod tests {
 
     #[test]
     fn huge_elements_do_not_overflow_the_scan() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         assert_eq!(
             iovec(&ladder, 1, &[8 * KIB, usize::MAX, usize::MAX]),
             prefix(1, 1, 8 * KIB)
@@ -1115,7 +1115,7 @@ mod tests {
 
     #[test]
     fn io_slices_and_lengths_plan_alike() {
-        let ladder = preset("patent");
+        let ladder = preset("two-tier");
         let buffers = [vec![0u8; 100], vec![], vec![0u8; 300], vec![0u8; 200]];
         let slices: Vec<IoSlice<'_>> = buffers.iter().map(|b| IoSlice::new(b)).collect();
         let lens: Vec<usize> = buffers.iter().map(Vec::len).collect();
@@ -1298,7 +1298,7 @@ mod tests {
 
     #[test]
     fn a_connection_alternating_sizes_does_not_flap() {
-        let ladder = Arc::new(preset("patent"));
+        let ladder = Arc::new(preset("two-tier"));
         let messages: Vec<(Duration, usize)> = (0..600)
             .map(|second| (secs(second), if second % 2 == 0 { 100 } else { 5000 }))
             .collect();

@@ -76,7 +76,7 @@ impl Tier {
     /// use tierbuf_tiers::{Reservoir, Tier, TierIndex, TieredRegion, ladder::TierLadder};
     ///
     /// let budget = MemoryBudget::with_cap(64 << 20);
-    /// let ladder = Arc::new(TierLadder::preset("patent")?);
+    /// let ladder = Arc::new(TierLadder::preset("two-tier")?);
     /// let reservoir = Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), ladder));
     /// let region = TieredRegion::new(reservoir)?;
     /// let tier = region.current();
@@ -154,7 +154,7 @@ impl Replaced {
 /// use tierbuf_tiers::{Reservoir, TierIndex, TieredRegion, ladder::TierLadder};
 ///
 /// let budget = MemoryBudget::with_cap(64 << 20);
-/// let ladder = Arc::new(TierLadder::preset("patent")?);
+/// let ladder = Arc::new(TierLadder::preset("two-tier")?);
 /// let reservoir = Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), ladder));
 /// let region = TieredRegion::new(reservoir)?;
 ///
@@ -578,7 +578,7 @@ impl fmt::Debug for TierCache<'_> {
 /// use tierbuf_tiers::{Reservoir, TierIndex, TieredRegion, ladder::TierLadder};
 ///
 /// let budget = MemoryBudget::with_cap(64 << 20);
-/// let ladder = Arc::new(TierLadder::preset("patent")?);
+/// let ladder = Arc::new(TierLadder::preset("two-tier")?);
 /// let region = TieredRegion::new(Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), ladder)))?;
 /// let mut cache = region.owned_cache();
 /// let small = cache.try_acquire().unwrap();

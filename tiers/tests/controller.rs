@@ -57,7 +57,7 @@ fn nack(peer: &mut InMemoryNegotiator, request: ControlMessage, reason: NackReas
 
 #[test]
 fn a_busy_nack_lets_the_next_message_ask_again_and_an_over_budget_one_does_not() {
-    let ladder = Arc::new(TierLadder::preset("patent").unwrap());
+    let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
     let now = Instant::now();
     for (reason, asks_again) in [(NackReason::Busy, true), (NackReason::OverBudget, false)] {
         let mut a = controller(&ladder, now);

@@ -1,4 +1,4 @@
-//! `ByteStream` (feature `tokio`) over loopback and shared memory: the patent's Figure 5
+//! `ByteStream` (feature `tokio`) over loopback and shared memory: the prefix
 //! rule seen at `write_vectored`, a writer ahead of its reader, random writes of up to
 //! 5 MiB read back byte for byte, zero-copy reads, the end of the stream and the half
 //! close (in one process and across two), a peer process that dies, the halves of
@@ -99,7 +99,7 @@ async fn until_send_tier<E: Endpoint + Unpin>(stream: &mut ByteStream<E>, tier: 
 async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairProvider>() {
     let provider = P::make();
     // Thresholds 480 and 8 KiB.
-    let (mut writer, mut reader) = streams(&provider, "patent");
+    let (mut writer, mut reader) = streams(&provider, "two-tier");
     let reading = tokio::spawn(async move {
         let mut received = Vec::new();
         reader.read_to_end(&mut received).await.unwrap();
@@ -155,7 +155,7 @@ async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairPr
 /// A write past the top tier is written a top-tier message at a time; its bytes arrive.
 async fn an_element_past_the_top_tier_is_written_in_parts<P: PairProvider>() {
     let provider = P::make();
-    let (mut writer, mut reader) = streams(&provider, "patent");
+    let (mut writer, mut reader) = streams(&provider, "two-tier");
     let reading = tokio::spawn(async move {
         let mut received = Vec::new();
         reader.read_to_end(&mut received).await.unwrap();
@@ -177,7 +177,7 @@ async fn an_element_past_the_top_tier_is_written_in_parts<P: PairProvider>() {
 /// peer reads, the write is woken and goes on, and every byte arrives.
 async fn a_writer_ahead_of_its_reader_waits_then_goes_on<P: PairProvider>() {
     let provider = P::make();
-    let (mut writer, mut reader) = streams(&provider, "patent");
+    let (mut writer, mut reader) = streams(&provider, "two-tier");
     let data = pattern(16 << 20, 6);
     let mut written = 0;
     let pending = poll_fn(|cx| {
@@ -257,8 +257,8 @@ async fn random_writes_arrive_byte_for_byte<P: PairProvider>(ladder: &str, seed:
     assert!(received == expected, "every byte, in order");
 }
 
-async fn random_writes_on_the_patent_ladder<P: PairProvider>() {
-    random_writes_arrive_byte_for_byte::<P>("patent", 0x5eed).await;
+async fn random_writes_on_the_two_tier_ladder<P: PairProvider>() {
+    random_writes_arrive_byte_for_byte::<P>("two-tier", 0x5eed).await;
 }
 
 async fn random_writes_on_the_storage_ladder<P: PairProvider>() {
@@ -270,7 +270,7 @@ async fn random_writes_on_the_storage_ladder<P: PairProvider>() {
 /// stream, and nothing after it is read.
 async fn buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream<P: PairProvider>() {
     let provider = P::make();
-    let (a, b) = connections(&provider, preset("patent"));
+    let (a, b) = connections(&provider, preset("two-tier"));
     let mut sender = AsyncConnection::new(a).unwrap();
     let mut reader = ByteStream::new(b).unwrap();
     sender.send(b"hello").await.unwrap();
@@ -647,7 +647,7 @@ on_each_provider!(
     a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force,
     an_element_past_the_top_tier_is_written_in_parts,
     a_writer_ahead_of_its_reader_waits_then_goes_on,
-    random_writes_on_the_patent_ladder,
+    random_writes_on_the_two_tier_ladder,
     random_writes_on_the_storage_ladder,
     buffered_reads_lend_each_message_and_an_empty_one_ends_the_stream,
     a_shutdown_is_a_half_close,

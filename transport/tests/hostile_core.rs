@@ -19,9 +19,9 @@ use tierbuf_transport::connection::{
     WorkKind, WorkRequest,
 };
 
-/// The patent's ladder: 16 slots of 512 B, 16 of 8 KiB.
+/// The two-tier ladder: 16 slots of 512 B, 16 of 8 KiB.
 fn ladder() -> Arc<TierLadder> {
-    Arc::new(TierLadder::preset("patent").unwrap())
+    Arc::new(TierLadder::preset("two-tier").unwrap())
 }
 
 /// One frame as a peer would write it.

@@ -15,9 +15,9 @@ use tierbuf_transport::connection::{Connection, Message, SendError};
 use tierbuf_transport::{LoopbackProvider, ShmProvider};
 use traffic::{pattern, sizes};
 
-/// The `patent` ladder's tiers: 16 receives of 512 bytes, 16 of 8 KiB.
+/// The `two-tier` ladder's tiers: 16 receives of 512 bytes, 16 of 8 KiB.
 fn ladder() -> TierLadder {
-    TierLadder::preset("patent").unwrap()
+    TierLadder::preset("two-tier").unwrap()
 }
 
 /// Batch lengths that cycle through 1 to 40 messages.

@@ -144,7 +144,7 @@ fn closing_wakes_the_parked_peer<P: PairProvider>() {
 
 fn a_deadline_passes_when_nothing_comes<P: PairProvider>() {
     let provider = P::make();
-    let (mut a, mut b) = connections(&provider, preset("patent"));
+    let (mut a, mut b) = connections(&provider, preset("two-tier"));
     let start = Instant::now();
     let deadline = start + Duration::from_millis(30);
     assert!(b.recv_deadline(deadline).unwrap().is_none());
@@ -170,7 +170,7 @@ fn a_deadline_passes_when_nothing_comes<P: PairProvider>() {
 
 fn a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing<P: PairProvider>() {
     let provider = P::make();
-    let (mut a, mut b) = connections(&provider, preset("patent"));
+    let (mut a, mut b) = connections(&provider, preset("two-tier"));
     let receiving = thread::spawn(move || {
         let first = b.recv().expect("the message");
         assert_eq!(&first[..], b"wake up");
@@ -193,7 +193,7 @@ fn a_blocked_recv_is_woken_by_a_message_and_by_the_peer_closing<P: PairProvider>
 /// with nothing left to wake it.
 fn a_flush_that_takes_its_last_completion_does_not_sleep_after_it<P: PairProvider>() {
     let provider = P::make();
-    let (mut a, mut b) = connections(&provider, preset("patent"));
+    let (mut a, mut b) = connections(&provider, preset("two-tier"));
     assert!(
         a.recv_deadline(Instant::now() + Duration::from_millis(5))
             .unwrap()
@@ -217,7 +217,7 @@ fn wait_ready_hands_out_the_busy_connection_only<P: PairProvider>(idle: usize) {
     let mut clients = Vec::new();
     let mut busy_id = None;
     for _ in 0..=idle {
-        let (client, served) = connections(&provider, preset("patent"));
+        let (client, served) = connections(&provider, preset("two-tier"));
         clients.push(client);
         busy_id = Some(table.insert(served).id());
     }
@@ -298,7 +298,7 @@ fn a_progress_thread_sleeps_over_idle_connections_and_wakes_for_a_peer<P: PairPr
     let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
     let (mut clients, mut served) = (Vec::new(), Vec::new());
     for _ in 0..count {
-        let (client, server) = connections(&provider, preset("patent"));
+        let (client, server) = connections(&provider, preset("two-tier"));
         clients.push(client);
         served.push(table.insert(server));
     }
@@ -349,7 +349,7 @@ fn a_progress_thread_sleeps_over_idle_connections_and_wakes_for_a_peer<P: PairPr
 fn a_held_connection_with_a_wake_waiting_is_polled_not_spun_on<P: PairProvider>() {
     let provider = P::make();
     let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
-    let (mut client, server) = connections(&provider, preset("patent"));
+    let (mut client, server) = connections(&provider, preset("two-tier"));
     let served = table.insert(server);
     quiet(&table);
     let held = served.lock().unwrap();
@@ -383,7 +383,7 @@ fn a_held_connection_with_a_wake_waiting_is_polled_not_spun_on<P: PairProvider>(
 fn a_connection_whose_peer_left_costs_the_progress_thread_nothing<P: PairProvider>() {
     let provider = P::make();
     let table = ConnectionTable::with_progress_thread(ProgressConfig::default()).unwrap();
-    let (client, server) = connections(&provider, preset("patent"));
+    let (client, server) = connections(&provider, preset("two-tier"));
     let served = table.insert(server);
     quiet(&table);
     drop(client);

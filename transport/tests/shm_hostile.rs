@@ -422,7 +422,7 @@ fn a_receive_in_no_announced_region_is_the_peer_s_fault() {
             len: 4096,
         },
     );
-    let ladder = Arc::new(TierLadder::preset("patent").unwrap());
+    let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
     let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
     let reservoir = Arc::new(Reservoir::new(
         provider.registrar(),
@@ -708,7 +708,7 @@ fn a_peer_that_dies_is_named_as_the_cause() {
     let (endpoint, peer) =
         RawPeer::accept_from(&path, 64, |path| provider.connect(path, 64, 64).unwrap());
     drop(peer);
-    let ladder = Arc::new(TierLadder::preset("patent").unwrap());
+    let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
     let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
     let reservoir = Arc::new(Reservoir::new(
         provider.registrar(),

@@ -97,7 +97,7 @@ async fn many_connections_at_once<P: PairProvider>() {
     let provider = P::make();
     let mut tasks = Vec::new();
     for connection in 0..64 {
-        let (mut client, mut server) = pair(&provider, "patent");
+        let (mut client, mut server) = pair(&provider, "two-tier");
         tasks.push(tokio::spawn(async move {
             while let Some(request) = server.next().await {
                 let request = request.unwrap().to_vec();
@@ -129,7 +129,7 @@ async fn many_connections_at_once<P: PairProvider>() {
 
 async fn a_send_dropped_halfway_fails_the_connection<P: PairProvider>() {
     let provider = P::make();
-    let (mut sender, receiver) = pair(&provider, "patent");
+    let (mut sender, receiver) = pair(&provider, "two-tier");
     // The receiver never reads: its driver takes what comes until a message waits for
     // it, then nothing, so a segmented message stops when its credits run out.
     sender.send(b"unread").await.unwrap();
@@ -188,7 +188,7 @@ async fn batches_arrive_message_by_message<P: PairProvider>() {
 async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
     let provider = P::make();
     // Tier 0 of 16 receives: the peer's credits run out long before 60 messages.
-    let (mut sender, mut receiver) = pair(&provider, "patent");
+    let (mut sender, mut receiver) = pair(&provider, "two-tier");
     const COUNT: usize = 600;
     let (fed, start_reading) = tokio::sync::oneshot::channel();
     let sending = tokio::spawn(async move {

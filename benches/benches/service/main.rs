@@ -46,9 +46,9 @@ const PAYLOAD: usize = 64;
 const IDLE_CONNECTIONS: usize = 10_000;
 
 /// The ladder every shm connection uses: small tiers first, as a service's would.
-const LADDER: &str = "patent";
+const LADDER: &str = "two-tier";
 
-/// Registered memory each process may hold: 10 000 connections on the `patent` ladder
+/// Registered memory each process may hold: 10 000 connections on the `two-tier` ladder
 /// take about 160 MiB a side.
 const BUDGET: u64 = 1 << 30;
 

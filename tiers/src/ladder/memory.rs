@@ -21,7 +21,7 @@ use crate::TierIndex;
 ///
 /// ```
 /// use tierbuf_tiers::{TierIndex, ladder::TierLadder};
-/// let table = TierLadder::preset("patent")?.memory_table(10_000);
+/// let table = TierLadder::preset("two-tier")?.memory_table(10_000);
 /// let top = &table.rows()[1];
 /// assert_eq!(top.tier(), TierIndex::new(1));
 /// assert_eq!(top.spec().region_len(), 128 * 1024);
@@ -64,7 +64,7 @@ impl MemoryRow {
 ///
 /// ```
 /// use tierbuf_tiers::ladder::TierLadder;
-/// let table = TierLadder::preset("patent")?.memory_table(10_000);
+/// let table = TierLadder::preset("two-tier")?.memory_table(10_000);
 /// assert_eq!(table.static_total(), 10_000 * 256 * 1024);
 /// let text = table.to_string();
 /// assert!(text.contains("156.3 MiB"), "{text}"); // 10,000 connections at tier 0
@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn the_display_is_an_aligned_table() {
-        let text = TierLadder::preset("patent")
+        let text = TierLadder::preset("two-tier")
             .unwrap()
             .memory_table(10_000)
             .to_string();

@@ -1,7 +1,7 @@
 //! Ready-made ladders, each shaped for one kind of traffic (the reasoning is also in
 //! `docs/ladders.md`).
 //!
-//! - `patent`: the two phases of WO 2007/139426. 16 slots of 512 B (threshold 480 B, inside
+//! - `two-tier`: the two phases of WO 2007/139426. 16 slots of 512 B (threshold 480 B, inside
 //!   the patent's 80–99 % tolerance band, leaving 32 B for a header) then 16 slots of 8 KiB.
 //!   A connection starts with 16 KiB registered (8 KiB send + 8 KiB receive) instead of the
 //!   256 KiB a static 8 KiB configuration registers: the patent's "about 256 KB to about
@@ -30,7 +30,7 @@ use super::{LoadError, TierLadder};
 ///     assert!(TierLadder::preset(name).is_ok());
 /// }
 /// ```
-pub const PRESET_NAMES: &[&str] = &["patent", "rpc", "storage"];
+pub const PRESET_NAMES: &[&str] = &["two-tier", "rpc", "storage"];
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -47,7 +47,7 @@ impl TierLadder {
     /// ```
     pub fn preset(name: &str) -> Result<TierLadder, LoadError> {
         let builder = match name {
-            "patent" => TierLadder::builder()
+            "two-tier" => TierLadder::builder()
                 .tier(512, 16, 480)
                 .tier(8 * KIB, 16, 8 * KIB)
                 .demote_after(Duration::from_secs(60))
@@ -98,13 +98,13 @@ mod tests {
         let err = TierLadder::preset("Patent").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown ladder preset \"Patent\"; the presets are patent, rpc, storage"
+            "unknown ladder preset \"Patent\"; the presets are two-tier, rpc, storage"
         );
     }
 
     #[test]
-    fn the_patent_preset_goes_from_16_kib_to_256_kib_per_connection() {
-        let table = TierLadder::preset("patent").unwrap().memory_table(1);
+    fn the_two_tier_preset_goes_from_16_kib_to_256_kib_per_connection() {
+        let table = TierLadder::preset("two-tier").unwrap().memory_table(1);
         assert_eq!(table.rows()[0].per_connection(), 16 * 1024);
         assert_eq!(table.rows()[1].per_connection(), 256 * 1024);
         assert_eq!(table.static_per_connection(), 256 * 1024);

@@ -36,7 +36,7 @@ impl ConnectionConfig {
     /// use std::sync::Arc;
     /// use tierbuf_tiers::ladder::TierLadder;
     /// use tierbuf_transport::connection::ConnectionConfig;
-    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?;
+    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?;
     /// assert_eq!(config.max_message_len(), 64 << 20);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -84,7 +84,7 @@ impl ConnectionConfig {
     /// use std::sync::Arc;
     /// use tierbuf_tiers::ladder::TierLadder;
     /// use tierbuf_transport::connection::ConnectionConfig;
-    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?;
+    /// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?;
     /// assert_eq!(config.max_send_credits(), 2 * (16 + 16));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -270,7 +270,7 @@ impl ConnectionCore {
     /// use tierbuf_transport::{LoopbackProvider, Provider};
     ///
     /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
     /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
     /// let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
     /// let (a_channel, b_channel) = InMemoryNegotiator::pair();

@@ -375,7 +375,7 @@ impl<E: Endpoint> Connection<E> {
     /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
     /// # use tierbuf_transport::{LoopbackProvider, Provider};
     /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
     /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
     /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
     /// # let connect = |endpoint| {
@@ -549,7 +549,7 @@ impl<E: Endpoint> Connection<E> {
     /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
     /// # use tierbuf_transport::{LoopbackProvider, Provider};
     /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
     /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
     /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
     /// # let connect = |endpoint| {
@@ -663,7 +663,7 @@ impl<E: Endpoint> Connection<E> {
     /// use tierbuf_transport::{LoopbackProvider, Provider};
     ///
     /// let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
     /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
     /// let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
     /// let connect = |endpoint| {
@@ -787,7 +787,7 @@ impl<E: Endpoint> Connection<E> {
     /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
     /// # use tierbuf_transport::{LoopbackProvider, Provider};
     /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
     /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
     /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
     /// # let connect = |endpoint| {

@@ -96,7 +96,7 @@ pub(super) enum Payload<'m> {
 }
 
 impl ConnectionCore {
-    /// Offers an I/O vector, without blocking, by the patent's Figure 5 rule: the longest
+    /// Offers an I/O vector, without blocking, by the prefix rule (`docs/policy.md`, "I/O vectors"): the longest
     /// prefix of whole elements that fits the tier in force goes out as one message, and the
     /// bytes it carries are returned (send the rest with another call). When the first
     /// element with any bytes does not fit on its own, that element goes out as one message

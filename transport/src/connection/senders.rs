@@ -272,7 +272,7 @@ impl<T> fmt::Debug for SendQueue<T> {
 /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 /// # use tierbuf_transport::{LoopbackProvider, Provider};
 /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
 /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
 /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
 /// # let connect = |endpoint| {

@@ -9,7 +9,7 @@
 //!   before the first byte are skipped; a write of no bytes returns `Ok(0)` and sends
 //!   nothing. So the only empty message a stream sends is its shutdown's.
 //! - The bytes a write returns went as one message, by the byte-stream rule of
-//!   [`Connection::try_send`] (the patent's Figure 5): the leading whole elements that fit
+//!   [`Connection::try_send`] (the prefix rule, `docs/policy.md`): the leading whole elements that fit
 //!   the tier in force together, or, when the first does not fit, that element, sent at
 //!   once in segments while a larger tier is asked for. An element longer than the top
 //!   tier's whole message (or the connection's longest message) is offered only a part
@@ -49,7 +49,7 @@ use crate::provider::Endpoint;
 /// A byte stream over a connection: tokio's [`AsyncRead`], [`AsyncBufRead`] and
 /// [`AsyncWrite`], for a protocol that reads and writes bytes rather than messages.
 ///
-/// - **Writes** follow the patent's Figure 5 ([`Connection::try_send`]): a vectored write
+/// - **Writes** follow the prefix rule ([`Connection::try_send`]): a vectored write
 ///   sends the leading whole elements that fit the tier in force as one message and
 ///   returns their length; when the first element does not fit, it goes at once, in
 ///   segments on the tier in force, while a larger tier is asked for, and the writes after
@@ -82,7 +82,7 @@ use crate::provider::Endpoint;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
-/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
 /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
 /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
 /// # let connect = |endpoint| {
@@ -101,7 +101,7 @@ use crate::provider::Endpoint;
 ///     server.shutdown().await?;
 ///     Ok::<_, std::io::Error>(received)
 /// });
-/// // The patent ladder's smallest tier takes 480 bytes a message: the two small elements
+/// // The two-tier ladder's smallest tier takes 480 bytes a message: the two small elements
 /// // go as one message, and the large one is left for the next write.
 /// let large = vec![7u8; 4000];
 /// let parts = [IoSlice::new(b"GET / "), IoSlice::new(b"HTTP/1.1\r\n"), IoSlice::new(&large)];

@@ -445,7 +445,7 @@ impl<E: Endpoint> Shared<E> {
 ///
 /// let budget = MemoryBudget::with_cap(16 << 20);
 /// let provider = LoopbackProvider::new(budget.clone());
-/// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
 /// let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
 /// let core = || {
 ///     let reservoir = Arc::clone(&reservoir);
@@ -612,7 +612,7 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
     /// # use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, ConnectionTable};
     /// # use tierbuf_transport::{LoopbackProvider, Provider};
     /// # let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+    /// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
     /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
     /// # let connect = |endpoint| {
     /// #     let core = ConnectionCore::new(

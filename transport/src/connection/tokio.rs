@@ -135,7 +135,7 @@ use crate::provider::{Armed, Endpoint, Readiness};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
-/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("patent")?))?);
+/// # let config = Arc::new(ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?);
 /// # let reservoir = Arc::new(Reservoir::new(provider.registrar(), Arc::clone(config.ladder())));
 /// # let (a, b) = provider.pair(config.queue_depth(), config.queue_depth())?;
 /// # let connect = |endpoint| {

@@ -366,8 +366,8 @@ impl<K: Kind> Transport<K> {
     ///
     /// ```
     /// use tierbuf_transport::Transport;
-    /// let node = Transport::loopback().ladder_preset("patent").budget_bytes(1 << 20).build()?;
-    /// assert_eq!(node.budget().in_use(), 0); // patent keeps no spare regions
+    /// let node = Transport::loopback().ladder_preset("two-tier").budget_bytes(1 << 20).build()?;
+    /// assert_eq!(node.budget().in_use(), 0); // two-tier keeps no spare regions
     /// let listener = node.listen("svc")?;
     /// let client = node.connect("svc")?;
     /// assert!(node.budget().in_use() > 0);

@@ -84,7 +84,7 @@ pub fn region_pinned_bytes(len: usize, page_size: usize) -> u128 {
 /// ```
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_transport::verbs::{MemlockFacts, check_memlock, ladder_pinned_bytes};
-/// let ladder = TierLadder::preset("patent")?;
+/// let ladder = TierLadder::preset("two-tier")?;
 /// let required = ladder_pinned_bytes(&ladder, 1000, tierbuf_pool::page_size());
 /// assert!(required >= ladder.memory_table(1000).rows()[1].all_connections());
 /// if let Err(error) = check_memlock(required, MemlockFacts::current()) {
@@ -229,8 +229,8 @@ mod tests {
     }
 
     #[test]
-    fn ten_thousand_patent_connections_do_not_fit_a_container_default() {
-        let ladder = TierLadder::preset("patent").unwrap();
+    fn ten_thousand_two_tier_connections_do_not_fit_a_container_default() {
+        let ladder = TierLadder::preset("two-tier").unwrap();
         let required = ladder_pinned_bytes(&ladder, 10_000, 4096);
         let container = MemlockFacts {
             limit: Some(64 * MIB),

@@ -80,7 +80,7 @@ pub(crate) fn preset(name: &str) -> TierLadder {
     TierLadder::preset(name).unwrap()
 }
 
-/// The `patent` ladder's tiers (512 B and 8 KiB), demoting after `demote_after`.
+/// The `two-tier` ladder's tiers (512 B and 8 KiB), demoting after `demote_after`.
 #[allow(dead_code)] // Not every test binary demotes.
 pub(crate) fn demoting_ladder(demote_after: Duration) -> TierLadder {
     TierLadder::builder()

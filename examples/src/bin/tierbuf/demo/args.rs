@@ -40,7 +40,7 @@ impl ProviderKind {
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
     /// A ready-made ladder (used unless `--ladder` is given).
-    #[arg(long, default_value = "patent", value_parser = PossibleValuesParser::new(PRESET_NAMES))]
+    #[arg(long, default_value = "two-tier", value_parser = PossibleValuesParser::new(PRESET_NAMES))]
     pub(super) preset: String,
     /// A ladder file (TOML) instead of a preset.
     #[arg(long)]
