@@ -24,7 +24,7 @@ use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, Fault, SendError,
+    Connection, ConnectionConfig, ConnectionCore, ConnectionError, Fault, SendError,
 };
 use tierbuf_transport::shm_segment::{Direction, Filled, PostedBuffer, RingSize, Segment};
 use tierbuf_transport::{
@@ -422,29 +422,8 @@ fn a_receive_in_no_announced_region_is_the_peer_s_fault() {
             len: 4096,
         },
     );
-    let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
-    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let core =
-        ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now()).unwrap();
-    let (error, _) = within_bound("finding the peer's receive unreachable", move || {
-        let mut connection = match Connection::new(core, endpoint) {
-            Ok(connection) => connection,
-            Err(error) => return error,
-        };
-        // Longer than travels inline: copied into the buffer the receive names.
-        loop {
-            let step = connection
-                .send(&[1u8; 200])
-                .and_then(|()| connection.progress().map_err(SendError::Failed));
-            if let Err(SendError::Failed(error)) = step {
-                return error;
-            }
-        }
-    });
+    // Longer than travels inline: copied into the buffer the receive names.
+    let error = failure_of_a_connection(&provider, endpoint, &[1u8; 200]);
     let text = chain(&*error);
     assert_eq!(error.fault(), Fault::Peer, "{text}");
     assert!(text.contains("key 0x7e57"), "the cause is lost: {text}");
@@ -708,6 +687,21 @@ fn a_peer_that_dies_is_named_as_the_cause() {
     let (endpoint, peer) =
         RawPeer::accept_from(&path, 64, |path| provider.connect(path, 64, 64).unwrap());
     drop(peer);
+    // Found at the first post or poll that meets the closed socket.
+    let error = failure_of_a_connection(&provider, endpoint, b"anyone there?");
+    assert_eq!(error.fault(), Fault::Peer, "{}", chain(&*error));
+    let text = chain(&*error);
+    assert!(text.contains("died"), "the cause is lost: {text}");
+}
+
+/// The error a connection over `endpoint` (on the two-tier ladder) fails with, sending
+/// `message` again and again and making progress until it does; the test fails if that
+/// takes longer than [`HOSTAGE`].
+fn failure_of_a_connection(
+    provider: &ShmProvider,
+    endpoint: ShmEndpoint,
+    message: &'static [u8],
+) -> Arc<ConnectionError> {
     let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
     let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
     let reservoir = Arc::new(Reservoir::new(
@@ -716,22 +710,19 @@ fn a_peer_that_dies_is_named_as_the_cause() {
     ));
     let core =
         ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now()).unwrap();
-    let (error, _) = within_bound("finding the peer gone", move || {
+    let (error, _) = within_bound("the connection's failure", move || {
         let mut connection = match Connection::new(core, endpoint) {
             Ok(connection) => connection,
             Err(error) => return error,
         };
-        // Found at the first post or poll that meets the closed socket.
         loop {
             let step = connection
-                .send(b"anyone there?")
+                .send(message)
                 .and_then(|()| connection.progress().map_err(SendError::Failed));
             if let Err(SendError::Failed(error)) = step {
                 return error;
             }
         }
     });
-    assert_eq!(error.fault(), Fault::Peer, "{}", chain(&*error));
-    let text = chain(&*error);
-    assert!(text.contains("died"), "the cause is lost: {text}");
+    error
 }

@@ -1270,12 +1270,7 @@ impl Endpoint for VerbsEndpoint {
         self.state.admits_posts()?;
         self.outstanding.check_room(QueueKind::Send, self.limits)?;
         let len = self.limits.message_len(gather)?;
-        if len != remote.len {
-            return Err(PostError::LengthMismatch {
-                local: u64::from(len),
-                remote: remote.len,
-            });
-        }
+        remote.check_len(len)?;
         let element = self.gather_element(gather)?;
         let work = SendWork::Write {
             key: remote.key,
@@ -1302,12 +1297,7 @@ impl Endpoint for VerbsEndpoint {
     ) -> Result<(), PostError> {
         self.state.admits_posts()?;
         self.outstanding.check_room(QueueKind::Send, self.limits)?;
-        if buffer.len != remote.len {
-            return Err(PostError::LengthMismatch {
-                local: u64::from(buffer.len),
-                remote: remote.len,
-            });
-        }
+        remote.check_len(buffer.len)?;
         let element = element_of(&self.regions.resolve(buffer)?);
         let work = SendWork::Read {
             key: remote.key,
