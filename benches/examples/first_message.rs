@@ -15,7 +15,6 @@
 //! see the system calls a first message makes. See `docs/transport.md`, "What a fresh
 //! shm pair's first message pays".
 
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,7 +80,7 @@ fn main() {
         let faults = minor_faults();
         let start = Instant::now();
         loop {
-            match a.try_send(&[IoSlice::new(&message)]) {
+            match a.try_send(&message) {
                 Ok(_) => break,
                 Err(SendError::WouldBlock(_)) => {
                     a.progress().expect("progress");

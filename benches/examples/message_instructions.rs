@@ -329,19 +329,12 @@ fn batched(rounds: u64, size: usize) -> Duration {
 
 type Shm = Connection<tierbuf_transport::ShmEndpoint>;
 
-/// Sends `message` on `from` as `Connection::send` does, driving `to` where `send` would
-/// wait (this thread is both sides).
+/// Sends `message` on `from` whole, driving `to` while `from` waits for credit (this
+/// thread is both sides).
 fn send<E: Endpoint>(from: &mut Connection<E>, to: &mut Connection<E>, message: &[u8]) {
-    // `Connection::send`'s steps, with `to` driven where `send` would wait.
-    let mut offset = 0;
     loop {
-        match from.try_send_some(&message[offset..]) {
-            Ok(accepted) => {
-                offset += accepted;
-                if offset == message.len() {
-                    return;
-                }
-            }
+        match from.try_send(message) {
+            Ok(()) => return,
             Err(SendError::WouldBlock(_)) => to.progress().expect("progress"),
             Err(error) => panic!("send failed: {error}"),
         }

@@ -9,7 +9,6 @@
 mod errors;
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -55,7 +54,7 @@ fn run_clients<E: Endpoint>(connections: &mut [Connection<E>]) {
         );
         for (index, connection) in connections.iter_mut().enumerate() {
             while let Some(next) = to_send[index].front() {
-                match connection.try_send_gather(&[IoSlice::new(next)]) {
+                match connection.try_send(next) {
                     Ok(_) => expected[index].push_back(to_send[index].pop_front().unwrap()),
                     Err(SendError::WouldBlock(_)) => break,
                     Err(error) => panic!("connection {index}: {error}"),
@@ -93,7 +92,7 @@ fn echo<E: Endpoint>(mut connections: Vec<Connection<E>>) {
                 }
             }
             while let Some(reply) = replies[index].front() {
-                match connection.try_send_gather(&[IoSlice::new(reply)]) {
+                match connection.try_send(reply) {
                     Ok(_) => drop(replies[index].pop_front()),
                     Err(SendError::WouldBlock(_)) => break,
                     Err(error) if !open[index] => drop(error),

@@ -303,7 +303,7 @@ fn a_message_accepted_and_then_refused_is_reported_by_flush() {
     let (mut sending, _receiving) =
         pairs::connections_wrapping(&LoopbackProvider::make(), ladder, wrap);
     sending
-        .try_send(&[IoSlice::new(b"accepted")])
+        .try_send(b"accepted")
         .expect("taken, to be posted when the queue has room");
     *refusal.lock().unwrap() = PostError::ConnectionBroken;
     let error = sending

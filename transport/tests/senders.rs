@@ -5,6 +5,7 @@
 
 mod pairs;
 
+use std::io::IoSlice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -111,6 +112,38 @@ fn a_full_queue_refuses_and_a_closed_connection_fails_its_senders<P: PairProvide
         matches!(refused, SendError::WouldBlock(WouldBlock::SendersQueueFull)),
         "{refused:?}"
     );
+    // Nobody drives the connection: a deadline is the way out of a full queue, and
+    // nothing of the message was queued.
+    let deadline = Instant::now() + Duration::from_millis(20);
+    let timed_out = sender.send_deadline(b"waits", deadline).unwrap_err();
+    assert!(Instant::now() >= deadline);
+    assert!(
+        matches!(timed_out, SendError::TimedOut(WouldBlock::SendersQueueFull)),
+        "{timed_out:?}"
+    );
+    let gathered = [IoSlice::new(b"gath"), IoSlice::new(b"ered")];
+    assert!(matches!(
+        sender.try_send_gather(&gathered),
+        Err(SendError::WouldBlock(WouldBlock::SendersQueueFull))
+    ));
+    // Driven, the connection takes the queue; the gathered message then goes as one, and
+    // the timed-out one never arrives.
+    let mut peer = peer;
+    let mut take = |count: usize, connection: &mut tierbuf_transport::connection::Connection<_>| {
+        let mut received = Vec::new();
+        let deadline = Instant::now() + BOUND;
+        while received.len() < count {
+            assert!(Instant::now() < deadline, "the queued messages never came");
+            connection.progress().unwrap();
+            if let Some(message) = peer.try_recv().unwrap() {
+                received.push(message.to_vec());
+            }
+        }
+        received
+    };
+    assert!(take(queued, &mut connection).iter().all(|m| m == b"queued"));
+    sender.send_gather(&gathered).unwrap();
+    assert_eq!(take(1, &mut connection), [b"gathered".to_vec()]);
     drop(connection);
     let error = sender.send(b"late").unwrap_err();
     assert!(matches!(error, SendError::Failed(_)), "{error:?}");

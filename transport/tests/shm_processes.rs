@@ -28,7 +28,6 @@ mod errors;
 mod traffic;
 
 use errors::chain;
-use std::io::IoSlice;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -278,7 +277,7 @@ fn a_progress_thread_serves_many_connections_to_another_process() -> Result<(), 
             let mut connection = shared.lock().map_err(|e| e.to_string())?;
             while sent[index] < MANY_MESSAGES && sent[index] - received[index] < IN_FLIGHT {
                 let message = pattern(sizes[sent[index]], sent[index] as u64);
-                match connection.try_send(&[IoSlice::new(&message)]) {
+                match connection.try_send(&message) {
                     Ok(_) => sent[index] += 1,
                     Err(SendError::WouldBlock(_)) => break,
                     Err(error) => return Err(chain(&error).into()),

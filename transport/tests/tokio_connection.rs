@@ -10,7 +10,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tierbuf_transport::connection::{AsyncConnection, ByteStream, ConnectionError, SendError};
+use tierbuf_transport::connection::{
+    AsyncConnection, ByteStream, ConnectionError, SendError, WouldBlock,
+};
 use tierbuf_transport::{LoopbackProvider, ShmProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -662,7 +664,59 @@ async fn stats_are_read_through_a_shared_reference<P: PairProvider>() {
     assert_eq!(reader.stats().bytes_received, 7);
 }
 
+/// The send vocabulary of an async connection: `send` takes what the sink takes (and
+/// stands for `SinkExt::send` with it in scope), `try_send` takes a message whole or says
+/// why not (behind what the sink holds, or for want of credit), and `send_deadline`
+/// gives up at its deadline with nothing sent.
+async fn the_send_vocabulary<P: PairProvider>() {
+    let provider = P::make();
+    let (mut sender, mut receiver) = pair(&provider, "rpc");
+    sender.send(b"slice").await.unwrap();
+    sender.send(b"owned".to_vec()).await.unwrap();
+    sender.try_send(b"at once").unwrap();
+    for expected in [&b"slice"[..], b"owned", b"at once"] {
+        assert_eq!(&receiver.recv().await.unwrap()[..], expected);
+    }
+    // The receiver stops reading: credits run out, `try_send` says so, and a deadline
+    // send gives up once none comes back within its time.
+    let refused = loop {
+        if let Err(error) = sender.try_send(b"fills") {
+            break error;
+        }
+    };
+    assert!(matches!(refused, SendError::WouldBlock(_)), "{refused:?}");
+    let timed_out = loop {
+        let deadline = std::time::Instant::now() + Duration::from_millis(20);
+        if let Err(error) = sender.send_deadline(b"fills", deadline).await {
+            break error;
+        }
+    };
+    assert!(matches!(timed_out, SendError::TimedOut(_)), "{timed_out:?}");
+    // What the sink holds goes first: `try_send` does not pass it.
+    sender.feed(b"kept".to_vec()).await.unwrap();
+    let behind = sender.try_send(b"behind").unwrap_err();
+    assert!(
+        matches!(behind, SendError::WouldBlock(WouldBlock::SinkBacklog)),
+        "{behind:?}"
+    );
+    let reading = async {
+        let mut fills = 0;
+        loop {
+            let message = receiver.recv().await.unwrap();
+            if message[..] != b"fills"[..] {
+                break (fills, message);
+            }
+            fills += 1;
+        }
+    };
+    let (flushed, (fills, last)) = tokio::join!(sender.flush(), reading);
+    flushed.unwrap();
+    assert!(fills > 0);
+    assert_eq!(&last[..], b"kept", "the timed-out message was never sent");
+}
+
 on_each_provider!(
+    the_send_vocabulary,
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,
     every_size_echoes_back,

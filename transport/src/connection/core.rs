@@ -54,61 +54,13 @@ use super::control::{
 };
 use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
 use super::errors::{ConnectionError, PeerViolation};
-use super::header::{FrameHeader, Grant, HEADER_LEN};
+use super::header::{FrameHeader, Grant};
 use super::reassembly::Reassembly;
 use super::receive::Message;
 use super::returns::ReturnedSlots;
 use super::send::{Outbox, Payload};
-use crate::provider::BufferRef;
+use super::transmit::Queued;
 use crate::sync;
-
-/// What the core asks its provider endpoint to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WorkRequest {
-    /// Post `buffer` as a receive.
-    PostRecv {
-        /// The id its completion will carry.
-        wr_id: u64,
-        /// The receive buffer.
-        buffer: BufferRef,
-    },
-    /// Post `buffer` as a send.
-    PostSend {
-        /// The id its completion will carry.
-        wr_id: u64,
-        /// The bytes to send.
-        buffer: BufferRef,
-    },
-    /// Send the frame, copied by the provider from the message given to
-    /// [`ConnectionCore::try_send_copied`] (`Endpoint::try_post_send_copied`); then settle
-    /// it with [`ConnectionCore::settle_copied`], before that message is gone, whether or
-    /// not the provider took it. Only `try_send_copied` hands these out.
-    PostSendCopied(CopiedFrame),
-}
-
-/// A frame whose payload lies in the caller's message ([`WorkRequest::PostSendCopied`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopiedFrame {
-    /// The id its completion will carry.
-    pub wr_id: u64,
-    /// The frame's header, to send first.
-    pub header: [u8; HEADER_LEN],
-    pub(super) payload_at: usize,
-    pub(super) payload_len: usize,
-}
-
-impl CopiedFrame {
-    /// The frame's payload in `message`, the message given to
-    /// [`ConnectionCore::try_send_copied`].
-    ///
-    /// # Panics
-    ///
-    /// If `message` is shorter than that message.
-    pub fn payload<'m>(&self, message: &'m [u8]) -> &'m [u8] {
-        &message[self.payload_at..self.payload_at + self.payload_len]
-    }
-}
 
 /// Counters and the state of one side of a connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -179,7 +131,51 @@ pub struct ConnectionStats {
     pub control_frames_waiting: u64,
 }
 
-/// One side of a connection, driven by its owner.
+/// One side of a connection, sans-IO: framing, credits, reassembly and the tiers, with
+/// no provider, clock or thread of its own. A driver feeds it completions and the time and
+/// hands its work to an endpoint; [`Connection`](super::Connection) is the driver this
+/// crate offers, and any other (a test's virtual network, an event loop of the user's)
+/// drives it through the same methods.
+///
+/// # The contract
+///
+/// Its methods are of four kinds:
+///
+/// - **Getters**, any time: [`stats`](ConnectionCore::stats),
+///   [`failure`](ConnectionCore::failure), [`send_tier`](ConnectionCore::send_tier),
+///   [`is_idle`](ConnectionCore::is_idle), [`lost_data`](ConnectionCore::lost_data),
+///   [`has_unsent_message`](ConnectionCore::has_unsent_message),
+///   [`needs_clock`](ConnectionCore::needs_clock),
+///   [`owes_credit`](ConnectionCore::owes_credit), [`config`](ConnectionCore::config).
+/// - **`handle_*`**, the inputs: [`handle_completion`](ConnectionCore::handle_completion)
+///   for every completion the endpoint reports for a request this core posted, whatever
+///   its status, in the order the endpoint reports them.
+/// - **Commands**, the user's calls: the sends ([`try_send`](ConnectionCore::try_send),
+///   [`try_send_some`](ConnectionCore::try_send_some),
+///   [`try_send_batch`](ConnectionCore::try_send_batch),
+///   [`try_write_vectored`](ConnectionCore::try_write_vectored),
+///   [`try_reserve`](ConnectionCore::try_reserve) and
+///   [`commit_reserved`](ConnectionCore::commit_reserved)),
+///   [`withdraw_unsent`](ConnectionCore::withdraw_unsent),
+///   [`try_recv`](ConnectionCore::try_recv) and [`fail`](ConnectionCore::fail).
+/// - **`poll_*` and [`transmit`](ConnectionCore::transmit)**, the outputs:
+///   [`transmit`](ConnectionCore::transmit) hands the queued work to a [`Transmit`](super::Transmit)
+///   (every [`Endpoint`](crate::Endpoint) is one), in order;
+///   [`poll_timeout`](ConnectionCore::poll_timeout) says when
+///   [`progress`](ConnectionCore::progress) must run if nothing arrives; and
+///   [`arm`](ConnectionCore::arm) asks to be woken for work no endpoint event announces
+///   (a message dropped on another thread gave its receive back).
+///
+/// A driver's pass, in this order: hand every completion to `handle_completion` (and,
+/// when [`owes_credit`](ConnectionCore::owes_credit) says so between completions, run
+/// `progress` and `transmit`, so a peer sending a long message is granted receives as they
+/// free); run [`progress`](ConnectionCore::progress) with the time; `transmit`. After
+/// every command, `transmit` (the sends whose frames may lie in the caller's message,
+/// `try_send` and `try_send_some`, take the transmitter and post before they return).
+/// Then wait for the endpoint's next event, a wake of `arm`, or `poll_timeout`, whichever
+/// comes first. Time is only what the driver passes: the core reads no clock, and a
+/// driver may pass the last time it read where [`needs_clock`](ConnectionCore::needs_clock)
+/// says the call does not look.
 pub struct ConnectionCore {
     pub(super) config: Arc<ConnectionConfig>,
     pub(super) tiers: TierController,
@@ -198,7 +194,7 @@ pub struct ConnectionCore {
     pub(super) shares_send_slots: bool,
     /// The slot and length of a message being built in place (module invariants).
     pub(super) reserved: Option<(OwnedTierSlot, usize)>,
-    pub(super) work: VecDeque<WorkRequest>,
+    pub(super) work: VecDeque<Queued>,
     pub(super) delivered: VecDeque<Message>,
     pub(super) returned: sync::Arc<ReturnedSlots>,
     /// References to `returned` for the messages of the receives posted: one per posted
@@ -233,7 +229,7 @@ impl ConnectionCore {
     /// One side of a new connection on tier 0, its send buffers from `send_reservoir` and
     /// its receive buffers from `recv_reservoir` (both for `config`'s ladder), negotiating
     /// tiers in band (control frames of the connection itself). Posts every tier-0 receive
-    /// at once (see [`ConnectionCore::poll_work`]); the peer's tier-0 receives are this
+    /// at once (see [`ConnectionCore::transmit`]); the peer's tier-0 receives are this
     /// side's first credits.
     ///
     /// # Errors
@@ -365,11 +361,6 @@ impl ConnectionCore {
         Ok(core)
     }
 
-    /// The next work request for the provider endpoint, in order.
-    pub fn poll_work(&mut self) -> Option<WorkRequest> {
-        self.work.pop_front()
-    }
-
     /// The next time [`ConnectionCore::progress`] must run even if nothing arrives: a
     /// negotiation timer, the moment the send tier may step down, or the end of a hold of
     /// the peer's control behind a message.
@@ -406,6 +397,11 @@ impl ConnectionCore {
         }
     }
 
+    /// The configuration this side was made with.
+    pub fn config(&self) -> &Arc<ConnectionConfig> {
+        &self.config
+    }
+
     /// The error the connection failed with, if it did.
     pub fn failure(&self) -> Option<&Arc<ConnectionError>> {
         self.failed.as_ref()
@@ -433,7 +429,7 @@ impl ConnectionCore {
     }
 
     /// Whether a segmented message taken on still has bytes to post.
-    pub(super) fn has_unsent_message(&self) -> bool {
+    pub fn has_unsent_message(&self) -> bool {
         self.outbox.is_some()
     }
 
@@ -501,7 +497,7 @@ impl ConnectionCore {
     /// receive slot given back by a message dropped on another thread. Pending when its
     /// own progress has work now: slots given back and not yet reposted, credit owed, or
     /// work requests not yet handed out.
-    pub(crate) fn arm(&self, waker: &std::task::Waker) -> crate::provider::Armed {
+    pub fn arm(&self, waker: &std::task::Waker) -> crate::provider::Armed {
         if self.owes_credit() || !self.work.is_empty() {
             return crate::provider::Armed::Pending;
         }
@@ -509,7 +505,7 @@ impl ConnectionCore {
     }
 
     /// Ends a wait begun with [`ConnectionCore::arm`].
-    pub(crate) fn disarm(&self) {
+    pub fn disarm(&self) {
         self.returned.disarm();
     }
 

@@ -7,39 +7,32 @@
 //!   the core writes a send slot only before posting it and reads a receive slot only
 //!   after its completion. That is the contract `Endpoint::post_recv` and
 //!   `Endpoint::post_send` ask of their callers.
-//! - Work the endpoint refuses for a full queue is kept, in order, and posted first at the
-//!   next progress; work refused for any other reason fails the connection, and that
-//!   request and every one kept are given back to the core as flushed (a send that
-//!   carried message bytes counts as not delivered). A refusal
-//!   because the connection is already broken says nothing of why, so the endpoint's own
-//!   report (what its next poll returns: the peer died, broke the protocol, stalled) is
-//!   the failure kept, when it has one.
+//! - The core's work goes to the endpoint through [`ConnectionCore::transmit`] (or the
+//!   sends that post before they return), after every call that may queue some: what the
+//!   endpoint refuses for a full queue stays queued, in order, in the core; anything else
+//!   it refuses fails the connection (`transmit.rs`).
 //! - A failure is reported only after the completions the endpoint held when it was
 //!   found have been taken: a pass that finds one (a post the closed peer refused, a
 //!   flushed receive) polls the endpoint again, so the frames that landed ahead of the
 //!   peer's close are delivered before the close is reported, however the endpoint split
 //!   its completions between polls.
-//! - A send the core hands out to be copied from the caller's message
-//!   ([`WorkRequest::PostSendCopied`]) is settled within the call that gave the message:
-//!   posted from the message if the endpoint takes it at once, otherwise written into its
-//!   reserved send slot and posted (or kept) as any send. None is left once the call
-//!   returns, so nothing refers to the caller's message after it.
+//! - A completion with an error status is handed to the core as any other; a flush after
+//!   the peer's close fails the connection as [`ConnectionError::PeerClosed`] first.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::io::IoSlice;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::core::{ConnectionCore, ConnectionStats, WorkRequest};
-use super::errors::{ConnectionError, SendError, WorkKind, WouldBlock};
+use super::core::{ConnectionCore, ConnectionStats};
+use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
 use super::receive::Message;
 use super::reserve::FilledOutcome;
 use super::senders::{Front, Held, Queued, SendQueue, Sender};
 use super::wait::{Expired, Parkable, Waiter};
-use crate::error::{PostError, QueueKind};
+use crate::error::QueueKind;
 use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState};
 
 /// Completions taken from the endpoint per poll.
@@ -58,7 +51,6 @@ const POLL_BATCH: usize = 32;
 pub struct Connection<E: Endpoint> {
     core: ConnectionCore,
     endpoint: E,
-    unposted: VecDeque<WorkRequest>,
     completions: [Completion; POLL_BATCH],
     /// The last time read from the clock, passed to the core where it does not read it
     /// ([`ConnectionCore::needs_clock`]).
@@ -85,7 +77,7 @@ impl<E: Endpoint> Connection<E> {
     /// shallower than the ladder needs (`ConnectionConfig::queue_depth`); any error of the
     /// first progress.
     pub fn new(core: ConnectionCore, endpoint: E) -> Result<Connection<E>, Arc<ConnectionError>> {
-        let needed = core.config.queue_depth();
+        let needed = core.config().queue_depth();
         let limits = endpoint.limits();
         for (queue, depth) in [
             (QueueKind::Send, limits.send_depth),
@@ -102,7 +94,6 @@ impl<E: Endpoint> Connection<E> {
         let mut connection = Connection {
             core,
             endpoint,
-            unposted: VecDeque::new(),
             completions: [Completion::default(); POLL_BATCH],
             last_now: Instant::now(),
             senders: None,
@@ -164,29 +155,21 @@ impl<E: Endpoint> Connection<E> {
             taken += ready;
             for index in 0..ready {
                 let completion = self.completions[index];
-                let kind = match completion.opcode.queue() {
-                    QueueKind::Send => WorkKind::Send,
-                    QueueKind::Recv => WorkKind::Recv,
-                };
-                if completion.status.is_success() {
-                    // A failure is recorded in the core and reported by the caller.
-                    let _ = self.core.handle_completion(
-                        now,
-                        kind,
-                        completion.wr_id,
-                        completion.byte_len,
-                    );
-                    // Receives reposted while reassembling a large message are granted
-                    // back at once, not after the whole batch: the peer goes on sending
-                    // while this side copies.
-                    if self.core.owes_credit() {
-                        self.core.progress(now);
-                        posted += self.post_work();
-                    }
-                } else {
-                    let error = self.completion_error(kind, completion);
-                    self.core.fail(error);
-                    self.core.handle_failed_completion(kind, completion.wr_id);
+                // A flush after the peer's close is the close: said before the core
+                // names the completion's status (module invariants).
+                if completion.status == CompletionStatus::Flushed
+                    && self.endpoint.state() == EndpointState::PeerClosed
+                {
+                    self.core.fail(ConnectionError::PeerClosed);
+                }
+                // A failure is recorded in the core and reported by the caller.
+                let _ = self.core.handle_completion(now, &completion);
+                // Receives reposted while reassembling a large message are granted back
+                // at once, not after the whole batch: the peer goes on sending while this
+                // side copies.
+                if completion.status.is_success() && self.core.owes_credit() {
+                    self.core.progress(now);
+                    posted += self.post_work();
                 }
             }
             if ready < POLL_BATCH {
@@ -196,167 +179,70 @@ impl<E: Endpoint> Connection<E> {
         (taken, posted)
     }
 
-    /// The error for a work request that completed with an error status: a flush after
-    /// the peer closed is the peer's close, anything else says its status.
-    fn completion_error(&self, kind: WorkKind, completion: Completion) -> ConnectionError {
-        if completion.status == CompletionStatus::Flushed
-            && self.endpoint.state() == EndpointState::PeerClosed
-        {
-            return ConnectionError::PeerClosed;
-        }
-        ConnectionError::CompletionFailed {
-            kind,
-            wr_id: completion.wr_id,
-            status: completion.status,
-        }
-    }
-
-    /// Posts the work the endpoint takes; returns how many requests were posted.
+    /// Posts the work the core has queued, while the endpoint takes it; returns how many
+    /// requests were posted.
     fn post_work(&mut self) -> usize {
-        self.post_work_from(&[])
+        self.core.transmit(&mut self.endpoint)
     }
 
-    /// [`Connection::post_work`] right after the core was given `message` to send
-    /// (`ConnectionCore::try_send_copied`), whose frames may be copied from it: every one
-    /// is settled before this returns (module invariants).
-    fn post_work_from(&mut self, message: &[u8]) -> usize {
-        let mut posted_count = 0;
-        let mut refused_for_good = false;
-        while let Some(work) = self.unposted.pop_front().or_else(|| self.core.poll_work()) {
-            match self.post_one(work, message) {
-                Ok(()) => posted_count += 1,
-                Err((PostError::QueueFull { .. }, kept)) => {
-                    self.unposted.push_front(kept);
-                    break;
-                }
-                Err((error, refused)) => {
-                    self.fail_posting(error);
-                    self.take_back(refused);
-                    refused_for_good = true;
-                    break;
-                }
-            }
-        }
-        // What is left waits for the next progress, written into send slots.
-        while let Some(work) = self.core.poll_work() {
-            let work = self.settle_uncopied(work, message);
-            self.unposted.push_back(work);
-        }
-        // Nothing is posted once the endpoint refused for good: what waits is taken back
-        // as if flushed.
-        if refused_for_good {
-            while let Some(work) = self.unposted.pop_front() {
-                self.take_back(work);
-            }
-        }
-        posted_count
-    }
-
-    /// Gives the core back a request that will never be posted, as a flushed one.
-    fn take_back(&mut self, work: WorkRequest) {
-        match work {
-            WorkRequest::PostRecv { wr_id, .. } => {
-                self.core.handle_failed_completion(WorkKind::Recv, wr_id);
-            }
-            WorkRequest::PostSend { wr_id, .. } => {
-                self.core.handle_failed_completion(WorkKind::Send, wr_id);
-            }
-            WorkRequest::PostSendCopied(frame) => {
-                self.core
-                    .handle_failed_completion(WorkKind::Send, frame.wr_id);
-            }
-        }
-    }
-
-    /// Fails the connection for a post the endpoint refused with `error` (module
-    /// invariants): for a connection already broken, with the cause the endpoint reports.
-    fn fail_posting(&mut self, error: PostError) {
-        if error == PostError::ConnectionBroken
-            && let Err(cause) = self.endpoint.poll(&mut [])
-        {
-            self.core.fail(ConnectionError::of_transport(cause));
-            return;
-        }
-        self.core.fail(ConnectionError::of_post(error));
-    }
-
-    /// Posts one work request; on an error, hands back the request to keep in its place.
-    fn post_one(
-        &mut self,
-        work: WorkRequest,
-        message: &[u8],
-    ) -> Result<(), (PostError, WorkRequest)> {
-        let work = match work {
-            WorkRequest::PostSendCopied(frame) => {
-                let parts = [&frame.header[..], frame.payload(message)];
-                match self.endpoint.try_post_send_copied(&parts, frame.wr_id) {
-                    Ok(true) => {
-                        self.core.settle_copied(&frame, message, true);
-                        return Ok(());
-                    }
-                    Ok(false) => self.settle_uncopied(work, message),
-                    Err(error) => return Err((error, self.settle_uncopied(work, message))),
-                }
-            }
-            other => other,
-        };
-        // SAFETY: the buffer is a slot the core holds until the completion naming `wr_id`
-        // comes back through `progress`, and the core touches it only as the module
-        // invariants say; if the endpoint is dropped first, the core's slots outlive
-        // nothing the endpoint can still reach (closing flushes everything).
-        let posted = unsafe {
-            match work {
-                WorkRequest::PostRecv { wr_id, buffer } => self.endpoint.post_recv(buffer, wr_id),
-                WorkRequest::PostSend { wr_id, buffer } => {
-                    self.endpoint.post_send(&[buffer], wr_id)
-                }
-                WorkRequest::PostSendCopied(_) => {
-                    unreachable!("settled above into a send from its slot")
-                }
-            }
-        };
-        posted.map_err(|error| (error, work))
-    }
-
-    /// A send to be copied from `message`, written into its send slot instead: the
-    /// request to post in its place. Any other request comes back as it is.
-    fn settle_uncopied(&mut self, work: WorkRequest, message: &[u8]) -> WorkRequest {
-        let WorkRequest::PostSendCopied(frame) = work else {
-            return work;
-        };
-        self.core
-            .settle_copied(&frame, message, false)
-            .expect("a send not copied is posted from its slot")
-    }
-
-    /// Offers an I/O vector without blocking, by the byte-stream rule of
-    /// [`ConnectionCore::try_send`]: returns the bytes of the leading elements taken as one
-    /// message.
+    /// Sends `message` without blocking: all of it is accepted as one message, or none of
+    /// it ([`SendError::WouldBlock`] says why, and nothing was sent). Accepted, it is on
+    /// its way: whole, or, if it does not fit the tier in force, copied and sent in
+    /// segments by this connection's progress while a larger tier is asked for. It is
+    /// delivered, or a later call reports the connection's failure.
+    ///
+    /// ```
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::SendError;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("try")?;
+    /// let mut a = node.connect("try")?;
+    /// let mut b = listener.accept()?;
+    /// // `b` does not read: `a` sends until its credits run out, and is told so.
+    /// let refused = loop {
+    ///     if let Err(error) = a.try_send(b"ping") {
+    ///         break error;
+    ///     }
+    /// };
+    /// assert!(matches!(refused, SendError::WouldBlock(_)), "{refused:?}");
+    /// assert_eq!(&b.recv()?[..], b"ping");
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
-    /// As [`ConnectionCore::try_send`]; [`SendError::Failed`] also when posting what was
-    /// taken failed (the peer closed, say), so nothing accepted is lost silently. A
-    /// failure found after every frame of the message was posted (a frame behind it
-    /// refused) leaves the message sent: the next call reports it.
-    pub fn try_send(&mut self, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
-        let total = message.iter().map(|part| part.len()).sum();
-        let now = self.clock_for(total);
-        let accepted = self.core.try_send(now, message);
-        self.post_work();
-        self.posted(accepted)
+    /// [`SendError::WouldBlock`]; [`SendError::TooLong`]; [`SendError::Failed`], also
+    /// when posting what was taken failed (the peer closed, say), so nothing accepted is
+    /// lost silently. A failure found after every frame of the message was posted (a
+    /// frame behind it refused) leaves the message sent: the next call reports it.
+    pub fn try_send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        self.try_send_gather(&[IoSlice::new(message)])
     }
 
-    /// Offers one message given in parts without blocking: all of it as one message, or
-    /// nothing ([`ConnectionCore::try_send_gather`]).
+    /// [`Connection::try_send`] of one message given in parts, as one message whatever
+    /// its parts: all of it, or nothing.
     ///
     /// # Errors
     ///
     /// As [`Connection::try_send`].
-    pub fn try_send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<usize, SendError> {
+    pub fn try_send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
         let total = parts.iter().map(|part| part.len()).sum();
         let now = self.clock_for(total);
-        let accepted = self.core.try_send_gather(now, parts);
+        let accepted = self.core.try_send(now, parts, &mut self.endpoint);
+        self.posted(accepted)
+    }
+
+    /// Writes an I/O vector as a byte stream writes, without blocking, by the prefix rule
+    /// of [`ConnectionCore::try_write_vectored`]: returns the bytes of the leading
+    /// elements taken as one message (a [`ByteStream`](super::ByteStream)'s vectored
+    /// write).
+    #[cfg(all(feature = "tokio", not(loom)))]
+    pub(super) fn try_write_vectored(&mut self, parts: &[IoSlice<'_>]) -> Result<usize, SendError> {
+        let total = parts.iter().map(|part| part.len()).sum();
+        let now = self.clock_for(total);
+        let accepted = self.core.try_write_vectored(now, parts);
         self.post_work();
         self.posted(accepted)
     }
@@ -446,7 +332,7 @@ impl<E: Endpoint> Connection<E> {
 
     /// [`SendError::TooLong`] for the first of `messages` past the configured maximum.
     pub(crate) fn check_batch_lengths(&self, messages: &[&[u8]]) -> Result<(), SendError> {
-        let max = self.core.config.max_message_len();
+        let max = self.core.config().max_message_len();
         match messages.iter().find(|message| message.len() as u64 > max) {
             Some(long) => Err(SendError::TooLong {
                 len: long.len() as u64,
@@ -488,7 +374,7 @@ impl<E: Endpoint> Connection<E> {
         let mut waiter = Waiter::new(deadline);
         loop {
             match self.try_send_gather(parts) {
-                Ok(_) => return Ok(()),
+                Ok(()) => return Ok(()),
                 Err(SendError::WouldBlock(reason)) => self
                     .wait(&mut waiter)
                     .map_err(|Expired| SendError::TimedOut(reason))?,
@@ -524,11 +410,11 @@ impl<E: Endpoint> Connection<E> {
     /// Sends `message` whole, making progress until it is posted (through promotion or
     /// segments). It is then on its way; [`Connection::flush`] waits for it to leave. A
     /// segmented message is posted straight from `message`
-    /// ([`ConnectionCore::try_send_borrowed`]), not copied to the heap first as
+    /// ([`ConnectionCore::try_send_some`]), not copied to the heap first as
     /// [`Connection::try_send`] must. Over an endpoint that copies from the caller's
     /// memory (`Endpoint::caller_copies`, the shared-memory provider), each frame of a
     /// length it takes that way, for which the peer has a receive posted, is copied by
-    /// the provider straight from `message` ([`ConnectionCore::try_send_copied`]), so this
+    /// the provider straight from `message` ([`ConnectionCore::try_send_some`]), so this
     /// side makes no copy of its own; any other frame is written into a send slot and
     /// posted as usual.
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
@@ -605,18 +491,18 @@ impl<E: Endpoint> Connection<E> {
     /// how many of its leading bytes were posted (through promotion or segments, copied
     /// as `send` copies them). Unless that is all of them, call it again with the rest of
     /// the same message, and nothing else, until it is: a segmented message is on its
-    /// way, and the peer waits for its rest. This is the step an event loop or an async
-    /// task makes between its waits.
+    /// way, and the peer waits for its rest. This is the step `send` makes between its
+    /// waits, for an event loop that would rather not copy a segmented message as
+    /// [`Connection::try_send`] does: it resumes a message where `try_send` takes it whole
+    /// or not at all.
     ///
     /// # Errors
     ///
     /// As [`Connection::try_send`]; [`SendError::NotTheRest`] for bytes that are not the
     /// rest of a message begun.
     pub fn try_send_some(&mut self, rest: &[u8]) -> Result<usize, SendError> {
-        let copies = self.endpoint.caller_copies();
         let now = self.clock_for(rest.len());
-        let accepted = self.core.try_send_copied(now, rest, copies);
-        self.post_work_from(rest);
+        let accepted = self.core.try_send_some(now, rest, &mut self.endpoint);
         self.posted(accepted)
     }
 
@@ -889,14 +775,20 @@ impl<E: Endpoint> Connection<E> {
     /// messages that were queued together by then share packed frames, as
     /// [`Connection::try_send_batch`] sends them.
     pub fn sender(&mut self) -> Sender {
-        let limit = self.core.config.queue_depth() as usize;
+        let limit = self.core.config().queue_depth() as usize;
         let queue = self
             .senders
             .get_or_insert_with(|| Arc::new(SendQueue::new(limit)));
         let queue = Arc::clone(queue);
         let slots = self.core.share_send_slots();
-        let ladder = self.core.config.ladder();
-        Sender::new(queue, slots, ladder.tiers().iter().map(|t| t.slot_count()))
+        let ladder = self.core.config().ladder();
+        let max_message_len = self.core.config().max_message_len();
+        Sender::new(
+            queue,
+            slots,
+            ladder.tiers().iter().map(|t| t.slot_count()),
+            max_message_len,
+        )
     }
 
     /// Posts what the senders queued, in order, while the core takes it; returns how
@@ -976,7 +868,7 @@ impl<E: Endpoint> Connection<E> {
     /// everything accepted reached the peer. What its senders queued is not counted here
     /// (an async flush is of what went through the sink); [`Connection::flush`] counts it.
     pub(super) fn is_flushed(&self) -> bool {
-        self.core.is_idle() && self.unposted.is_empty() && !self.core.lost_data()
+        self.core.is_idle() && !self.core.lost_data()
     }
 
     /// [`Connection::is_flushed`], and the first `senders_accepted` messages the senders
@@ -1021,7 +913,7 @@ impl<E: Endpoint> Connection<E> {
     /// Asks the endpoint to wake `waker` (or its descriptor) at its next event; pending
     /// while work of this side waits to be posted.
     pub(super) fn arm(&mut self, waker: &std::task::Waker) -> crate::provider::Armed {
-        if !self.unposted.is_empty() || self.core.arm(waker) == crate::provider::Armed::Pending {
+        if self.core.arm(waker) == crate::provider::Armed::Pending {
             return crate::provider::Armed::Pending;
         }
         // A flush that takes no more of the queue waits for completions, not for pushes.
@@ -1067,7 +959,7 @@ impl<E: Endpoint> Connection<E> {
     /// The configuration the connection was made with (for the byte stream's bounds).
     #[cfg(all(feature = "tokio", not(loom)))]
     pub(super) fn config(&self) -> &super::ConnectionConfig {
-        &self.core.config
+        self.core.config()
     }
 }
 

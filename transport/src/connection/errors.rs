@@ -257,12 +257,12 @@ impl ConnectionError {
     }
 }
 
-/// Why `try_send` accepted nothing.
+/// Why a send accepted nothing now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WouldBlock {
-    /// A message built in place needs a larger tier and its promotion is under way
-    /// (the patent's "0 bytes transferred"): retry after progress. Messages sent by copy
+    /// A message built in place needs a larger tier and its promotion is under way:
+    /// retry after progress. Messages sent by copy
     /// never wait for a promotion; they go out in segments meanwhile.
     PromotionPending,
     /// No credit (posted receive on the peer) or no send buffer is free now.
@@ -277,6 +277,9 @@ pub enum WouldBlock {
     /// A [`Sender`](super::Sender)'s queue is full: the connection's thread has not taken
     /// what its senders queued yet.
     SendersQueueFull,
+    /// An `AsyncConnection`'s sink holds messages it has not
+    /// posted yet, which go first: await a send, or flush.
+    SinkBacklog,
 }
 
 /// Why a send was not accepted.
@@ -310,7 +313,7 @@ pub enum SendError {
     /// called with no message reserved.
     #[error("no message is reserved")]
     NothingReserved,
-    /// [`ConnectionCore::try_send_borrowed`](super::ConnectionCore::try_send_borrowed) was
+    /// [`ConnectionCore::try_send_some`](super::ConnectionCore::try_send_some) was
     /// offered something other than the rest of the segmented message it is posting.
     #[error("{offered} bytes offered where the rest of a segmented message is {expected}")]
     NotTheRest {

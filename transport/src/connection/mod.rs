@@ -34,12 +34,13 @@ mod stream;
 mod table;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod tokio;
+mod transmit;
 mod wait;
 
 #[cfg(all(feature = "tokio", not(loom)))]
 pub use self::tokio::{AsyncConnection, AsyncConnectionGuard};
 pub use config::ConnectionConfig;
-pub use core::{ConnectionCore, ConnectionStats, CopiedFrame, WorkRequest};
+pub use core::{ConnectionCore, ConnectionStats};
 pub use driver::{Connection, SendBuffer};
 pub use errors::{ConnectionError, Fault, PeerViolation, SendError, WorkKind, WouldBlock};
 pub use header::{FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD};
@@ -53,3 +54,4 @@ pub use table::{
     ConnectionGuard, ConnectionId, ConnectionTable, ProgressConfig, ProgressStats,
     SharedConnection, TableError,
 };
+pub use transmit::{Post, Transmit};

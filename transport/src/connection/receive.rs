@@ -9,12 +9,14 @@ use std::time::Instant;
 use tierbuf_tiers::OwnedTierSlot;
 
 use super::control::{ControlFrame, ControlPath};
-use super::core::{ConnectionCore, WorkRequest};
+use super::core::ConnectionCore;
 use super::credits::{MIN_POSTED, Urgency};
 use super::errors::{ConnectionError, PeerViolation, WorkKind};
 use super::header::{FrameHeader, FrameKind, HEADER_LEN};
 use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
-use crate::provider::BufferRef;
+use super::transmit::Queued;
+use crate::error::QueueKind;
+use crate::provider::{BufferRef, Completion};
 use crate::sync;
 
 impl ConnectionCore {
@@ -123,7 +125,7 @@ impl ConnectionCore {
         if self.returns_to_lend.len() < self.posted.len() {
             self.returns_to_lend.push(sync::Arc::clone(&self.returned));
         }
-        self.work.push_back(WorkRequest::PostRecv { wr_id, buffer });
+        self.work.push_back(Queued::Recv { wr_id, buffer });
         self.grants.posted(tier, 1, urgency);
     }
 
@@ -135,9 +137,15 @@ impl ConnectionCore {
         }
     }
 
-    /// Takes one successful completion from the provider endpoint. After the peer's
-    /// orderly close has failed the connection, a receive's data frame is still delivered
-    /// and a send still stops being outstanding: both reached their end before the close.
+    /// Takes one completion from the provider endpoint, whatever its status.
+    ///
+    /// A successful one frees or delivers what its request held. After the peer's orderly
+    /// close has failed the connection (the driver calls [`ConnectionCore::fail`] with
+    /// [`ConnectionError::PeerClosed`] when its endpoint says so), a receive's data frame
+    /// is still delivered and a send still stops being outstanding: both reached their
+    /// end before the close. One with an error status fails the connection, unless it
+    /// failed already, with [`ConnectionError::CompletionFailed`], and takes its request
+    /// back as flushed: a send that carried message bytes counts as not delivered.
     ///
     /// # Errors
     ///
@@ -145,13 +153,24 @@ impl ConnectionCore {
     pub fn handle_completion(
         &mut self,
         now: Instant,
-        kind: WorkKind,
-        wr_id: u64,
-        byte_len: u32,
+        completion: &Completion,
     ) -> Result<(), Arc<ConnectionError>> {
+        let kind = match completion.opcode.queue() {
+            QueueKind::Send => WorkKind::Send,
+            QueueKind::Recv => WorkKind::Recv,
+        };
+        let (wr_id, byte_len) = (completion.wr_id, completion.byte_len);
+        if !completion.status.is_success() {
+            self.fail(ConnectionError::CompletionFailed {
+                kind,
+                wr_id,
+                status: completion.status,
+            });
+            self.take_back(kind, wr_id);
+        }
         if let Some(error) = &self.failed {
             let error = Arc::clone(error);
-            if matches!(*error, ConnectionError::PeerClosed) {
+            if matches!(*error, ConnectionError::PeerClosed) && completion.status.is_success() {
                 match kind {
                     WorkKind::Recv => self.receive_before_close(now, wr_id, byte_len as usize),
                     // The frame reached the peer before its close: it is not outstanding,
@@ -186,10 +205,10 @@ impl ConnectionCore {
         }
     }
 
-    /// Takes back the request of a completion with an error status (a flush, once the
-    /// connection is down), freeing its slot; a send that carried message bytes is
+    /// Takes back a request that completed with an error status or will never be posted
+    /// (a flush, once the connection is down), freeing its slot; a send that carried message bytes is
     /// remembered as not delivered ([`ConnectionCore::lost_data`]).
-    pub(crate) fn handle_failed_completion(&mut self, kind: WorkKind, wr_id: u64) {
+    pub(super) fn take_back(&mut self, kind: WorkKind, wr_id: u64) {
         match kind {
             WorkKind::Recv => drop(self.posted.try_remove(wr_id as usize)),
             WorkKind::Send => {
@@ -208,7 +227,7 @@ impl ConnectionCore {
 
     /// Whether a send that carried message bytes completed with an error: something
     /// accepted did not reach the peer.
-    pub(crate) fn lost_data(&self) -> bool {
+    pub fn lost_data(&self) -> bool {
         self.lost_data
     }
 

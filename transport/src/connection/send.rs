@@ -11,9 +11,9 @@
 //! - A segmented message holds the send order: until its last segment is posted, nothing
 //!   else is accepted ([`WouldBlock::SegmentedInFlight`]). An owned one is posted by
 //!   progress as credits allow; a borrowed one only by the caller offering its rest.
-//! - A [`WorkRequest::PostSendCopied`] is handed out with its send slot reserved in
-//!   `sending` and unwritten; the driver settles it ([`ConnectionCore::settle_copied`])
-//!   before the caller's message is gone.
+//! - A frame to be copied from the caller's message ([`Post::SendFrom`](super::Post::SendFrom)) is queued with
+//!   its send slot reserved and unwritten, and is posted or written into that slot before
+//!   the call that has the message returns (`transmit.rs`).
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -22,9 +22,10 @@ use std::time::Instant;
 use tierbuf_tiers::controller::{Framing, SendPlan};
 use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 
-use super::core::{ConnectionCore, CopiedFrame, WorkRequest};
+use super::core::ConnectionCore;
 use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::{FrameHeader, HEADER_LEN};
+use super::transmit::{Queued, Transmit};
 use crate::provider::{BufferRef, CallerCopies};
 
 /// A message in flight as segments.
@@ -55,9 +56,13 @@ impl Outbox {
 /// Where an offered message's bytes are, and so how its frames are posted.
 #[derive(Clone, Copy)]
 enum Source<'m> {
-    /// Parts to copy: a whole frame is written into a send slot, a segmented message is
+    /// Parts to copy: a whole frame is written into a send slot (or, of one part and a
+    /// length `copies` takes, copied by the provider from it), a segmented message is
     /// copied into an owned outbox.
-    Copy(&'m [IoSlice<'m>]),
+    Copy {
+        parts: &'m [IoSlice<'m>],
+        copies: CallerCopies,
+    },
     /// One slice left with the caller, who offers the rest again until all is posted;
     /// frames of a length `copies` takes are copied by the provider straight from it.
     Borrow {
@@ -69,7 +74,7 @@ enum Source<'m> {
 impl Source<'_> {
     fn len(&self) -> usize {
         match self {
-            Source::Copy(parts) => parts.iter().map(|part| part.len()).sum(),
+            Source::Copy { parts, .. } => parts.iter().map(|part| part.len()).sum(),
             Source::Borrow { message, .. } => message.len(),
         }
     }
@@ -96,35 +101,57 @@ pub(super) enum Payload<'m> {
 }
 
 impl ConnectionCore {
-    /// Offers an I/O vector, without blocking, by the prefix rule (`docs/policy.md`, "I/O vectors"): the longest
-    /// prefix of whole elements that fits the tier in force goes out as one message, and the
-    /// bytes it carries are returned (send the rest with another call). When the first
-    /// element with any bytes does not fit on its own, that element goes out as one message
-    /// in segments, at once, while a larger tier is asked for, and its bytes (with any empty
-    /// elements before it) are returned. This is the byte-stream send; for a message given
-    /// in parts that must arrive as one, use [`ConnectionCore::try_send_gather`].
+    /// Offers one message given in parts, without blocking: all of it is accepted, as one
+    /// message (whole if it fits the tier in force, else copied and sent in segments while
+    /// a larger tier is asked for), or none of it; then posts what it can through `to`,
+    /// as [`ConnectionCore::try_send_some`] does (a message of one part whose frame `to`
+    /// takes from the caller's memory is offered to it as a [`Post::SendFrom`](super::Post::SendFrom)).
     ///
     /// # Errors
     ///
     /// [`SendError::WouldBlock`] when nothing could be taken now; [`SendError::TooLong`];
     /// [`SendError::Failed`].
-    pub fn try_send(&mut self, now: Instant, message: &[IoSlice<'_>]) -> Result<usize, SendError> {
-        self.offer(now, Source::Copy(message), true)
+    pub fn try_send(
+        &mut self,
+        now: Instant,
+        parts: &[IoSlice<'_>],
+        to: &mut impl Transmit,
+    ) -> Result<(), SendError> {
+        let copies = to.takes_from_caller();
+        let accepted = self.offer(now, Source::Copy { parts, copies }, false);
+        let lies_in = match parts {
+            [one] => &one[..],
+            _ => &[],
+        };
+        self.transmit_from(to, lies_in);
+        accepted.map(drop)
     }
 
-    /// Offers one message given in parts, without blocking: all of it is accepted, as one
-    /// message (whole if it fits the tier in force, else in segments while a larger tier is
-    /// asked for), or none of it. Returns its length.
+    /// Writes an I/O vector into the connection as a byte stream writes, without blocking,
+    /// by the prefix rule (`docs/policy.md`, "I/O vectors"): the longest prefix of whole
+    /// elements that fits the tier in force goes out as one message, and the bytes it
+    /// carries are returned (write the rest with another call). When the first element
+    /// with any bytes does not fit on its own, that element goes out as one message in
+    /// segments, at once, while a larger tier is asked for, and its bytes (with any empty
+    /// elements before it) are returned. Message boundaries are this call's to choose:
+    /// for messages, use [`ConnectionCore::try_send`].
     ///
     /// # Errors
     ///
     /// As [`ConnectionCore::try_send`].
-    pub fn try_send_gather(
+    pub fn try_write_vectored(
         &mut self,
         now: Instant,
         parts: &[IoSlice<'_>],
     ) -> Result<usize, SendError> {
-        self.offer(now, Source::Copy(parts), false)
+        self.offer(
+            now,
+            Source::Copy {
+                parts,
+                copies: CallerCopies::NONE,
+            },
+            true,
+        )
     }
 
     /// Offers several messages at once, without blocking, each to arrive as a message of
@@ -135,7 +162,7 @@ impl ConnectionCore {
     /// of its packed length: a run longer than the smallest tier holds asks for the tier
     /// that holds it (and tells the demotion tracker it is needed), so a caller that keeps
     /// handing over large batches gets larger frames, and more messages a frame. A message that shares no frame is offered alone, as
-    /// [`ConnectionCore::try_send_gather`] offers it (whole, or in segments while a larger
+    /// [`ConnectionCore::try_send`] offers it (whole, or in segments while a larger
     /// tier is asked for, which ends the call). A message sent alone is not delayed to
     /// wait for others: packing only gathers what is given at once.
     ///
@@ -216,75 +243,82 @@ impl ConnectionCore {
 
     /// Offers one message of a batch alone; returns 1 once it is accepted.
     fn send_one(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
-        self.offer(now, Source::Copy(&[IoSlice::new(message)]), false)
+        let parts = &[IoSlice::new(message)];
+        let copies = CallerCopies::NONE;
+        self.offer(now, Source::Copy { parts, copies }, false)
             .map(|_| 1)
     }
 
-    /// [`ConnectionCore::try_send_gather`] for a message in one slice that is not copied if
-    /// it has to be segmented: the segments are posted straight from `message` as credits
-    /// and send slots allow, and the bytes posted are returned; the caller offers the rest
-    /// (`&message[accepted..]`) in later calls until all of it is posted. Until then the
-    /// message holds the send order: [`ConnectionCore::try_send`] and
+    /// Offers a message in one slice that is not copied if it has to be segmented, and
+    /// posts what it can through `to` before it returns: the frames are posted straight
+    /// from `rest` as credits and send slots allow, and the bytes posted are returned; the
+    /// caller offers the rest (`&rest[accepted..]`) in later calls until all of it is
+    /// posted. Until then the message holds the send order: the other sends and
     /// [`ConnectionCore::try_reserve`] report [`WouldBlock::SegmentedInFlight`], and the
     /// core's progress does not post its segments (it does not have the bytes). A call
     /// that offers anything but the rest fails with [`SendError::NotTheRest`]; one that
     /// can post nothing now reports [`WouldBlock::NoCredit`] (offer the same rest again).
     /// A message sent in one frame is posted whole.
     ///
-    /// # Errors
-    ///
-    /// As [`ConnectionCore::try_send`], and [`SendError::NotTheRest`].
-    pub fn try_send_borrowed(&mut self, now: Instant, message: &[u8]) -> Result<usize, SendError> {
-        self.send_borrowed(now, message, CallerCopies::NONE)
-    }
-
-    /// Sends `message` as [`ConnectionCore::try_send_borrowed`] does, but hands out its
-    /// data frames whose length (header and payload) `copies` takes as
-    /// [`WorkRequest::PostSendCopied`], for a provider that can copy them straight from
-    /// `message` into the peer's receives (saving the copy into a send slot):
-    /// `copies` is the provider's `Endpoint::caller_copies`. The caller settles every one
-    /// of them ([`ConnectionCore::settle_copied`]) before it lets go of `message`.
+    /// Frames of the lengths `to` takes from the caller's memory
+    /// ([`Transmit::takes_from_caller`]) are offered to it as [`Post::SendFrom`](super::Post::SendFrom), for a
+    /// provider that copies them straight from `rest` into the peer's receives (saving
+    /// the copy into a send slot); those it does not take are written into their slots
+    /// before the call returns. Nothing refers to `rest` after it.
     ///
     /// ```
     /// use std::sync::Arc;
     /// use std::time::Instant;
     /// use tierbuf_pool::{HostRegistrar, MemoryBudget};
     /// use tierbuf_tiers::{Reservoir, ladder::TierLadder};
-    /// use tierbuf_transport::CallerCopies;
-    /// use tierbuf_transport::connection::{ConnectionConfig, ConnectionCore, WorkRequest};
+    /// use tierbuf_transport::{CallerCopies, PostError};
+    /// use tierbuf_transport::connection::{ConnectionConfig, ConnectionCore, Post, Transmit};
+    ///
+    /// /// Copies frames of 4 KiB and more from the caller, as a provider of shared memory
+    /// /// may; posts everything else.
+    /// #[derive(Default)]
+    /// struct Copier(Vec<Vec<u8>>);
+    /// impl Transmit for Copier {
+    ///     fn post(&mut self, post: Post<'_>) -> Result<bool, PostError> {
+    ///         if let Post::SendFrom { header, payload, .. } = post {
+    ///             self.0.push([header, payload].concat());
+    ///         }
+    ///         Ok(true)
+    ///     }
+    ///     fn takes_from_caller(&self) -> CallerCopies {
+    ///         CallerCopies::new(None, Some(4096))
+    ///     }
+    /// }
     ///
     /// let ladder = TierLadder::builder().tier(8192, 4, 8000).build()?;
     /// let config = Arc::new(ConnectionConfig::new(Arc::new(ladder))?);
     /// let registrar = Arc::new(HostRegistrar::new(MemoryBudget::with_cap(1 << 20)));
     /// let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
     /// let now = Instant::now();
-    /// let mut core =
-    ///     ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now)?;
-    /// while core.poll_work().is_some() {} // the first receives, posted elsewhere
+    /// let mut core = ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now)?;
+    /// let mut copier = Copier::default();
+    /// core.transmit(&mut copier); // the first receives
     ///
-    /// let copies = CallerCopies::new(None, Some(4096));
     /// let message = vec![7u8; 4096];
-    /// assert_eq!(core.try_send_copied(now, &message, copies)?, message.len());
-    /// let Some(WorkRequest::PostSendCopied(frame)) = core.poll_work() else {
-    ///     panic!("a frame to copy from the message");
-    /// };
-    /// assert_eq!(frame.payload(&message), &message[..]);
-    /// // The provider could not take it now: the frame goes through its send slot.
-    /// let send = core.settle_copied(&frame, &message, false);
-    /// assert!(matches!(send, Some(WorkRequest::PostSend { .. })));
+    /// assert_eq!(core.try_send_some(now, &message, &mut copier)?, message.len());
+    /// assert_eq!(copier.0.len(), 1, "one frame, copied from the message");
+    /// assert!(copier.0[0].ends_with(&message));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// As [`ConnectionCore::try_send_borrowed`].
-    pub fn try_send_copied(
+    /// As [`ConnectionCore::try_send`], and [`SendError::NotTheRest`].
+    pub fn try_send_some(
         &mut self,
         now: Instant,
-        message: &[u8],
-        copies: CallerCopies,
+        rest: &[u8],
+        to: &mut impl Transmit,
     ) -> Result<usize, SendError> {
-        self.send_borrowed(now, message, copies)
+        let copies = to.takes_from_caller();
+        let accepted = self.send_borrowed(now, rest, copies);
+        self.transmit_from(to, rest);
+        accepted
     }
 
     fn send_borrowed(
@@ -318,10 +352,10 @@ impl ConnectionCore {
         Ok(accepted)
     }
 
-    /// Bytes posted of a message offered by [`ConnectionCore::try_send_borrowed`] whose
+    /// Bytes posted of a message offered by [`ConnectionCore::try_send_some`] whose
     /// rest the caller still owes, if there is one. One with none posted yet is dropped
     /// (nothing of it is on the wire): `Some(0)` then, and the send order is free again.
-    pub(crate) fn withdraw_unsent(&mut self) -> Option<usize> {
+    pub fn withdraw_unsent(&mut self) -> Option<usize> {
         match &self.outbox {
             Some(Outbox {
                 message: OutboxBytes::Borrowed(_),
@@ -374,12 +408,14 @@ impl ConnectionCore {
             return Err(SendError::WouldBlock(WouldBlock::SegmentedInFlight));
         }
         let plan = match source {
-            Source::Copy(parts) if prefix => self.tiers.plan_io_vector(now, parts),
+            Source::Copy { parts, .. } if prefix => self.tiers.plan_io_vector(now, parts),
             // One message of every part.
-            Source::Copy(parts) => self.tiers.plan_message(now, total).map(|plan| SendPlan {
-                elements: parts.len(),
-                ..plan
-            }),
+            Source::Copy { parts, .. } => {
+                self.tiers.plan_message(now, total).map(|plan| SendPlan {
+                    elements: parts.len(),
+                    ..plan
+                })
+            }
             Source::Borrow { .. } => self.tiers.plan_message(now, total),
         }
         .map_err(|error| self.fail_send(ConnectionError::of_controller(error)))?;
@@ -409,7 +445,15 @@ impl ConnectionCore {
     /// receive holds it and a send slot are free.
     fn send_whole(&mut self, source: Source<'_>, plan: SendPlan) -> Result<usize, SendError> {
         let payload = match source {
-            Source::Copy(parts) => Payload::Parts(&parts[..plan.elements]),
+            Source::Copy {
+                parts: [one],
+                copies,
+            } if plan.elements == 1 => Payload::Caller {
+                message: one,
+                at: 0,
+                copies,
+            },
+            Source::Copy { parts, .. } => Payload::Parts(&parts[..plan.elements]),
             Source::Borrow { message, copies } => Payload::Caller {
                 message,
                 at: 0,
@@ -441,7 +485,7 @@ impl ConnectionCore {
                 });
                 self.post_borrowed_segments(message, copies)
             }
-            Source::Copy(parts) => {
+            Source::Copy { parts, .. } => {
                 let mut copy = std::mem::take(&mut self.spare_outbox);
                 copy.reserve(plan.bytes);
                 for part in &parts[..plan.elements] {
@@ -530,65 +574,28 @@ impl ConnectionCore {
             len: (HEADER_LEN + len) as u32,
         };
         let wr_id = self.sending.insert(Some(slot)) as u64;
-        self.work.push_back(WorkRequest::PostSend { wr_id, buffer });
+        self.work.push_back(Queued::Send { wr_id, buffer });
         self.stats.frames_sent += 1;
     }
 
     /// [`ConnectionCore::post_slot`] for a frame the provider may copy from the caller's
     /// message, where its payload starts at `payload_at`: takes the credit, encodes the
-    /// header, and reserves `slot` (unwritten) until [`ConnectionCore::settle_copied`].
+    /// header, and queues the frame with `slot` reserved, unwritten, for it (`transmit.rs`,
+    /// module invariants).
     fn post_copied(&mut self, mut header: FrameHeader, slot: OwnedTierSlot, payload_at: usize) {
         self.credits.take();
         header.grant = self.grants.take();
         let mut encoded = [0u8; HEADER_LEN];
         header.encode(&mut encoded);
-        let wr_id = self.sending.insert(Some(slot)) as u64;
-        self.work
-            .push_back(WorkRequest::PostSendCopied(CopiedFrame {
-                wr_id,
-                header: encoded,
-                payload_at,
-                payload_len: header.payload_len as usize,
-            }));
+        let wr_id = self.sending.insert(None) as u64;
+        self.work.push_back(Queued::SendFrom {
+            wr_id,
+            header: encoded,
+            payload_at,
+            payload_len: header.payload_len as usize,
+            slot,
+        });
         self.stats.frames_sent += 1;
-    }
-
-    /// Settles a [`WorkRequest::PostSendCopied`] of `frame`, with `message` the message
-    /// given to [`ConnectionCore::try_send_copied`]: when the provider `copied` it, its
-    /// reserved send slot goes back to the spares; when it did not, the frame is written
-    /// into that slot, and the send to post instead is returned.
-    ///
-    /// # Panics
-    ///
-    /// If `frame` was already settled, or `message` is not the one its payload lies in.
-    pub fn settle_copied(
-        &mut self,
-        frame: &CopiedFrame,
-        message: &[u8],
-        copied: bool,
-    ) -> Option<WorkRequest> {
-        let wr_id = frame.wr_id;
-        let reserved = self
-            .sending
-            .get_mut(wr_id as usize)
-            .and_then(Option::take)
-            .expect("a copied send settled once, while outstanding");
-        if copied {
-            self.keep_send_slot(reserved);
-            return None;
-        }
-        let mut slot = reserved;
-        let payload = frame.payload(message);
-        let len = HEADER_LEN + payload.len();
-        slot[..HEADER_LEN].copy_from_slice(&frame.header);
-        slot[HEADER_LEN..len].copy_from_slice(payload);
-        let buffer = BufferRef {
-            remote_key: slot.keys().remote_key,
-            addr: slot.remote_addr(),
-            len: len as u32,
-        };
-        self.sending[wr_id as usize] = Some(slot);
-        Some(WorkRequest::PostSend { wr_id, buffer })
     }
 
     /// Keeps a send slot for the next frame if it lies in the send tier in force; gives it

@@ -39,9 +39,10 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::io::IoSlice;
 use std::sync::{Arc, Condvar, PoisonError};
 use std::task::Waker;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 
@@ -238,11 +239,14 @@ impl<T> SendQueue<T> {
             .clone()
     }
 
-    /// Waits for room (or a close) for [`ROOM_WAIT`] at most.
-    fn wait_for_room(&self) {
+    /// Waits for room (or a close) for [`ROOM_WAIT`] at most, and not past `deadline`.
+    fn wait_for_room(&self, deadline: Option<Instant>) {
         let closed = self.closed.lock().unwrap_or_else(PoisonError::into_inner);
         if closed.is_none() && self.len.load(Ordering::Acquire) >= self.limit {
-            let _waited = self.room.wait_timeout(closed, ROOM_WAIT);
+            let wait = deadline.map_or(ROOM_WAIT, |deadline| {
+                ROOM_WAIT.min(deadline.saturating_duration_since(Instant::now()))
+            });
+            let _waited = self.room.wait_timeout(closed, wait);
         }
     }
 }
@@ -315,21 +319,25 @@ pub struct Sender {
     slots: OwnedTierCache,
     /// By tier: the most send slots queued items may hold (module invariants).
     slot_limits: Arc<[usize]>,
+    /// The longest message the connection sends.
+    max_message_len: u64,
 }
 
 impl Sender {
     /// A sender queueing on `queue`, taking slots through `slots` of a ladder whose tiers
-    /// have `slot_counts` slots each.
+    /// have `slot_counts` slots each, for messages of up to `max_message_len` bytes.
     pub(crate) fn new(
         queue: Arc<SendQueue<Queued>>,
         slots: OwnedTierCache,
         slot_counts: impl IntoIterator<Item = usize>,
+        max_message_len: u64,
     ) -> Sender {
         let slot_limits = slot_counts.into_iter().map(|count| count / 2).collect();
         Sender {
             queue,
             slots,
             slot_limits,
+            max_message_len,
         }
     }
 
@@ -345,25 +353,45 @@ impl Sender {
         (slot.len() >= HEADER_LEN + len && self.queue.hold_slot(limit)).then_some(slot)
     }
 
-    /// Queues `message` for the connection without waiting.
+    /// Queues `message` for the connection without waiting: all of it, as one message,
+    /// or nothing.
     ///
     /// # Errors
     ///
     /// [`WouldBlock::SendersQueueFull`] while the connection has not taken what its
-    /// senders queued; [`SendError::Failed`] once the connection failed or is gone.
+    /// senders queued; [`SendError::TooLong`]; [`SendError::Failed`] once the connection
+    /// failed or is gone.
     pub fn try_send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        self.try_send_gather(&[IoSlice::new(message)])
+    }
+
+    /// [`Sender::try_send`] of one message given in parts, as one message whatever its
+    /// parts.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::try_send`].
+    pub fn try_send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
         if let Some(failure) = self.queue.failure() {
             return Err(SendError::Failed(failure));
         }
-        let item = match self.take_slot(message.len()) {
+        let len: usize = parts.iter().map(|part| part.len()).sum();
+        if len as u64 > self.max_message_len {
+            return Err(SendError::TooLong {
+                len: len as u64,
+                max: self.max_message_len,
+            });
+        }
+        let item = match self.take_slot(len) {
             Some(mut slot) => {
-                slot[HEADER_LEN..HEADER_LEN + message.len()].copy_from_slice(message);
-                Queued::Filled {
-                    slot,
-                    len: message.len(),
+                let mut at = HEADER_LEN;
+                for part in parts {
+                    slot[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
                 }
+                Queued::Filled { slot, len }
             }
-            None => Queued::Owned(message.to_vec()),
+            None => Queued::Owned(parts.iter().flat_map(|part| part.iter().copied()).collect()),
         };
         self.queue.push(item).map_err(|refused| {
             if matches!(refused, Queued::Filled { .. }) {
@@ -377,12 +405,43 @@ impl Sender {
     ///
     /// # Errors
     ///
-    /// [`SendError::Failed`] once the connection failed or is gone.
+    /// As [`Sender::try_send`], but for [`SendError::WouldBlock`].
     pub fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        self.send_until(&[IoSlice::new(message)], None)
+    }
+
+    /// [`Sender::send`], giving up at `deadline` with [`SendError::TimedOut`] (nothing of
+    /// the message was queued then): a queue stays full for as long as nobody drives the
+    /// connection.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::send`], and [`SendError::TimedOut`].
+    pub fn send_deadline(&mut self, message: &[u8], deadline: Instant) -> Result<(), SendError> {
+        self.send_until(&[IoSlice::new(message)], Some(deadline))
+    }
+
+    /// [`Sender::send`] of one message given in parts, as one message whatever its parts.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sender::send`].
+    pub fn send_gather(&mut self, parts: &[IoSlice<'_>]) -> Result<(), SendError> {
+        self.send_until(parts, None)
+    }
+
+    fn send_until(
+        &mut self,
+        parts: &[IoSlice<'_>],
+        deadline: Option<Instant>,
+    ) -> Result<(), SendError> {
         loop {
-            match self.try_send(message) {
-                Err(SendError::WouldBlock(WouldBlock::SendersQueueFull)) => {
-                    self.queue.wait_for_room();
+            match self.try_send_gather(parts) {
+                Err(SendError::WouldBlock(reason)) => {
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        return Err(SendError::TimedOut(reason));
+                    }
+                    self.queue.wait_for_room(deadline);
                 }
                 other => return other,
             }
@@ -396,6 +455,7 @@ impl Clone for Sender {
             queue: Arc::clone(&self.queue),
             slots: self.slots.clone(),
             slot_limits: Arc::clone(&self.slot_limits),
+            max_message_len: self.max_message_len,
         }
     }
 }

@@ -9,7 +9,7 @@
 //!   before the first byte are skipped; a write of no bytes returns `Ok(0)` and sends
 //!   nothing. So the only empty message a stream sends is its shutdown's.
 //! - The bytes a write returns went as one message, by the byte-stream rule of
-//!   [`Connection::try_send`] (the prefix rule, `docs/policy.md`): the leading whole elements that fit
+//!   [`ConnectionCore::try_write_vectored`](super::ConnectionCore::try_write_vectored) (the prefix rule, `docs/policy.md`): the leading whole elements that fit
 //!   the tier in force together, or, when the first does not fit, that element, sent at
 //!   once in segments while a larger tier is asked for. An element longer than the top
 //!   tier's whole message (or the connection's longest message) is offered only a part
@@ -49,7 +49,7 @@ use crate::provider::Endpoint;
 /// A byte stream over a connection: tokio's [`AsyncRead`], [`AsyncBufRead`] and
 /// [`AsyncWrite`], for a protocol that reads and writes bytes rather than messages.
 ///
-/// - **Writes** follow the prefix rule ([`Connection::try_send`]): a vectored write
+/// - **Writes** follow the prefix rule ([`ConnectionCore::try_write_vectored`](super::ConnectionCore::try_write_vectored)): a vectored write
 ///   sends the leading whole elements that fit the tier in force as one message and
 ///   returns their length; when the first element does not fit, it goes at once, in
 ///   segments on the tier in force, while a larger tier is asked for, and the writes after

@@ -457,7 +457,7 @@ impl<E: Endpoint> Shared<E> {
 /// let sender = table.insert(Connection::new(core()?, a)?);
 /// let receiver = table.insert(Connection::new(core()?, b)?);
 /// // Neither side calls `progress`: the table's thread does.
-/// while sender.lock()?.try_send(&[std::io::IoSlice::new(b"hello")]).is_err() {
+/// while sender.lock()?.try_send(b"hello").is_err() {
 ///     std::thread::yield_now();
 /// }
 /// let message = loop {

@@ -113,7 +113,7 @@ use tokio::time::Sleep;
 
 use super::core::ConnectionStats;
 use super::driver::Connection;
-use super::errors::{ConnectionError, SendError};
+use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::receive::Message;
 use super::senders::{MAX_HELD, batch_parts};
 use super::spin_claim::{SpinClaim, SpinWord};
@@ -202,6 +202,8 @@ struct State<E: Endpoint> {
     polling_sleep: Duration,
     /// What the sink took and has not posted, oldest first (module invariants).
     sinking: Sinking,
+    /// Why the last send offered found nothing taken: what a deadline that passes reports.
+    blocked_by: WouldBlock,
     /// Whether a receive returned `Pending` and none has been polled since.
     recv_waits: bool,
     /// Whether a send, the sink's readiness or a flush returned `Pending` and none of
@@ -369,6 +371,7 @@ impl<E: Endpoint + 'static> AsyncConnection<E> {
             polling: None,
             polling_sleep: Waiter::FIRST_SLEEP,
             sinking: Sinking::default(),
+            blocked_by: WouldBlock::NoCredit,
             waiting_since: None,
             spin: SPIN,
             spin_pays: true,
@@ -483,11 +486,18 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// Sends `message` whole (segmented or through a promotion if it needs one), waiting
     /// for credits and tiers without blocking the thread.
     ///
+    /// `connection.send(m)` calls this even where `futures::SinkExt` is in scope: it takes
+    /// what the [`Sink`] takes (`AsRef<[u8]>`) and means what `SinkExt::send` means, the
+    /// message taken whole, but returns once the message is posted, where
+    /// `SinkExt::send` also waits for every send to complete (`send(m).await` then
+    /// `flush().await` is that).
+    ///
     /// # Errors
     ///
     /// As [`Connection::send`]. Dropping the future after part of the message was posted
     /// fails the connection (module invariants).
-    pub async fn send(&mut self, message: &[u8]) -> Result<(), SendError> {
+    pub async fn send(&mut self, message: impl AsRef<[u8]>) -> Result<(), SendError> {
+        let message = message.as_ref();
         // What the sink took goes first (module invariants), before this message is
         // offered: a drop while it waits has nothing of this message to abandon.
         self.waiting(Call::Send, State::poll_sinking)
@@ -504,6 +514,71 @@ impl<E: Endpoint> AsyncConnection<E> {
                 state.poll_send(cx, message, &mut sending.offset)
             })
             .await
+    }
+
+    /// [`AsyncConnection::send`], giving up at `deadline`, as [`Connection::send_deadline`]
+    /// does: [`SendError::TimedOut`] if nothing of the message was posted by then (nothing
+    /// was sent); if part of it was, the connection fails with
+    /// [`ConnectionError::AbandonedMidMessage`], and that is the error.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::{AsyncConnection, SendError};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("deadline")?;
+    /// let mut a = AsyncConnection::new(node.connect("deadline")?)?;
+    /// let mut b = AsyncConnection::new(listener.accept()?)?;
+    /// // `b` does not read: `a` sends until its credits run out, then the deadline passes.
+    /// let deadline = Instant::now() + Duration::from_millis(20);
+    /// let outcome = loop {
+    ///     if let Err(error) = a.send_deadline(b"ping", deadline).await {
+    ///         break error;
+    ///     }
+    /// };
+    /// assert!(matches!(outcome, SendError::TimedOut(_)), "{outcome:?}");
+    /// assert_eq!(&b.recv().await?[..], b"ping");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncConnection::send`], and [`SendError::TimedOut`].
+    pub async fn send_deadline(
+        &mut self,
+        message: impl AsRef<[u8]>,
+        deadline: Instant,
+    ) -> Result<(), SendError> {
+        let message = message.as_ref();
+        match tokio::time::timeout_at(deadline.into(), self.send(message)).await {
+            Ok(sent) => sent,
+            // The send's future is dropped: a message of which nothing was posted is
+            // withdrawn, one begun failed the connection (module invariants).
+            Err(_elapsed) => Err(self.with(|state| match state.connection.progress() {
+                Err(failure) => SendError::Failed(failure),
+                Ok(()) => SendError::TimedOut(state.blocked_by),
+            })),
+        }
+    }
+
+    /// Sends `message` without waiting: all of it is taken as one message, or none of it
+    /// ([`Connection::try_send`]). Behind messages the [`Sink`] took and has not posted it
+    /// is not taken ([`WouldBlock::SinkBacklog`]): messages leave in the order they were
+    /// given.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::try_send`].
+    pub fn try_send(&mut self, message: &[u8]) -> Result<(), SendError> {
+        self.with(|state| {
+            if !state.sinking.messages.is_empty() {
+                return Err(SendError::WouldBlock(WouldBlock::SinkBacklog));
+            }
+            state.connection.try_send(message)
+        })
     }
 
     /// Sends `parts` as one message, whatever their number and lengths (segmented, or
@@ -576,7 +651,7 @@ impl<E: Endpoint> AsyncConnection<E> {
         self.waiting(Call::Send, State::poll_flushed).await
     }
 
-    /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
+    /// Offers an I/O vector by the byte-stream rule of [`ConnectionCore::try_write_vectored`](super::ConnectionCore::try_write_vectored), after
     /// the rest of anything the sink took: `Ready` with the bytes of the leading elements
     /// taken as one message (at least one byte of a vector that has any), `Pending` while
     /// nothing can be taken (no credit or send slot, or a segmented message holds the
@@ -630,7 +705,7 @@ impl<E: Endpoint> Drop for AsyncConnection<E> {
 }
 
 impl<E: Endpoint> State<E> {
-    /// Offers an I/O vector by the byte-stream rule of [`Connection::try_send`], after
+    /// Offers an I/O vector by the byte-stream rule of [`ConnectionCore::try_write_vectored`](super::ConnectionCore::try_write_vectored), after
     /// the rest of anything the sink took: `Ready` with the bytes of the leading elements
     /// taken as one message (at least one byte of a vector that has any), `Pending` while
     /// nothing can be taken (no credit or send slot, or a segmented message holds the
@@ -644,7 +719,7 @@ impl<E: Endpoint> State<E> {
             ready!(this.poll_sinking(cx)).map_err(SendError::Failed)?;
             loop {
                 this.disarm();
-                match this.connection.try_send(parts) {
+                match this.connection.try_write_vectored(parts) {
                     Err(SendError::WouldBlock(_)) => ready!(this.poll_event(cx)),
                     taken => return Poll::Ready(taken),
                 }
@@ -825,7 +900,10 @@ impl<E: Endpoint> State<E> {
                         return Poll::Ready(Ok(()));
                     }
                 }
-                Err(SendError::WouldBlock(_)) => ready!(self.poll_event(cx)),
+                Err(SendError::WouldBlock(reason)) => {
+                    self.blocked_by = reason;
+                    ready!(self.poll_event(cx));
+                }
                 Err(error) => {
                     *offset = message.len();
                     return Poll::Ready(Err(error));
@@ -854,7 +932,7 @@ impl<E: Endpoint> State<E> {
         loop {
             self.disarm();
             match self.connection.try_send_gather(parts) {
-                Ok(_) => return Poll::Ready(Ok(())),
+                Ok(()) => return Poll::Ready(Ok(())),
                 Err(SendError::WouldBlock(_)) => ready!(self.poll_event(cx)),
                 Err(error) => return Poll::Ready(Err(error)),
             }

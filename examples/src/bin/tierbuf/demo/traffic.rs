@@ -7,7 +7,7 @@
 //! [`timed_traffic`] gives the traffic its request sizes, progress bar and clock;
 //! [`QUIET_POLL`] and [`quiet_deadline`] pace the quiet phase after it.
 
-use std::io::{IoSlice, IsTerminal};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -214,11 +214,8 @@ pub(super) fn serve<E: Endpoint>(side: &mut Side<E>, messages: usize) -> Result<
 
 /// Sends `bytes` on `connection` if it is accepted now; `Ok(false)` when it would block.
 fn offer<E: Endpoint>(connection: &mut Connection<E>, bytes: &[u8]) -> Result<bool, DemoError> {
-    match connection.try_send(&[IoSlice::new(bytes)]) {
-        Ok(accepted) if accepted == bytes.len() => Ok(true),
-        Ok(accepted) => {
-            Err(format!("a single-element message was split at {accepted} bytes").into())
-        }
+    match connection.try_send(bytes) {
+        Ok(()) => Ok(true),
         Err(SendError::WouldBlock(_)) => Ok(false),
         Err(error) => Err(error.into()),
     }
