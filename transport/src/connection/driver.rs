@@ -491,16 +491,15 @@ impl<E: Endpoint> Connection<E> {
     /// how many of its leading bytes were posted (through promotion or segments, copied
     /// as `send` copies them). Unless that is all of them, call it again with the rest of
     /// the same message, and nothing else, until it is: a segmented message is on its
-    /// way, and the peer waits for its rest. This is the step `send` makes between its
-    /// waits, for an event loop that would rather not copy a segmented message as
-    /// [`Connection::try_send`] does: it resumes a message where `try_send` takes it whole
-    /// or not at all.
+    /// way, and the peer waits for its rest. This is the step `send` (and the async
+    /// connection's send) makes between its waits: it resumes a message where
+    /// [`Connection::try_send`] takes it whole or not at all.
     ///
     /// # Errors
     ///
     /// As [`Connection::try_send`]; [`SendError::NotTheRest`] for bytes that are not the
     /// rest of a message begun.
-    pub fn try_send_some(&mut self, rest: &[u8]) -> Result<usize, SendError> {
+    pub(crate) fn try_send_some(&mut self, rest: &[u8]) -> Result<usize, SendError> {
         let now = self.clock_for(rest.len());
         let accepted = self.core.try_send_some(now, rest, &mut self.endpoint);
         self.posted(accepted)
