@@ -105,7 +105,7 @@ pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 ///     4,
 /// )?;
 /// assert_eq!(config.tiers().len(), 2);
-/// # Ok::<(), tierbuf_tiers::negotiation::ConfigError>(())
+/// # Ok::<(), tierbuf_tiers::negotiation::NegotiationConfigError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NegotiationConfig {
@@ -117,7 +117,7 @@ pub struct NegotiationConfig {
 /// Why a [`NegotiationConfig`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum NegotiationConfigError {
     /// The ladder has no tier.
     #[error("a ladder needs at least one tier")]
     NoTiers,
@@ -169,32 +169,32 @@ impl NegotiationConfig {
         tiers: Vec<TierShape>,
         request_timeout: Duration,
         max_attempts: u32,
-    ) -> Result<NegotiationConfig, ConfigError> {
+    ) -> Result<NegotiationConfig, NegotiationConfigError> {
         if tiers.is_empty() {
-            return Err(ConfigError::NoTiers);
+            return Err(NegotiationConfigError::NoTiers);
         }
         if tiers.len() > usize::from(u8::MAX) + 1 {
-            return Err(ConfigError::TooManyTiers { count: tiers.len() });
+            return Err(NegotiationConfigError::TooManyTiers { count: tiers.len() });
         }
         for (index, shape) in (0..=u8::MAX).zip(&tiers) {
             if shape.region_len() == 0 {
-                return Err(ConfigError::EmptyTier {
+                return Err(NegotiationConfigError::EmptyTier {
                     tier: TierIndex::new(index),
                     shape: *shape,
                 });
             }
         }
         if request_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout);
+            return Err(NegotiationConfigError::ZeroTimeout);
         }
         if request_timeout > MAX_REQUEST_TIMEOUT {
-            return Err(ConfigError::TimeoutTooLong {
+            return Err(NegotiationConfigError::TimeoutTooLong {
                 timeout: request_timeout,
                 max: MAX_REQUEST_TIMEOUT,
             });
         }
         if max_attempts == 0 {
-            return Err(ConfigError::ZeroAttempts);
+            return Err(NegotiationConfigError::ZeroAttempts);
         }
         Ok(NegotiationConfig {
             tiers,
@@ -219,11 +219,11 @@ impl NegotiationConfig {
         ladder: &crate::ladder::TierLadder,
         request_timeout: Duration,
         max_attempts: u32,
-    ) -> Result<NegotiationConfig, ConfigError> {
+    ) -> Result<NegotiationConfig, NegotiationConfigError> {
         let shapes = ladder
             .iter()
             .map(|(tier, spec)| {
-                let too_large = || ConfigError::TierTooLarge {
+                let too_large = || NegotiationConfigError::TierTooLarge {
                     tier,
                     slot_size: spec.slot_size(),
                     slot_count: spec.slot_count(),
