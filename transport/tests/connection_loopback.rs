@@ -12,7 +12,7 @@ use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionError, Fault, SendError,
+    ConfigError, Connection, ConnectionConfig, ConnectionCore, ConnectionError, Fault, SendError,
 };
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
@@ -207,8 +207,8 @@ fn an_endpoint_shallower_than_the_ladder_needs_is_refused_with_the_depth_needed(
     let error = Connection::new(core, shallow).unwrap_err();
     assert!(
         matches!(
-            *error,
-            ConnectionError::QueueTooShallow {
+            error,
+            ConfigError::QueueTooShallow {
                 depth: 8,
                 needed: 16,
                 ..

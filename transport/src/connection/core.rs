@@ -53,7 +53,7 @@ use super::control::{
     ControlPath, HOLD_BEHIND_MESSAGE, InBand, MAX_HELD_CONTROL_FRAMES, MAX_WAITING_CONTROL_FRAMES,
 };
 use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
-use super::errors::{ConnectionError, PeerViolation};
+use super::errors::{ConfigError, ConnectionError, PeerViolation};
 use super::header::{FrameHeader, Grant, HEADER_LEN};
 use super::reassembly::Reassembly;
 use super::receive::Message;
@@ -238,13 +238,13 @@ impl ConnectionCore {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Register`] when the first tier's buffers cannot be registered.
+    /// [`ConfigError::Register`] when the first tier's buffers cannot be registered.
     pub fn new(
         config: Arc<ConnectionConfig>,
         send_reservoir: Arc<Reservoir>,
         recv_reservoir: Arc<Reservoir>,
         now: Instant,
-    ) -> Result<ConnectionCore, ConnectionError> {
+    ) -> Result<ConnectionCore, ConfigError> {
         ConnectionCore::with_control(
             config,
             send_reservoir,
@@ -291,14 +291,14 @@ impl ConnectionCore {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Register`] when the first tier's buffers cannot be registered.
+    /// [`ConfigError::Register`] when the first tier's buffers cannot be registered.
     pub fn with_negotiator<N: Negotiator + Send + 'static>(
         config: Arc<ConnectionConfig>,
         send_reservoir: Arc<Reservoir>,
         recv_reservoir: Arc<Reservoir>,
         negotiator: N,
         now: Instant,
-    ) -> Result<ConnectionCore, ConnectionError> {
+    ) -> Result<ConnectionCore, ConfigError> {
         ConnectionCore::with_control(
             config,
             send_reservoir,
@@ -314,7 +314,7 @@ impl ConnectionCore {
         recv_reservoir: Arc<Reservoir>,
         control: ControlPath,
         now: Instant,
-    ) -> Result<ConnectionCore, ConnectionError> {
+    ) -> Result<ConnectionCore, ConfigError> {
         let tiers = TierController::new(
             Arc::clone(config.capacity()),
             config.negotiation().clone(),
@@ -322,7 +322,7 @@ impl ConnectionCore {
             recv_reservoir,
             now,
         )
-        .map_err(ConnectionError::Register)?;
+        .map_err(ConfigError::Register)?;
         let spare_buffer_limit = config.spare_buffer_limit();
         let smallest = &config.ladder().tiers()[0];
         let credits = Credits::starting_with(
