@@ -62,7 +62,7 @@ use crate::policy::{
 use crate::wire::{NackReason, WireError};
 use crate::{
     Event, Negotiation, OwnedTierCache, OwnedTierSlot, RegionDescriptor, Reservoir, TierError,
-    TierIndex, TieredRegion,
+    TierIndex, TierStats, TieredRegion,
 };
 
 /// The shortest back-off after a refusal, for ladders whose hysteresis is shorter.
@@ -136,33 +136,6 @@ pub enum Change {
         /// The tier that was asked for.
         tier: TierIndex,
     },
-}
-
-/// Counters of one controller.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ControllerStats {
-    /// Send-tier changes upward.
-    pub promotions: u64,
-    /// Send-tier changes downward.
-    pub demotions: u64,
-    /// Requests the peer nacked.
-    pub nacks: u64,
-    /// Requests given up unanswered.
-    pub timeouts: u64,
-    /// Times this side's budget refused send buffers for a tier the peer granted.
-    pub send_buffers_refused: u64,
-    /// Times this side's budget (or ladder) refused receive buffers the peer asked for.
-    pub recv_buffers_refused: u64,
-    /// Messages that needed a larger tier and went out on the tier in force without
-    /// asking, because a refusal of that tier (a nack, a timeout, or this side's budget
-    /// refusing send buffers) held its back-off.
-    pub held_back_by_refusal: u64,
-    /// Messages that needed a larger tier while this side's demotion was pending: they go
-    /// out on the tier in force, and the promotion is asked once the demotion lands.
-    pub held_back_by_demotion: u64,
-    /// Requests of the peer answered `Busy` because a receive tier they replaced was
-    /// still draining (the peer had not sent into its receives yet).
-    pub recv_requests_busy: u64,
 }
 
 /// Why a controller failed. The connection it belongs to cannot go on.
@@ -252,7 +225,7 @@ pub struct TierController {
     /// Until when no demotion is asked for, after one failed.
     demotion_held_until: Option<Instant>,
     changes: VecDeque<Change>,
-    stats: ControllerStats,
+    stats: TierStats,
 }
 
 impl TierController {
@@ -283,7 +256,7 @@ impl TierController {
             refused: None,
             demotion_held_until: None,
             changes: VecDeque::new(),
-            stats: ControllerStats::default(),
+            stats: TierStats::default(),
         })
     }
 
@@ -754,7 +727,7 @@ impl TierController {
     }
 
     /// Counters now.
-    pub fn stats(&self) -> ControllerStats {
+    pub fn stats(&self) -> TierStats {
         self.stats
     }
 

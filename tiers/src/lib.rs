@@ -16,15 +16,17 @@ pub mod negotiation;
 pub mod negotiator;
 pub mod policy;
 mod reservoir;
+mod stats;
 mod sync;
 mod tiered;
 pub mod wire;
 
-pub use controller::{Change, ControllerError, ControllerStats, Framing, SendPlan, TierController};
+pub use controller::{Change, ControllerError, Framing, SendPlan, TierController};
 pub use negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
 pub use negotiator::{InMemoryNegotiator, Negotiator, pump};
 pub use policy::{DemotionTracker, IoVecPlan, MessagePlan, PolicyError, Promotion};
 pub use reservoir::{Provenance, Reservoir, TierError};
+pub use stats::TierStats;
 pub use tiered::{
     OwnedTierCache, OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion,
 };

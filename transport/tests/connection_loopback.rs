@@ -88,7 +88,7 @@ fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
     sender.flush().unwrap();
     let receiver = reader.join().unwrap();
     let stats = sender.stats();
-    assert!(stats.promotions >= 1, "{stats:?}");
+    assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, 400);
     assert_eq!(receiver.stats().messages_received, 400);
     drop((sender, receiver));
@@ -151,7 +151,7 @@ fn messages_built_in_place_arrive_once_in_order_across_promotions() {
     sender.flush().unwrap();
     let receiver = reader.join().unwrap();
     let stats = sender.stats();
-    assert!(stats.promotions >= 1, "{stats:?}");
+    assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, 300);
     assert_eq!(receiver.stats().messages_received, 300);
     drop((sender, receiver));
