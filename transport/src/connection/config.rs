@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::negotiation::NegotiationConfig;
 use tierbuf_tiers::policy::FrameCapacity;
-use tierbuf_tiers::{NegotiationConfig, wire};
+use tierbuf_tiers::wire;
 
 use super::errors::ConfigError;
 use super::header::HEADER_LEN;
