@@ -272,8 +272,8 @@ fn tiers(stats: ConnectionStats) -> (u8, u8, u64, u64) {
     (
         stats.send_tier,
         stats.recv_tier,
-        stats.promotions,
-        stats.demotions,
+        stats.tiers.promotions,
+        stats.tiers.demotions,
     )
 }
 
@@ -672,7 +672,7 @@ fn promotion_over<E: Endpoint>(
                 deliver(&mut a, &mut b, &bytes, 0);
                 total += start.elapsed();
                 // The promotion is asked for with the first message and lands after it.
-                while a.stats().promotions == 0 {
+                while a.stats().tiers.promotions == 0 {
                     a.progress().expect("progress");
                     b.progress().expect("progress");
                 }
@@ -688,7 +688,7 @@ fn promotion_over<E: Endpoint>(
                 let (mut a, mut b) = make_pair();
                 deliver(&mut a, &mut b, &bytes, 0);
                 let start = Instant::now();
-                while a.stats().promotions == 0 {
+                while a.stats().tiers.promotions == 0 {
                     a.progress().expect("progress");
                     b.progress().expect("progress");
                 }
@@ -713,7 +713,7 @@ fn promotion_over<E: Endpoint>(
     });
     let (mut a, mut b) = make_pair();
     deliver(&mut a, &mut b, &bytes, 0);
-    while a.stats().promotions == 0 {
+    while a.stats().tiers.promotions == 0 {
         a.progress().expect("progress");
         b.progress().expect("progress");
     }
@@ -728,7 +728,7 @@ fn promotion_over<E: Endpoint>(
     );
     let stats = a.stats();
     assert_eq!(
-        (stats.promotions, stats.demotions),
+        (stats.tiers.promotions, stats.tiers.demotions),
         (1, 0),
         "already_promoted stayed on its tier"
     );

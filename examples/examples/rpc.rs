@@ -188,8 +188,8 @@ impl Bench for Server {
         ServerReport {
             in_use: self.budget.in_use(),
             peak: self.budget.reset_peak(),
-            promotions: stats.clone().map(|s| s.promotions).sum(),
-            demotions: stats.map(|s| s.demotions).sum(),
+            promotions: stats.clone().map(|s| s.tiers.promotions).sum(),
+            demotions: stats.map(|s| s.tiers.demotions).sum(),
         }
     }
 }
@@ -522,8 +522,8 @@ async fn traffic<E: Endpoint + Unpin + Send + 'static>(
         dispatch.await??;
     }
     let stats: Vec<_> = watches.iter().map(StatsWatch::latest).collect();
-    let promotions: u64 = stats.iter().map(|s| s.promotions).sum();
-    let demotions: u64 = stats.iter().map(|s| s.demotions).sum();
+    let promotions: u64 = stats.iter().map(|s| s.tiers.promotions).sum();
+    let demotions: u64 = stats.iter().map(|s| s.tiers.demotions).sum();
 
     let calls = args.connections * args.calls;
     let mut report = format!(

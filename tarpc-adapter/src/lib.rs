@@ -176,7 +176,7 @@ impl<E: Endpoint, Item, SinkItem> TierbufTransport<E, Item, SinkItem> {
     /// assert_eq!(b.next().await.expect("a message")?.len(), 4 << 10);
     /// b.send(vec![1]).await?; // after the tier's ack
     /// assert_eq!(a.next().await.expect("a reply")?, [1]);
-    /// assert_eq!(watch.latest().promotions, 1);
+    /// assert_eq!(watch.latest().tiers.promotions, 1);
     /// # Ok(())
     /// # }
     /// ```

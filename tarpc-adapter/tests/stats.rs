@@ -37,7 +37,7 @@ async fn a_demotion_on_an_idle_connection_is_published() {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(10);
-    while watch.latest().demotions == 0 {
+    while watch.latest().tiers.demotions == 0 {
         assert!(
             Instant::now() < deadline,
             "no demotion published in 10 s: {:?}",
@@ -47,7 +47,7 @@ async fn a_demotion_on_an_idle_connection_is_published() {
         let received = tokio::time::timeout(Duration::from_millis(50), a.next()).await;
         assert!(received.is_err(), "nothing was sent to `a`");
     }
-    assert_eq!(watch.latest().promotions, 1);
+    assert_eq!(watch.latest().tiers.promotions, 1);
     drop(a);
     peer.await.expect("the peer's task");
 }

@@ -2,7 +2,7 @@
 //!
 //! A connection's transport keeps framing, credits, reassembly and work requests; for
 //! everything about tiers it asks the controller. The controller owns both directions'
-//! [`Negotiation`], the send and receive [`TieredRegion`]s, the [`DemotionTracker`] and the
+//! [`Negotiation`], the send and receive [`TieredRegion`]s, the `DemotionTracker` and the
 //! back-off after a refusal. It plans each message with the policy's planners and measures
 //! with one [`FrameCapacity`], so promotion and demotion agree on what fits. Control
 //! messages travel through a [`Negotiator`] the owner hands to [`TierController::pump`]:
@@ -15,7 +15,7 @@
 //! # Invariants
 //!
 //! - **Only the controller changes its regions' tiers, one change each at a time.** The
-//!   send region changes when the peer acked a tier ([`Event::Switched`]), the receive
+//!   send region changes when the peer acked a tier (`Event::Switched`), the receive
 //!   region when this side provisions a tier the peer asked for. Each change is reported
 //!   once, in order, by [`TierController::poll_change`]. Slots are taken through the
 //!   regions' lock-free caches ([`OwnedTierCache`]), so the tier a slot comes from is the
@@ -29,7 +29,7 @@
 //! - **A refusal holds for its back-off**: after a nack for budget or ladder, a timed-out
 //!   request, or this side's own budget refusing its send buffers, the refused tier and
 //!   those above it are not asked for again until the back-off (the ladder's hysteresis,
-//!   at least [`MIN_BACKOFF`]) ends. A `Busy` nack is no refusal: the next message may ask
+//!   at least `MIN_BACKOFF`) ends. A `Busy` nack is no refusal: the next message may ask
 //!   again.
 //! - **Demotion is asked only while no request is pending**, to the tier the tracker
 //!   suggests, which is below the tier granted.
@@ -51,6 +51,7 @@ use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::negotiation::{Event, Negotiation};
 use crate::negotiation::{
     FailureCause, NegotiationConfig, ProtocolViolation, ProvisionError, RequestError,
 };
@@ -61,12 +62,12 @@ use crate::policy::{
 };
 use crate::wire::{NackReason, WireError};
 use crate::{
-    Event, Negotiation, OwnedTierCache, OwnedTierSlot, RegionDescriptor, Reservoir, TierError,
-    TierIndex, TieredRegion,
+    OwnedTierCache, OwnedTierSlot, RegionDescriptor, Reservoir, TierError, TierIndex, TierStats,
+    TieredRegion,
 };
 
 /// The shortest back-off after a refusal, for ladders whose hysteresis is shorter.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How a planned message goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,33 +139,6 @@ pub enum Change {
     },
 }
 
-/// Counters of one controller.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ControllerStats {
-    /// Send-tier changes upward.
-    pub promotions: u64,
-    /// Send-tier changes downward.
-    pub demotions: u64,
-    /// Requests the peer nacked.
-    pub nacks: u64,
-    /// Requests given up unanswered.
-    pub timeouts: u64,
-    /// Times this side's budget refused send buffers for a tier the peer granted.
-    pub send_buffers_refused: u64,
-    /// Times this side's budget (or ladder) refused receive buffers the peer asked for.
-    pub recv_buffers_refused: u64,
-    /// Messages that needed a larger tier and went out on the tier in force without
-    /// asking, because a refusal of that tier (a nack, a timeout, or this side's budget
-    /// refusing send buffers) held its back-off.
-    pub held_back_by_refusal: u64,
-    /// Messages that needed a larger tier while this side's demotion was pending: they go
-    /// out on the tier in force, and the promotion is asked once the demotion lands.
-    pub held_back_by_demotion: u64,
-    /// Requests of the peer answered `Busy` because a receive tier they replaced was
-    /// still draining (the peer had not sent into its receives yet).
-    pub recv_requests_busy: u64,
-}
-
 /// Why a controller failed. The connection it belongs to cannot go on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -217,7 +191,7 @@ impl From<PolicyError> for ControllerError {
 /// use tierbuf_tiers::controller::{Change, Framing, TierController};
 /// use tierbuf_tiers::negotiator::InMemoryNegotiator;
 /// use tierbuf_tiers::policy::FrameCapacity;
-/// use tierbuf_tiers::{NegotiationConfig, Reservoir, TierIndex, ladder::TierLadder};
+/// use tierbuf_tiers::{Reservoir, TierIndex, ladder::TierLadder, negotiation::NegotiationConfig};
 ///
 /// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 480 B, then 8 KiB
 /// let capacity = Arc::new(FrameCapacity::new(Arc::clone(&ladder), 16)?);
@@ -252,7 +226,7 @@ pub struct TierController {
     /// Until when no demotion is asked for, after one failed.
     demotion_held_until: Option<Instant>,
     changes: VecDeque<Change>,
-    stats: ControllerStats,
+    stats: TierStats,
 }
 
 impl TierController {
@@ -283,7 +257,7 @@ impl TierController {
             refused: None,
             demotion_held_until: None,
             changes: VecDeque::new(),
-            stats: ControllerStats::default(),
+            stats: TierStats::default(),
         })
     }
 
@@ -754,7 +728,7 @@ impl TierController {
     }
 
     /// Counters now.
-    pub fn stats(&self) -> ControllerStats {
+    pub fn stats(&self) -> TierStats {
         self.stats
     }
 

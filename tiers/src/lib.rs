@@ -1,12 +1,21 @@
 //! Tier ladders, lock-free tier swapping and the sans-IO promotion protocol.
 //!
 //! A connection starts on the smallest tier of its [`ladder::TierLadder`] and is promoted,
-//! for that connection only, to a larger tier when a message needs it. The promotion is
-//! negotiated with the peer by the state machines of [`negotiation`], whose control
-//! messages are encoded by [`wire`] and carried by a [`negotiator::Negotiator`]. A
-//! connection's [`controller::TierController`] ties them together: it plans each message
-//! with [`policy`], negotiates through the negotiator, and swaps each direction's
-//! [`TieredRegion`] lock-free.
+//! for that connection only, to a larger tier when a message needs it.
+//!
+//! What a user of `tierbuf-transport` reaches for here:
+//!
+//! - [`ladder`]: the [`TierLadder`](ladder::TierLadder) both sides agree on, from a
+//!   preset, a TOML file or a builder, and the bounds its validation enforces;
+//! - [`Reservoir`], which holds the registered regions connections draw their tiers from,
+//!   and [`TieredRegion`], one direction's region swapped lock-free;
+//! - [`negotiator::Negotiator`], the seam through which a connection can carry its tier
+//!   negotiation over a channel of the user's own, with the control messages of [`wire`];
+//! - [`TierStats`], what a connection's tier negotiation did.
+//!
+//! The rest is the machinery the transport drives: a connection's
+//! [`controller::TierController`] plans each message with [`policy`], negotiates with the
+//! peer through the state machines of [`negotiation`], and swaps each direction's region.
 
 #![warn(missing_docs)]
 
@@ -16,19 +25,16 @@ pub mod negotiation;
 pub mod negotiator;
 pub mod policy;
 mod reservoir;
+mod stats;
 mod sync;
 mod tiered;
 pub mod wire;
 
-pub use controller::{Change, ControllerError, ControllerStats, Framing, SendPlan, TierController};
-pub use negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
-pub use negotiator::{InMemoryNegotiator, Negotiator, pump};
-pub use policy::{DemotionTracker, IoVecPlan, MessagePlan, PolicyError, Promotion};
 pub use reservoir::{Provenance, Reservoir, TierError};
+pub use stats::TierStats;
 pub use tiered::{
     OwnedTierCache, OwnedTierSlot, Tier, TierCache, TierChange, TierSlot, TieredRegion,
 };
-pub use wire::{ControlMessage, Epoch, NackReason};
 
 /// The position of a tier in a ladder: 0 is the smallest.
 ///

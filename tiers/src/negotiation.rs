@@ -5,16 +5,16 @@
 //! machines of one side of a connection:
 //!
 //! - the *outbound* machine asks the peer to provision a tier for the data this side sends
-//!   ([`Negotiation::request_tier`]) and switches only on a valid ack;
+//!   (`Negotiation::request_tier`) and switches only on a valid ack;
 //! - the *inbound* machine answers the peer's requests for the data this side receives: it asks
-//!   its owner to provision ([`Event::ProvisionRequested`], answered with
-//!   [`Negotiation::provisioned`]), acks or nacks, and tells its owner when a region may be
-//!   freed ([`Event::Retire`]).
+//!   its owner to provision (`Event::ProvisionRequested`, answered with
+//!   `Negotiation::provisioned`), acks or nacks, and tells its owner when a region may be
+//!   freed (`Event::Retire`).
 //!
 //! Nothing here reads a clock, a socket or a thread: the owner feeds in messages
-//! ([`Negotiation::handle_message`]) and the time ([`Negotiation::handle_timeout`]) and takes
-//! out messages to send ([`Negotiation::poll_transmit`]), events
-//! ([`Negotiation::poll_event`]) and the next deadline ([`Negotiation::poll_timeout`]).
+//! (`Negotiation::handle_message`) and the time (`Negotiation::handle_timeout`) and takes
+//! out messages to send (`Negotiation::poll_transmit`), events
+//! (`Negotiation::poll_event`) and the next deadline (`Negotiation::poll_timeout`).
 //! `docs/protocol.md` has the state diagrams and the reasoning.
 //!
 //! # Invariants
@@ -24,7 +24,7 @@
 //!   length match its own ladder; anything else is ignored (stale, duplicate) or reported as a
 //!   [`ProtocolViolation`], never applied.
 //! - **A region is retired only when the peer can no longer reach it.** The inbound machine
-//!   emits [`Event::Retire`] for the region in force only after the sender confirmed it
+//!   emits `Event::Retire` for the region in force only after the sender confirmed it
 //!   switched away ([`ControlMessage::Released`], or a later request naming the new grant as
 //!   its `current`), and for an offered region only after the sender confirmed it will never
 //!   use it ([`ControlMessage::Abandon`], or a later request naming the old grant as its
@@ -40,7 +40,7 @@
 //!   a repeated request is answered with the same ack or nack.
 //! - **Epochs only grow.** Each direction's epochs are allocated by its sender, one per
 //!   request; the inbound side remembers the highest it has seen, so late, duplicate and
-//!   reordered messages are recognised and counted in [`NegotiationStats`].
+//!   reordered messages are recognised and counted in `NegotiationStats`.
 //! - **What waits to be sent is bounded by the protocol, not by the peer.** A message
 //!   queued while a copy of it still waits is not queued again, and an answer takes the
 //!   place of the older answers still waiting ([`enqueue_control`]): a peer that repeats a
@@ -52,6 +52,8 @@
 mod inbound;
 mod outbound;
 
+#[cfg(test)]
+mod examples;
 #[cfg(test)]
 mod tests;
 
@@ -105,7 +107,7 @@ pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 ///     4,
 /// )?;
 /// assert_eq!(config.tiers().len(), 2);
-/// # Ok::<(), tierbuf_tiers::negotiation::ConfigError>(())
+/// # Ok::<(), tierbuf_tiers::negotiation::NegotiationConfigError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NegotiationConfig {
@@ -117,7 +119,7 @@ pub struct NegotiationConfig {
 /// Why a [`NegotiationConfig`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum NegotiationConfigError {
     /// The ladder has no tier.
     #[error("a ladder needs at least one tier")]
     NoTiers,
@@ -169,32 +171,32 @@ impl NegotiationConfig {
         tiers: Vec<TierShape>,
         request_timeout: Duration,
         max_attempts: u32,
-    ) -> Result<NegotiationConfig, ConfigError> {
+    ) -> Result<NegotiationConfig, NegotiationConfigError> {
         if tiers.is_empty() {
-            return Err(ConfigError::NoTiers);
+            return Err(NegotiationConfigError::NoTiers);
         }
         if tiers.len() > usize::from(u8::MAX) + 1 {
-            return Err(ConfigError::TooManyTiers { count: tiers.len() });
+            return Err(NegotiationConfigError::TooManyTiers { count: tiers.len() });
         }
         for (index, shape) in (0..=u8::MAX).zip(&tiers) {
             if shape.region_len() == 0 {
-                return Err(ConfigError::EmptyTier {
+                return Err(NegotiationConfigError::EmptyTier {
                     tier: TierIndex::new(index),
                     shape: *shape,
                 });
             }
         }
         if request_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout);
+            return Err(NegotiationConfigError::ZeroTimeout);
         }
         if request_timeout > MAX_REQUEST_TIMEOUT {
-            return Err(ConfigError::TimeoutTooLong {
+            return Err(NegotiationConfigError::TimeoutTooLong {
                 timeout: request_timeout,
                 max: MAX_REQUEST_TIMEOUT,
             });
         }
         if max_attempts == 0 {
-            return Err(ConfigError::ZeroAttempts);
+            return Err(NegotiationConfigError::ZeroAttempts);
         }
         Ok(NegotiationConfig {
             tiers,
@@ -208,7 +210,7 @@ impl NegotiationConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tierbuf_tiers::{NegotiationConfig, ladder::TierLadder};
+    /// use tierbuf_tiers::{ladder::TierLadder, negotiation::NegotiationConfig};
     /// let ladder = TierLadder::preset("two-tier")?;
     /// let config = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(50), 5)?;
     /// assert_eq!(config.tiers().len(), ladder.len());
@@ -219,11 +221,11 @@ impl NegotiationConfig {
         ladder: &crate::ladder::TierLadder,
         request_timeout: Duration,
         max_attempts: u32,
-    ) -> Result<NegotiationConfig, ConfigError> {
+    ) -> Result<NegotiationConfig, NegotiationConfigError> {
         let shapes = ladder
             .iter()
             .map(|(tier, spec)| {
-                let too_large = || ConfigError::TierTooLarge {
+                let too_large = || NegotiationConfigError::TierTooLarge {
                     tier,
                     slot_size: spec.slot_size(),
                     slot_count: spec.slot_count(),
@@ -268,7 +270,7 @@ impl NegotiationConfig {
 /// A tier granted in one direction, named by the epoch of the request that got it
 /// ([`Epoch::INITIAL`] for the tier a connection starts on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TierGrant {
+pub(crate) struct TierGrant {
     /// The epoch of the request that got the grant.
     pub epoch: Epoch,
     /// The tier granted.
@@ -277,7 +279,7 @@ pub struct TierGrant {
 
 impl TierGrant {
     /// The grant every direction starts with: the smallest tier, provisioned at connect time.
-    pub const INITIAL: TierGrant = TierGrant {
+    pub(crate) const INITIAL: TierGrant = TierGrant {
         epoch: Epoch::INITIAL,
         tier: TierIndex::SMALLEST,
     };
@@ -298,7 +300,7 @@ pub struct PendingRequest {
 
 /// What [`Negotiation::request_tier`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestStatus {
+pub(crate) enum RequestStatus {
     /// The tier is already in force: send on it.
     InForce,
     /// A request went out; the tier is not usable until [`Event::Switched`].
@@ -313,7 +315,7 @@ pub enum RequestStatus {
     },
 }
 
-/// Why [`Negotiation::request_tier`] refused.
+/// Why `Negotiation::request_tier` refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RequestError {
@@ -327,7 +329,7 @@ pub enum RequestError {
     },
 }
 
-/// Why [`Negotiation::provisioned`] refused the owner's answer. Nothing changed.
+/// Why `Negotiation::provisioned` refused the owner's answer. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProvisionError {
@@ -353,7 +355,7 @@ pub enum ProvisionError {
 
 /// Why a request of the outbound machine failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureCause {
+pub(crate) enum FailureCause {
     /// The peer refused.
     Nacked(NackReason),
     /// No valid answer came after this many sends; the request was abandoned.
@@ -436,7 +438,7 @@ pub enum ProtocolViolation {
 /// What a [`Negotiation`] tells its owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Event {
+pub(crate) enum Event {
     /// Outbound: the peer provisioned `to`; send on it from now on. The peer's region of the
     /// previous grant is released (a [`ControlMessage::Released`] is queued).
     Switched {
@@ -492,7 +494,7 @@ pub enum Event {
 
 /// Counters of what a [`Negotiation`] saw and ignored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NegotiationStats {
+pub(crate) struct NegotiationStats {
     /// Repeats of a message already handled (answered again where the peer needs it).
     pub duplicates: u64,
     /// Messages of an epoch already superseded.
@@ -584,33 +586,6 @@ impl Outputs {
 }
 
 /// The negotiation of one side of a connection: an outbound and an inbound machine.
-///
-/// ```
-/// use std::time::{Duration, Instant};
-/// use tierbuf_tiers::negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
-/// use tierbuf_tiers::{RegionDescriptor, TierIndex};
-///
-/// let config = NegotiationConfig::new(
-///     vec![TierShape { slot_size: 512, slot_count: 8 }, TierShape { slot_size: 8192, slot_count: 8 }],
-///     Duration::from_millis(10),
-///     3,
-/// )?;
-/// let (mut sender, mut receiver) = (Negotiation::new(config.clone()), Negotiation::new(config));
-/// let now = Instant::now();
-///
-/// sender.request_tier(now, TierIndex::new(1))?;
-/// receiver.handle_message(now, sender.poll_transmit().unwrap());
-/// let Some(Event::ProvisionRequested { epoch, shape, .. }) = receiver.poll_event() else { panic!() };
-/// let region = RegionDescriptor { addr: 0x10_0000, len: shape.region_len(), remote_key: 42 };
-/// receiver.provisioned(now, epoch, Ok(region))?;
-/// sender.handle_message(now, receiver.poll_transmit().unwrap()); // the ack
-/// assert!(matches!(sender.poll_event(), Some(Event::Switched { region: r, .. }) if r == region));
-/// receiver.handle_message(now, sender.poll_transmit().unwrap()); // the release
-/// assert!(matches!(receiver.poll_event(), Some(Event::PeerSwitched { .. })));
-/// assert!(matches!(receiver.poll_event(), Some(Event::Retire { tier, .. }) if tier == TierIndex::SMALLEST));
-/// assert_eq!(sender.outbound_grant().tier, receiver.inbound_grant().tier);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug)]
 pub struct Negotiation {
     config: NegotiationConfig,
@@ -621,7 +596,7 @@ pub struct Negotiation {
 
 impl Negotiation {
     /// Both directions on the smallest tier, nothing pending.
-    pub fn new(config: NegotiationConfig) -> Negotiation {
+    pub(crate) fn new(config: NegotiationConfig) -> Negotiation {
         Negotiation {
             config,
             outbound: Outbound::new(),
@@ -631,13 +606,14 @@ impl Negotiation {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &NegotiationConfig {
+    #[cfg(test)]
+    pub(crate) fn config(&self) -> &NegotiationConfig {
         &self.config
     }
 
     /// Asks the peer to provision `target` for the data this side sends: a promotion or a
     /// demotion to any tier of the ladder. A pending request for another tier is abandoned.
-    pub fn request_tier(
+    pub(crate) fn request_tier(
         &mut self,
         now: Instant,
         target: TierIndex,
@@ -648,7 +624,7 @@ impl Negotiation {
 
     /// The owner's answer to [`Event::ProvisionRequested`]: the region it provisioned, or why
     /// it refused. An error leaves everything as it was.
-    pub fn provisioned(
+    pub(crate) fn provisioned(
         &mut self,
         now: Instant,
         epoch: Epoch,
@@ -659,7 +635,7 @@ impl Negotiation {
     }
 
     /// Takes in a control message from the peer.
-    pub fn handle_message(&mut self, now: Instant, message: ControlMessage) {
+    pub(crate) fn handle_message(&mut self, now: Instant, message: ControlMessage) {
         let outputs = &mut self.outputs;
         match message {
             ControlMessage::Request {
@@ -688,7 +664,7 @@ impl Negotiation {
     }
 
     /// Lets the timers due at `now` fire. Call it when [`Negotiation::poll_timeout`] has passed.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         self.outbound
             .handle_timeout(&self.config, now, &mut self.outputs);
         self.inbound
@@ -696,27 +672,22 @@ impl Negotiation {
     }
 
     /// The next control message to send to the peer, in order.
-    pub fn poll_transmit(&mut self) -> Option<ControlMessage> {
+    pub(crate) fn poll_transmit(&mut self) -> Option<ControlMessage> {
         self.outputs.transmits.pop_front()
     }
 
     /// Whether a control message waits for [`Negotiation::poll_transmit`].
-    pub fn has_transmits(&self) -> bool {
+    pub(crate) fn has_transmits(&self) -> bool {
         !self.outputs.transmits.is_empty()
     }
 
     /// The next event for the owner.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
         self.outputs.events.pop_front()
     }
 
-    /// Whether an event waits for [`Negotiation::poll_event`].
-    pub fn has_events(&self) -> bool {
-        !self.outputs.events.is_empty()
-    }
-
     /// When [`Negotiation::handle_timeout`] should be called next, if a timer runs.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match (self.outbound.poll_timeout(), self.inbound.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -724,7 +695,7 @@ impl Negotiation {
     }
 
     /// The grant this side sends on.
-    pub fn outbound_grant(&self) -> TierGrant {
+    pub(crate) fn outbound_grant(&self) -> TierGrant {
         self.outbound.grant()
     }
 
@@ -734,17 +705,19 @@ impl Negotiation {
     }
 
     /// The grant the peer sends on, as far as this side knows: the region it must keep.
-    pub fn inbound_grant(&self) -> TierGrant {
+    pub(crate) fn inbound_grant(&self) -> TierGrant {
         self.inbound.grant()
     }
 
     /// The inbound grant being provisioned or offered and not yet confirmed or abandoned.
-    pub fn inbound_offer(&self) -> Option<TierGrant> {
+    #[cfg(test)]
+    pub(crate) fn inbound_offer(&self) -> Option<TierGrant> {
         self.inbound.offer()
     }
 
     /// What was ignored or sent again so far.
-    pub fn stats(&self) -> NegotiationStats {
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> NegotiationStats {
         self.outputs.stats
     }
 }

@@ -1,16 +1,16 @@
 //! The seam through which a user's own system carries the negotiation's control frames.
 //!
 //! A [`Negotiator`] moves encoded frames over whatever channel the system already has (an
-//! RPC connection, a storage engine's replication stream); [`pump`] moves a [`Negotiation`]'s
+//! RPC connection, a storage engine's replication stream); `pump` moves a [`Negotiation`]'s
 //! messages through it. [`InMemoryNegotiator`] joins two endpoints in one process.
 //!
 //! # Invariants
 //!
 //! - A frame handed to [`Negotiator::send_frame`] is one whole encoded message; a frame from
 //!   [`Negotiator::recv_frame`] is decoded and validated before the negotiation sees it, and a
-//!   frame that fails is reported as [`PumpError::Decode`], never a panic.
-//! - [`pump`] loses nothing on error: a message that could not be sent is handed back in
-//!   [`PumpError::Send`], received frames after a bad one stay in the channel for the next call.
+//!   frame that fails is reported as `PumpError::Decode`, never a panic.
+//! - `pump` loses nothing on error: a message that could not be sent is handed back in
+//!   `PumpError::Send`, received frames after a bad one stay in the channel for the next call.
 //! - The channel must deliver frames in the order they were sent, relative to the data of the
 //!   connection, for the release of a tier to follow the last message sent on it.
 
@@ -36,7 +36,7 @@ pub trait Negotiator {
 
 /// What one [`pump`] moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PumpReport {
+pub(crate) struct PumpReport {
     /// Frames sent.
     pub sent: usize,
     /// Frames received and handed to the negotiation.
@@ -46,7 +46,7 @@ pub struct PumpReport {
 /// Why [`pump`] stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum PumpError<E: std::error::Error + Send + Sync + 'static> {
+pub(crate) enum PumpError<E: std::error::Error + Send + Sync + 'static> {
     /// The channel refused a frame; the message is handed back, unsent.
     #[error("sending {message:?} failed")]
     Send {
@@ -75,35 +75,7 @@ pub enum PumpError<E: std::error::Error + Send + Sync + 'static> {
 
 /// Moves `negotiation`'s messages through `channel` at time `now`: lets due timers fire,
 /// sends what is queued, takes in every waiting frame, and sends the answers.
-///
-/// ```
-/// use std::time::{Duration, Instant};
-/// use tierbuf_tiers::negotiation::{Event, Negotiation, NegotiationConfig, TierShape};
-/// use tierbuf_tiers::negotiator::{pump, InMemoryNegotiator};
-/// use tierbuf_tiers::{RegionDescriptor, TierIndex};
-///
-/// let config = NegotiationConfig::new(
-///     vec![TierShape { slot_size: 512, slot_count: 8 }, TierShape { slot_size: 65_536, slot_count: 8 }],
-///     Duration::from_millis(20),
-///     3,
-/// )?;
-/// let (mut a, mut b) = (Negotiation::new(config.clone()), Negotiation::new(config));
-/// let (mut a_channel, mut b_channel) = InMemoryNegotiator::pair();
-/// let now = Instant::now();
-///
-/// a.request_tier(now, TierIndex::new(1))?;
-/// pump(&mut a, &mut a_channel, now)?; // the request goes out
-/// pump(&mut b, &mut b_channel, now)?; // b asks its owner to provision
-/// let Some(Event::ProvisionRequested { epoch, shape, .. }) = b.poll_event() else { panic!() };
-/// b.provisioned(now, epoch, Ok(RegionDescriptor { addr: 0x9000, len: shape.region_len(), remote_key: 5 }))?;
-/// pump(&mut b, &mut b_channel, now)?; // the ack goes out
-/// pump(&mut a, &mut a_channel, now)?; // a switches and releases tier 0
-/// assert!(matches!(a.poll_event(), Some(Event::Switched { to, .. }) if to == TierIndex::new(1)));
-/// pump(&mut b, &mut b_channel, now)?;
-/// assert_eq!(b.inbound_grant(), a.outbound_grant());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn pump<N: Negotiator>(
+pub(crate) fn pump<N: Negotiator>(
     negotiation: &mut Negotiation,
     channel: &mut N,
     now: Instant,
@@ -239,6 +211,8 @@ impl Negotiator for InMemoryNegotiator {
     }
 }
 
+#[cfg(test)]
+mod examples;
 #[cfg(test)]
 mod tests {
     use super::*;

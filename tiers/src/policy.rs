@@ -2,12 +2,12 @@
 //! for a larger tier, when it segments, and when an idle connection steps back down.
 //!
 //! Everything here is sans-IO: the planners are pure functions of the ladder, the tier in
-//! force and the lengths, and the [`DemotionTracker`] is told the time (`std::time::Instant`)
+//! force and the lengths, and the `DemotionTracker` is told the time (`std::time::Instant`)
 //! with every input instead of reading a clock. The owner, a connection's
 //! [`TierController`](crate::controller::TierController), applies the plans: it asks the
 //! negotiation for the tier a plan names, sends the message meanwhile in segments on the tier
 //! in force (where the patent's send routine reports "0 bytes transferred" until the
-//! promotion lands), and arms a timer at [`DemotionTracker::next_deadline`].
+//! promotion lands), and arms a timer at `DemotionTracker::next_deadline`.
 //!
 //! # Invariants kept here
 //!
@@ -16,7 +16,7 @@
 //! - A plan promotes only upward, and only when the message does not fit the tier in force;
 //!   the tier a message is sent on admits it (`len <= promote_threshold`), or the message is
 //!   segmented and every segment is at most that tier's threshold.
-//! - Under [`Promotion::Refused`] no plan promotes: what does not fit is segmented on the tier
+//! - Under `Promotion::Refused` no plan promotes: what does not fit is segmented on the tier
 //!   in force.
 //! - An I/O-vector prefix never holds more bytes than the tier in force admits, is maximal
 //!   (the next element would not fit with it), and consumes at least one element of a
@@ -31,26 +31,16 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
+#[cfg(test)]
+use crate::TierError;
+use crate::TierIndex;
 use crate::wire::NackReason;
-use crate::{TierError, TierIndex};
 
 mod capacity;
 
 pub use capacity::{CapacityError, FrameCapacity};
 
 /// A policy input that does not fit the ladder.
-///
-/// ```
-/// use std::sync::Arc;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, PolicyError, Promotion, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-/// let err = plan_message(&capacity, TierIndex::new(5), 100, Promotion::Allowed).unwrap_err();
-/// assert_eq!(err, PolicyError::TierOutsideLadder { tier: TierIndex::new(5), top: TierIndex::new(1) });
-/// assert_eq!(err.to_string(), "tier 5 is not on the ladder, whose top is tier 1");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
@@ -65,14 +55,9 @@ pub enum PolicyError {
 }
 
 /// Whether the connection may ask for a larger tier now.
-///
-/// ```
-/// use tierbuf_tiers::policy::Promotion;
-/// assert_eq!(Promotion::default(), Promotion::Allowed);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
-pub enum Promotion {
+pub(crate) enum Promotion {
     /// A promotion may be asked for.
     #[default]
     Allowed,
@@ -87,15 +72,7 @@ pub enum Promotion {
 impl Promotion {
     /// What a nack from the peer means for the next plans: over budget and past the peer's
     /// ladder are refusals; a busy peer may be asked again.
-    ///
-    /// ```
-    /// use tierbuf_tiers::policy::Promotion;
-    /// use tierbuf_tiers::wire::NackReason;
-    /// assert_eq!(Promotion::after_nack(NackReason::OverBudget), Promotion::Refused);
-    /// assert_eq!(Promotion::after_nack(NackReason::BeyondLadder), Promotion::Refused);
-    /// assert_eq!(Promotion::after_nack(NackReason::Busy), Promotion::Allowed);
-    /// ```
-    pub fn after_nack(reason: NackReason) -> Promotion {
+    pub(crate) fn after_nack(reason: NackReason) -> Promotion {
         match reason {
             NackReason::OverBudget | NackReason::BeyondLadder => Promotion::Refused,
             NackReason::Busy => Promotion::Allowed,
@@ -116,7 +93,8 @@ impl Promotion {
     /// let busy = TierError::ChangePending { pending: TierIndex::new(1) };
     /// assert_eq!(Promotion::after_register_error(&busy), Promotion::Allowed);
     /// ```
-    pub fn after_register_error(error: &TierError) -> Promotion {
+    #[cfg(test)]
+    pub(crate) fn after_register_error(error: &TierError) -> Promotion {
         if error.is_over_budget() {
             Promotion::Refused
         } else {
@@ -127,20 +105,6 @@ impl Promotion {
 
 /// How a message too long for one slot is cut: consecutive pieces of `segment_len` bytes, the
 /// last one possibly shorter. Only the planners make one, always with at least two pieces.
-///
-/// ```
-/// use std::sync::Arc;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // top threshold 8192
-/// let top = TierIndex::new(1);
-/// let MessagePlan::Segment { segments, .. } = plan_message(&capacity, top, 20_000, Promotion::Allowed)? else {
-///     unreachable!("longer than the top tier");
-/// };
-/// assert_eq!((segments.message_len(), segments.segment_len(), segments.count()), (20_000, 8192, 3));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Segments {
     message_len: usize,
@@ -158,43 +122,16 @@ impl Segments {
     }
 
     /// The length of the whole message.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
-    /// assert_eq!(plan.segments().map(|s| s.message_len()), Some(1000));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     pub fn message_len(&self) -> usize {
         self.message_len
     }
 
     /// The length of every piece but the last: the threshold of the tier they are sent on.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
-    /// assert_eq!(plan.segments().map(|s| s.segment_len()), Some(480));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     pub fn segment_len(&self) -> usize {
         self.segment_len
     }
 
     /// How many pieces there are.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
-    /// assert_eq!(plan.segments().map(|s| s.count()), Some(3)); // 480 + 480 + 40
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     pub fn count(&self) -> usize {
         self.message_len.div_ceil(self.segment_len)
     }
@@ -202,17 +139,6 @@ impl Segments {
     /// The byte range of the message each piece carries, in order; together they cover the
     /// message exactly once. The iterator knows its length and runs from both ends, so the
     /// last piece of a huge message is found without walking the others.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// # let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 1000, Promotion::Refused)?;
-    /// let ranges: Vec<_> = plan.segments().unwrap().ranges().collect();
-    /// assert_eq!(ranges, [0..480, 480..960, 960..1000]);
-    /// assert_eq!(plan.segments().unwrap().ranges().next_back(), Some(960..1000));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     pub fn ranges(self) -> impl DoubleEndedIterator<Item = Range<usize>> + ExactSizeIterator {
         let Segments {
             message_len,
@@ -225,16 +151,9 @@ impl Segments {
 }
 
 /// Why a message is segmented on the tier in force.
-///
-/// ```
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::policy::SegmentCause;
-/// let cause = SegmentCause::PromotionRefused { wanted: TierIndex::new(1) };
-/// assert_ne!(cause, SegmentCause::AboveTop);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum SegmentCause {
+pub(crate) enum SegmentCause {
     /// The message is longer than the top tier's threshold and the connection is on the top.
     AboveTop,
     /// A larger tier would carry the message in fewer pieces, but promotion is
@@ -247,25 +166,9 @@ pub enum SegmentCause {
 }
 
 /// What to do with one message, given the tier in force.
-///
-/// ```
-/// use std::sync::Arc;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("rpc")?), 0)?; // thresholds 512, 8 KiB, 64 KiB
-/// let small = TierIndex::SMALLEST;
-/// assert_eq!(plan_message(&capacity, small, 512, Promotion::Allowed)?, MessagePlan::Send { tier: small });
-/// assert_eq!(
-///     plan_message(&capacity, small, 10_000, Promotion::Allowed)?,
-///     MessagePlan::Promote { to: TierIndex::new(2) },
-///     "straight to the tier that fits, skipping tier 1",
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum MessagePlan {
+pub(crate) enum MessagePlan {
     /// The message fits the tier in force: send it now as one message.
     Send {
         /// The tier in force.
@@ -312,7 +215,8 @@ impl MessagePlan {
     /// assert_eq!(plan.tier(), TierIndex::SMALLEST);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn tier(&self) -> TierIndex {
+    #[cfg(test)]
+    pub(crate) fn tier(&self) -> TierIndex {
         match *self {
             MessagePlan::Send { tier } | MessagePlan::Segment { tier, .. } => tier,
             MessagePlan::Promote { to } | MessagePlan::PromoteThenSegment { to, .. } => to,
@@ -330,7 +234,8 @@ impl MessagePlan {
     /// assert_eq!(plan.segments().map(|s| s.count()), Some(13));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn segments(&self) -> Option<Segments> {
+    #[cfg(test)]
+    pub(crate) fn segments(&self) -> Option<Segments> {
         match *self {
             MessagePlan::Send { .. } | MessagePlan::Promote { .. } => None,
             MessagePlan::PromoteThenSegment { segments, .. }
@@ -348,24 +253,7 @@ impl MessagePlan {
 /// # Errors
 ///
 /// [`PolicyError::TierOutsideLadder`] when `current` is not on the ladder.
-///
-/// ```
-/// use std::sync::Arc;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, MessagePlan, Promotion, SegmentCause, plan_message};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // thresholds 480 and 8192
-/// let (small, top) = (TierIndex::SMALLEST, TierIndex::new(1));
-/// assert_eq!(plan_message(&capacity, small, 480, Promotion::Allowed)?, MessagePlan::Send { tier: small });
-/// assert_eq!(plan_message(&capacity, small, 481, Promotion::Allowed)?, MessagePlan::Promote { to: top });
-/// let refused = plan_message(&capacity, small, 481, Promotion::Refused)?;
-/// assert!(matches!(
-///     refused,
-///     MessagePlan::Segment { tier, cause: SegmentCause::PromotionRefused { wanted }, .. } if tier == small && wanted == top
-/// ));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn plan_message(
+pub(crate) fn plan_message(
     capacity: &FrameCapacity,
     current: TierIndex,
     len: usize,
@@ -380,20 +268,9 @@ pub fn plan_message(
 
 /// What to do with the next part of an I/O vector, given the tier in force (the prefix
 /// rule, `docs/policy.md`, "I/O vectors", for one message per call).
-///
-/// ```
-/// use std::sync::Arc;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, Promotion, plan_io_vector_lens};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // threshold 480 on tier 0
-/// let plan = plan_io_vector_lens(&capacity, TierIndex::SMALLEST, &[200, 200, 200], Promotion::Allowed)?;
-/// assert_eq!(plan, IoVecPlan::SendPrefix { tier: TierIndex::SMALLEST, elements: 2, bytes: 400 });
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum IoVecPlan {
+pub(crate) enum IoVecPlan {
     /// Send the first `elements` elements, `bytes` bytes together, now as one message on
     /// `tier`, the tier in force. The scan stopped before element `elements` (if there is one)
     /// because it would not fit together with them; the rest is for later calls. A vector
@@ -426,24 +303,7 @@ pub enum IoVecPlan {
 /// # Errors
 ///
 /// [`PolicyError::TierOutsideLadder`] when `current` is not on the ladder.
-///
-/// ```
-/// use std::sync::Arc;
-/// use std::io::IoSlice;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, Promotion, plan_io_vector};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-/// let (header, body) = ([0u8; 64], vec![0u8; 4000]);
-/// let vector = [IoSlice::new(&header), IoSlice::new(&body)];
-/// assert_eq!(
-///     plan_io_vector(&capacity, TierIndex::SMALLEST, &vector, Promotion::Allowed)?,
-///     IoVecPlan::SendPrefix { tier: TierIndex::SMALLEST, elements: 1, bytes: 64 },
-///     "the small header goes first; the body promotes on the next call",
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn plan_io_vector(
+pub(crate) fn plan_io_vector(
     capacity: &FrameCapacity,
     current: TierIndex,
     elements: &[IoSlice<'_>],
@@ -488,7 +348,8 @@ pub fn plan_io_vector(
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn plan_io_vector_lens(
+#[cfg(test)]
+pub(crate) fn plan_io_vector_lens(
     capacity: &FrameCapacity,
     current: TierIndex,
     lens: &[usize],
@@ -590,27 +451,8 @@ fn threshold_of(capacity: &FrameCapacity, tier: TierIndex) -> Result<usize, Poli
 ///
 /// The tracker only suggests; the owner negotiates the demotion and reports it with
 /// [`tier_changed`](Self::tier_changed). Until then [`poll`](Self::poll) keeps suggesting.
-///
-/// ```
-/// use std::sync::Arc;
-/// use std::time::{Duration, Instant};
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, DemotionTracker};
-/// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 60 s idle, 5 s hysteresis
-/// let start = Instant::now();
-/// let at = |secs| start + Duration::from_secs(secs);
-/// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
-/// tracker.record(at(0), 4096);
-/// tracker.tier_changed(at(0), TierIndex::new(1))?;
-/// tracker.record(at(30), 100); // small messages do not keep tier 1
-/// assert_eq!(tracker.next_deadline(), Some(at(60)));
-/// assert_eq!(tracker.poll(at(59)), None);
-/// assert_eq!(tracker.poll(at(60)), Some(TierIndex::SMALLEST));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[derive(Debug, Clone)]
-pub struct DemotionTracker {
+pub(crate) struct DemotionTracker {
     capacity: Arc<FrameCapacity>,
     tier: TierIndex,
     on_tier_since: Instant,
@@ -620,15 +462,7 @@ pub struct DemotionTracker {
 
 impl DemotionTracker {
     /// A tracker for a connection that starts on the smallest tier at `now`.
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::Instant};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("rpc")?), 0)?), Instant::now());
-    /// assert_eq!(tracker.tier(), TierIndex::SMALLEST);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn new(capacity: Arc<FrameCapacity>, now: Instant) -> DemotionTracker {
+    pub(crate) fn new(capacity: Arc<FrameCapacity>, now: Instant) -> DemotionTracker {
         let tiers = capacity.ladder().len();
         DemotionTracker {
             capacity,
@@ -648,26 +482,15 @@ impl DemotionTracker {
     /// assert_eq!(tracker.tier(), TierIndex::new(2));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn tier(&self) -> TierIndex {
+    #[cfg(test)]
+    pub(crate) fn tier(&self) -> TierIndex {
         self.tier
     }
 
     /// Records a message of `len` bytes at `now`, whatever tier it went out on (one segmented
     /// because a promotion was refused still needs the larger tier). Times earlier than one
     /// already recorded for the same tier are kept as the later one.
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::{Duration, Instant}};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 60 s idle
-    /// let start = Instant::now();
-    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
-    /// tracker.tier_changed(start, TierIndex::new(1))?;
-    /// tracker.record(start + Duration::from_secs(50), 8000);
-    /// assert_eq!(tracker.next_deadline(), Some(start + Duration::from_secs(110)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn record(&mut self, now: Instant, len: usize) {
+    pub(crate) fn record(&mut self, now: Instant, len: usize) {
         let needed = self.capacity.needed_tier(len);
         self.mark_needed(needed, now);
     }
@@ -679,18 +502,11 @@ impl DemotionTracker {
     /// # Errors
     ///
     /// [`PolicyError::TierOutsideLadder`] when `tier` is not on the ladder; nothing changes.
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::Instant};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?), Instant::now());
-    /// tracker.tier_changed(Instant::now(), TierIndex::new(1))?;
-    /// let err = tracker.tier_changed(Instant::now(), TierIndex::new(2)).unwrap_err();
-    /// assert!(matches!(err, PolicyError::TierOutsideLadder { .. }));
-    /// assert_eq!(tracker.tier(), TierIndex::new(1));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn tier_changed(&mut self, now: Instant, tier: TierIndex) -> Result<(), PolicyError> {
+    pub(crate) fn tier_changed(
+        &mut self,
+        now: Instant,
+        tier: TierIndex,
+    ) -> Result<(), PolicyError> {
         threshold_of(&self.capacity, tier)?;
         if tier == self.tier {
             return Ok(());
@@ -705,21 +521,7 @@ impl DemotionTracker {
 
     /// The tier to demote to at `now`, or `None` while the connection must stay where it is
     /// (not idle, within the hysteresis, or already on the smallest tier).
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::{Duration, Instant}};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let ladder = Arc::new(TierLadder::preset("rpc")?); // 512 B, 8 KiB, 64 KiB; 10 s idle
-    /// let start = Instant::now();
-    /// let at = |secs| start + Duration::from_secs(secs);
-    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
-    /// tracker.tier_changed(at(0), TierIndex::new(2))?;
-    /// tracker.record(at(5), 2048); // still needs tier 1
-    /// assert_eq!(tracker.poll(at(10)), Some(TierIndex::new(1)));
-    /// assert_eq!(tracker.poll(at(15)), Some(TierIndex::SMALLEST), "the 2 KiB message is old now");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn poll(&self, now: Instant) -> Option<TierIndex> {
+    pub(crate) fn poll(&self, now: Instant) -> Option<TierIndex> {
         let idle = now.saturating_duration_since(self.idle_since());
         let time_on_tier = now.saturating_duration_since(self.on_tier_since);
         if !self
@@ -736,19 +538,7 @@ impl DemotionTracker {
     /// The earliest time at which [`poll`](Self::poll) can suggest a demotion if nothing more
     /// is recorded: when to arm the owner's timer. `None` on the smallest tier, or when that
     /// time is past what an `Instant` can hold.
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::{Duration, Instant}};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let ladder = Arc::new(TierLadder::preset("two-tier")?); // 60 s idle, 5 s hysteresis
-    /// let start = Instant::now();
-    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(ladder, 0)?), start);
-    /// assert_eq!(tracker.next_deadline(), None);
-    /// tracker.tier_changed(start, TierIndex::new(1))?;
-    /// assert_eq!(tracker.next_deadline(), Some(start + Duration::from_secs(60)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         if self.tier == TierIndex::SMALLEST {
             return None;
         }
@@ -792,6 +582,8 @@ impl DemotionTracker {
     }
 }
 
+#[cfg(test)]
+mod examples;
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

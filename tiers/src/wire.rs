@@ -4,12 +4,12 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 2 | head flag [`HEAD_FLAG`] |
-//! | 2 | 1 | protocol version [`PROTOCOL_VERSION`] |
+//! | 0 | 2 | head flag, `0xB17E` |
+//! | 2 | 1 | protocol version, 1 |
 //! | 3 | 1 | message type |
 //! | 4 | 2 | body length `n` |
 //! | 6 | `n` | body (fixed layout per message type) |
-//! | 6 + `n` | 2 | tail flag [`TAIL_FLAG`] |
+//! | 6 + `n` | 2 | tail flag, `0xE7A1` |
 //!
 //! # Invariants
 //!
@@ -30,15 +30,15 @@ use crate::negotiation::TierShape;
 use crate::{RegionDescriptor, TierIndex};
 
 /// The two bytes every frame starts with. Zero means "not written yet".
-pub const HEAD_FLAG: u16 = 0xB17E;
+pub(crate) const HEAD_FLAG: u16 = 0xB17E;
 /// The two bytes every frame ends with. Zero means "not written yet".
-pub const TAIL_FLAG: u16 = 0xE7A1;
+pub(crate) const TAIL_FLAG: u16 = 0xE7A1;
 /// The version of the protocol this codec speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub(crate) const PROTOCOL_VERSION: u8 = 1;
 /// The bytes before the body: head flag, version, type, body length.
 pub const HEADER_LEN: usize = 6;
 /// The bytes after the body: the tail flag.
-pub const TRAILER_LEN: usize = 2;
+pub(crate) const TRAILER_LEN: usize = 2;
 /// The longest frame any message encodes to (an ack); a buffer of this size holds any frame.
 ///
 /// ```
@@ -310,14 +310,15 @@ pub enum WireError {
         /// The length the frame will have when whole.
         frame_len: usize,
     },
-    /// The frame does not start with [`HEAD_FLAG`] (zero, or its first byte only: a write
-    /// that has not reached it yet).
+    /// The frame does not start with the head flag, `0xB17E` (zero, or its first byte
+    /// only: a write that has not reached it yet).
     #[error("bad head flag {found:#06x} (expected {HEAD_FLAG:#06x})")]
     BadHeadFlag {
         /// The bytes found.
         found: u16,
     },
-    /// The frame does not end with [`TAIL_FLAG`] and the tail is not merely unwritten.
+    /// The frame does not end with the tail flag, `0xE7A1`, and the tail is not merely
+    /// unwritten.
     #[error("bad tail flag {found:#06x} (expected {TAIL_FLAG:#06x})")]
     BadTailFlag {
         /// The bytes found.

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use tierbuf_pool::{HostRegistrar, MemoryBudget};
 use tierbuf_tiers::controller::{Change, Framing, TierController};
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::negotiation::NegotiationConfig;
 use tierbuf_tiers::negotiator::{InMemoryNegotiator, Negotiator};
 use tierbuf_tiers::policy::FrameCapacity;
 use tierbuf_tiers::wire::{self, ControlMessage, Epoch, NackReason};
-use tierbuf_tiers::{NegotiationConfig, OwnedTierSlot, Reservoir, TierIndex};
+use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
 
 const HEADER: usize = 16;
 

@@ -135,7 +135,7 @@ async fn a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force<P: PairPr
 
     // Once the peer grants tier 1, the same element goes whole.
     until_send_tier(&mut writer, 1).await;
-    assert_eq!(writer.stats().promotions, 1);
+    assert_eq!(writer.stats().tiers.promotions, 1);
     let parts = [IoSlice::new(&big), IoSlice::new(&tail)];
     assert_eq!(
         writer.write_vectored(&parts).await.unwrap(),

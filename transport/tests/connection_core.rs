@@ -255,7 +255,7 @@ impl Pair {
         for _ in 0..2_000 {
             self.step();
         }
-        assert_eq!(self.sides[0].core.stats().timeouts, 1);
+        assert_eq!(self.sides[0].core.stats().tiers.timeouts, 1);
     }
 
     /// Steps for ten seconds of idle time, past every timer and `demote_after`, and
@@ -313,7 +313,7 @@ fn small_messages_both_ways_arrive_in_order() {
             pattern(100 - i as usize, i)
         );
     }
-    assert_eq!(pair.sides[0].core.stats().promotions, 0);
+    assert_eq!(pair.sides[0].core.stats().tiers.promotions, 0);
 }
 
 #[test]
@@ -331,7 +331,7 @@ fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole()
     pair.settle();
     assert_eq!(pair.sides[1].received, vec![big.clone(), big]);
     let stats = pair.sides[0].core.stats();
-    assert_eq!((stats.send_tier, stats.promotions), (2, 1));
+    assert_eq!((stats.send_tier, stats.tiers.promotions), (2, 1));
     assert_eq!(stats.messages_segmented, 1, "only the first: {stats:?}");
     assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
     // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
@@ -391,7 +391,7 @@ fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
         pair.step();
     }
     assert_eq!(
-        pair.sides[0].core.stats().promotions,
+        pair.sides[0].core.stats().tiers.promotions,
         0,
         "held while the message waits to be taken"
     );
@@ -448,7 +448,7 @@ fn a_refused_promotion_falls_back_to_segments_on_the_current_tier() {
     pair.settle();
     assert_eq!(pair.sides[1].received, vec![big]);
     let stats = pair.sides[0].core.stats();
-    assert_eq!((stats.send_tier, stats.nacks), (0, 1));
+    assert_eq!((stats.send_tier, stats.tiers.nacks), (0, 1));
 }
 
 #[test]
@@ -575,7 +575,7 @@ fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
         while pair.sides[0].core.poll_work().is_some() {}
     }
     let stats = pair.sides[0].core.stats();
-    assert_eq!((stats.timeouts, stats.send_tier), (1, 0), "{stats:?}");
+    assert_eq!((stats.tiers.timeouts, stats.send_tier), (1, 0), "{stats:?}");
     assert!(
         pair.sides[0].core.failure().is_none(),
         "a timeout is not a failure"
@@ -653,7 +653,11 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
     pair.now += Duration::from_secs(60);
     pair.settle();
     let sender = pair.sides[0].core.stats();
-    assert_eq!((sender.send_tier, sender.demotions), (0, 1), "{sender:?}");
+    assert_eq!(
+        (sender.send_tier, sender.tiers.demotions),
+        (0, 1),
+        "{sender:?}"
+    );
     let receiver = pair.sides[1].core.stats();
     assert_eq!(receiver.recv_tier, 0);
     // The large receives were drained and their tier retired: the receiver holds its
@@ -695,7 +699,7 @@ fn a_tier_replaced_while_a_message_holds_one_of_its_slots_comes_back_in_force() 
     pair.settle();
     let receiver = pair.sides[1].core.stats();
     assert_eq!(receiver.recv_tier, 2, "{receiver:?}");
-    assert_eq!(receiver.recv_requests_busy, 0, "{receiver:?}");
+    assert_eq!(receiver.tiers.recv_requests_busy, 0, "{receiver:?}");
     assert!(
         pair.budgets[1].in_use() <= before,
         "no second registration of tier 2"
@@ -731,8 +735,8 @@ fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
     assert_eq!(stats.messages_segmented, 2, "{stats:?}");
     // The stats say why both went in segments: the first's promotion was granted and
     // this side's budget refused the send buffers; the second did not ask again.
-    assert_eq!(stats.send_buffers_refused, 1, "{stats:?}");
-    assert_eq!(stats.held_back_by_refusal, 1, "{stats:?}");
+    assert_eq!(stats.tiers.send_buffers_refused, 1, "{stats:?}");
+    assert_eq!(stats.tiers.held_back_by_refusal, 1, "{stats:?}");
 }
 
 #[test]
@@ -910,7 +914,7 @@ fn a_reservation_whose_promotion_the_peer_refused_is_reported() {
         Err(SendError::WouldBlock(WouldBlock::PromotionPending))
     ));
     pair.settle();
-    assert_eq!(pair.sides[0].core.stats().nacks, 1);
+    assert_eq!(pair.sides[0].core.stats().tiers.nacks, 1);
     let now = pair.now;
     assert!(matches!(
         pair.sides[0].core.try_reserve(now, 3000),

@@ -12,7 +12,7 @@ use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionError, Fault, SendError,
+    ConfigError, Connection, ConnectionConfig, ConnectionCore, ConnectionError, Fault, SendError,
 };
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
@@ -88,7 +88,7 @@ fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
     sender.flush().unwrap();
     let receiver = reader.join().unwrap();
     let stats = sender.stats();
-    assert!(stats.promotions >= 1, "{stats:?}");
+    assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, 400);
     assert_eq!(receiver.stats().messages_received, 400);
     drop((sender, receiver));
@@ -151,7 +151,7 @@ fn messages_built_in_place_arrive_once_in_order_across_promotions() {
     sender.flush().unwrap();
     let receiver = reader.join().unwrap();
     let stats = sender.stats();
-    assert!(stats.promotions >= 1, "{stats:?}");
+    assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, 300);
     assert_eq!(receiver.stats().messages_received, 300);
     drop((sender, receiver));
@@ -207,8 +207,8 @@ fn an_endpoint_shallower_than_the_ladder_needs_is_refused_with_the_depth_needed(
     let error = Connection::new(core, shallow).unwrap_err();
     assert!(
         matches!(
-            *error,
-            ConnectionError::QueueTooShallow {
+            error,
+            ConfigError::QueueTooShallow {
                 depth: 8,
                 needed: 16,
                 ..

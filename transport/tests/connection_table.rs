@@ -239,7 +239,10 @@ fn a_sender_that_never_calls_progress_gets_everything_delivered_in_order() {
     let sent = sender.lock().unwrap().stats();
     // Promoted past tier 1: to tier 2 at once, or through tier 1 when its promotion
     // landed before the first message past it.
-    assert!(sent.promotions >= 1 && sent.send_tier >= 2, "{sent:?}");
+    assert!(
+        sent.tiers.promotions >= 1 && sent.send_tier >= 2,
+        "{sent:?}"
+    );
     assert_eq!(sent.messages_sent, 300);
     assert_eq!(receiver.lock().unwrap().stats().messages_received, 300);
     assert!(table.progress_stats().progressed > 0);

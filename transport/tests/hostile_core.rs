@@ -351,7 +351,7 @@ fn a_peer_granting_a_tier_this_side_does_not_send_on_gets_a_bounded_number_of_dr
     }
     // The peer never answers: the request is given up.
     let deadline = victim.now + Duration::from_secs(600);
-    while victim.core.stats().timeouts == 0 {
+    while victim.core.stats().tiers.timeouts == 0 {
         assert!(victim.now < deadline, "the request was never given up");
         victim.now += Duration::from_millis(100);
         victim.core.progress(victim.now);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tierbuf_tiers::ladder::{LoadError, TierLadder};
-use tierbuf_transport::connection::{ConnectionConfig, ConnectionError};
+use tierbuf_transport::connection::{ConfigError, ConnectionConfig};
 
 /// A ladder file of one tier and the policy keys given.
 fn one_tier(slot_size: &str, slot_count: &str, policy: &str) -> String {
@@ -156,7 +156,7 @@ fn a_request_timeout_past_the_limit_is_refused_when_configured() {
     for timeout in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
         let refused = config.clone().with_request_timeout(timeout, 5);
         assert!(
-            matches!(refused, Err(ConnectionError::Negotiation(_))),
+            matches!(refused, Err(ConfigError::Negotiation(_))),
             "{timeout:?}: {refused:?}"
         );
     }

@@ -475,14 +475,14 @@ fn no_stall_is_left_for_a_demotion_to_end() {
     }
     let stats = exchange.stats();
     assert!(
-        longest.0 < STALL_ROUNDS && stats.iter().all(|s| s.demotions == 0),
+        longest.0 < STALL_ROUNDS && stats.iter().all(|s| s.tiers.demotions == 0),
         "nothing moved for {} rounds ({:?} of the clock; demote_after {demote_after:?}) while \
          {} frames were posted, and the sides demoted {} and {} times",
         longest.0,
         TICK * longest.0 as u32,
         longest.1,
-        stats[0].demotions,
-        stats[1].demotions,
+        stats[0].tiers.demotions,
+        stats[1].tiers.demotions,
     );
     assert_eq!(exchange.delivered, 4 * REQUESTS);
 }

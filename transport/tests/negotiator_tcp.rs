@@ -130,7 +130,7 @@ fn tiers_are_negotiated_over_a_tcp_side_channel_and_every_message_arrives() {
     let receiver = reader.join().unwrap();
     let stats = sender.stats();
     assert!(
-        stats.promotions >= 1,
+        stats.tiers.promotions >= 1,
         "promoted over the side channel: {stats:?}"
     );
     assert_eq!(receiver.stats().recv_tier, stats.send_tier);

@@ -86,7 +86,10 @@ fn batches_arrive_message_by_message<P: PairProvider>() {
         sent.messages_segmented > 0,
         "large ones were segmented: {sent:?}"
     );
-    assert!(sent.promotions > 0, "and promoted the connection: {sent:?}");
+    assert!(
+        sent.tiers.promotions > 0,
+        "and promoted the connection: {sent:?}"
+    );
     assert!(
         sent.frames_sent < sent.messages_sent,
         "fewer frames than messages: {sent:?}"
@@ -239,7 +242,11 @@ fn large_batches_move_to_a_larger_tier<P: PairProvider>() {
     });
     let (mut a, mut b) = sent;
     let stats = a.stats();
-    assert_eq!((stats.promotions, stats.send_tier), (1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.tiers.promotions, stats.send_tier),
+        (1, 1),
+        "{stats:?}"
+    );
     assert!(
         stats.frames_sent < 64 * 40 / 20,
         "most frames carried a whole batch: {stats:?}"
@@ -254,7 +261,7 @@ fn large_batches_move_to_a_larger_tier<P: PairProvider>() {
         a.progress().expect("progress");
         b.progress().expect("progress");
     }
-    assert_eq!(a.stats().demotions, 1);
+    assert_eq!(a.stats().tiers.demotions, 1);
 }
 
 #[test]

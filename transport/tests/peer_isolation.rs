@@ -71,7 +71,7 @@ fn promote_with(a: &mut Connection<ShmEndpoint>, b: &mut Connection<ShmEndpoint>
     };
     assert_eq!(&received[..], &message[..]);
     drop(received);
-    while a.stats().promotions == 0 {
+    while a.stats().tiers.promotions == 0 {
         a.progress().unwrap();
         b.progress().unwrap();
     }

@@ -90,7 +90,7 @@ fn workers_send_in_order_while_the_connection_sleeps_between<P: PairProvider>() 
     let driven = driving.join().unwrap();
     let stats = driven.stats();
     assert!(
-        stats.promotions > 0,
+        stats.tiers.promotions > 0,
         "the tier changed under the senders: {stats:?}"
     );
 }

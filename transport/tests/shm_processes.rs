@@ -489,7 +489,7 @@ fn random_sizes_arrive_once_in_order() -> Result<(), Failed> {
     let session = Session::start("echo", 64 << 20);
     let connection = exchange(&session)?;
     let stats = connection.stats();
-    if stats.promotions == 0 || stats.demotions == 0 {
+    if stats.tiers.promotions == 0 || stats.tiers.demotions == 0 {
         return Err(format!("expected promotions and demotions: {stats:?}").into());
     }
     drop(connection);
@@ -500,7 +500,7 @@ fn a_peer_that_refuses_promotion_still_gets_every_message() -> Result<(), Failed
     let session = Session::start("echo-small-budget", 64 << 20);
     let connection = exchange(&session)?;
     let stats = connection.stats();
-    if stats.nacks == 0 {
+    if stats.tiers.nacks == 0 {
         return Err(format!("expected the peer to refuse promotion: {stats:?}").into());
     }
     drop(connection);

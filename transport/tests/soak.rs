@@ -99,10 +99,11 @@ struct Totals {
 
 impl Totals {
     fn add(&mut self, stats: ConnectionStats) {
-        self.promotions += stats.promotions;
-        self.demotions += stats.demotions;
-        self.refusals += stats.nacks + stats.send_buffers_refused + stats.recv_buffers_refused;
-        self.held_back += stats.held_back_by_refusal;
+        self.promotions += stats.tiers.promotions;
+        self.demotions += stats.tiers.demotions;
+        self.refusals +=
+            stats.tiers.nacks + stats.tiers.send_buffers_refused + stats.tiers.recv_buffers_refused;
+        self.held_back += stats.tiers.held_back_by_refusal;
     }
 }
 

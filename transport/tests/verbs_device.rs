@@ -659,7 +659,7 @@ fn a_connection_promotes_and_segments_over_verbs() {
     sender.flush().unwrap();
     let receiver = reader.join().unwrap();
     let stats = sender.stats();
-    assert!(stats.promotions >= 1, "{stats:?}");
+    assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, messages.len() as u64);
     assert_eq!(receiver.stats().messages_received, messages.len() as u64);
     drop((sender, receiver, reservoir));

@@ -162,12 +162,12 @@ impl<E: Endpoint> KvClient<E> {
     fn note_promotions(&mut self) {
         let stats = self.connection.stats();
         let (promotions, recv_tier) = self.seen;
-        let new = stats.promotions.saturating_sub(promotions)
+        let new = stats.tiers.promotions.saturating_sub(promotions)
             + u64::from(stats.recv_tier.saturating_sub(recv_tier));
         let now = now_micros();
         self.promoted_at
             .extend(std::iter::repeat_n(now, new as usize));
-        self.seen = (stats.promotions, stats.recv_tier);
+        self.seen = (stats.tiers.promotions, stats.recv_tier);
     }
 
     /// The status of `reply` to `request` of `key`, if it is one of `allowed`.
@@ -386,7 +386,7 @@ pub fn run_workload<E: Endpoint>(
     };
     let (promotions, demotions) = clients.iter().fold((0, 0), |(up, down), client| {
         let stats = client.connection().stats();
-        (up + stats.promotions, down + stats.demotions)
+        (up + stats.tiers.promotions, down + stats.tiers.demotions)
     });
     let mut promoted_at: Vec<u64> = clients
         .iter()

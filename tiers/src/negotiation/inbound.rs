@@ -72,6 +72,7 @@ impl Inbound {
         self.grant
     }
 
+    #[cfg(test)]
     pub(super) fn offer(&self) -> Option<TierGrant> {
         match self.offer {
             Offer::Provisioning { epoch, tier } | Offer::Acked { epoch, tier, .. } => {

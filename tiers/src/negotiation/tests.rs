@@ -76,11 +76,11 @@ fn config_rejects_empty_and_degenerate_ladders() {
     };
     assert_eq!(
         NegotiationConfig::new(vec![], TIMEOUT, 1),
-        Err(ConfigError::NoTiers)
+        Err(NegotiationConfigError::NoTiers)
     );
     assert_eq!(
         NegotiationConfig::new(vec![shape; 257], TIMEOUT, 1),
-        Err(ConfigError::TooManyTiers { count: 257 })
+        Err(NegotiationConfigError::TooManyTiers { count: 257 })
     );
     let empty = TierShape {
         slot_size: 64,
@@ -88,22 +88,22 @@ fn config_rejects_empty_and_degenerate_ladders() {
     };
     assert_eq!(
         NegotiationConfig::new(vec![shape, empty], TIMEOUT, 1),
-        Err(ConfigError::EmptyTier {
+        Err(NegotiationConfigError::EmptyTier {
             tier: tier(1),
             shape: empty
         })
     );
     assert_eq!(
         NegotiationConfig::new(vec![shape], Duration::ZERO, 1),
-        Err(ConfigError::ZeroTimeout)
+        Err(NegotiationConfigError::ZeroTimeout)
     );
     assert_eq!(
         NegotiationConfig::new(vec![shape], TIMEOUT, 0),
-        Err(ConfigError::ZeroAttempts)
+        Err(NegotiationConfigError::ZeroAttempts)
     );
     assert_eq!(
         NegotiationConfig::new(vec![shape], Duration::MAX, 1),
-        Err(ConfigError::TimeoutTooLong {
+        Err(NegotiationConfigError::TimeoutTooLong {
             timeout: Duration::MAX,
             max: MAX_REQUEST_TIMEOUT
         })

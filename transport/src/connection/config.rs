@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::negotiation::NegotiationConfig;
 use tierbuf_tiers::policy::FrameCapacity;
-use tierbuf_tiers::{NegotiationConfig, wire};
+use tierbuf_tiers::wire;
 
-use super::errors::ConnectionError;
+use super::errors::ConfigError;
 use super::header::HEADER_LEN;
 
 /// How a connection is set up; both sides must use the same ladder.
@@ -43,26 +44,26 @@ impl ConnectionConfig {
     ///
     /// # Errors
     ///
-    /// A [`ConnectionError`] of the caller's configuration: tier 0 cannot carry a control
+    /// A [`ConfigError`] of the caller's configuration: tier 0 cannot carry a control
     /// frame, or the ladder cannot be negotiated. Every bound on the ladder itself (at
     /// least three slots a tier, slot, region and policy maxima) is the ladder's own
     /// validation ([`TierLadder::builder`], and so the ladder loader and `tierbuf ladder
     /// check`): a `TierLadder` that exists has passed it.
-    pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConnectionError> {
+    pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConfigError> {
         let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
         let smallest = ladder.tiers()[0].slot_size();
         if smallest < needed {
-            return Err(ConnectionError::SmallestTierTooSmall {
+            return Err(ConfigError::SmallestTierTooSmall {
                 slot_size: smallest,
                 needed,
             });
         }
         let negotiation = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(100), 5)
-            .map_err(ConnectionError::Negotiation)?;
+            .map_err(ConfigError::Negotiation)?;
         // The ladder bounds every tier's slots, so the sum fits easily.
         let every_slot: usize = ladder.tiers().iter().map(|spec| spec.slot_count()).sum();
         let max_send_credits = u32::try_from(every_slot.saturating_mul(2)).unwrap_or(u32::MAX);
-        let capacity = FrameCapacity::new(ladder, HEADER_LEN).map_err(ConnectionError::Capacity)?;
+        let capacity = FrameCapacity::new(ladder, HEADER_LEN).map_err(ConfigError::Capacity)?;
         Ok(ConnectionConfig {
             capacity: Arc::new(capacity),
             negotiation,
@@ -134,17 +135,17 @@ impl ConnectionConfig {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Negotiation`] for a zero timeout, one past
+    /// [`ConfigError::Negotiation`] for a zero timeout, one past
     /// [`MAX_REQUEST_TIMEOUT`](tierbuf_tiers::negotiation::MAX_REQUEST_TIMEOUT) (an hour),
     /// or zero attempts.
     pub fn with_request_timeout(
         mut self,
         request_timeout: Duration,
         max_attempts: u32,
-    ) -> Result<ConnectionConfig, ConnectionError> {
+    ) -> Result<ConnectionConfig, ConfigError> {
         self.negotiation =
             NegotiationConfig::for_ladder(self.ladder(), request_timeout, max_attempts)
-                .map_err(ConnectionError::Negotiation)?;
+                .map_err(ConfigError::Negotiation)?;
         Ok(self)
     }
 

@@ -46,14 +46,14 @@ use std::time::Instant;
 use slab::Slab;
 use tierbuf_tiers::controller::{Change, TierController};
 use tierbuf_tiers::negotiator::Negotiator;
-use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex};
+use tierbuf_tiers::{OwnedTierSlot, Reservoir, TierIndex, TierStats};
 
 use super::config::ConnectionConfig;
 use super::control::{
     ControlPath, HOLD_BEHIND_MESSAGE, InBand, MAX_HELD_CONTROL_FRAMES, MAX_WAITING_CONTROL_FRAMES,
 };
 use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
-use super::errors::{ConnectionError, PeerViolation};
+use super::errors::{ConfigError, ConnectionError, PeerViolation};
 use super::header::{FrameHeader, Grant};
 use super::reassembly::Reassembly;
 use super::receive::Message;
@@ -62,38 +62,17 @@ use super::send::{Outbox, Payload};
 use super::transmit::Queued;
 use crate::sync;
 
-/// Counters and the state of one side of a connection.
+/// Counters and the state of one side of a connection; what its tier negotiation did is
+/// [`ConnectionStats::tiers`] (`stats.tiers.promotions`, say).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConnectionStats {
     /// The tier this side sends on.
     pub send_tier: u8,
     /// The tier of the receives this side posts.
     pub recv_tier: u8,
-    /// Changes to a higher send tier.
-    pub promotions: u64,
-    /// Changes to a lower send tier.
-    pub demotions: u64,
-    /// Tier requests the peer refused.
-    pub nacks: u64,
-    /// Tier requests that timed out.
-    pub timeouts: u64,
-    /// Times this side's budget refused send buffers for a tier the peer granted (frames
-    /// then stay at the smaller tier, segmenting what does not fit).
-    pub send_buffers_refused: u64,
-    /// Times this side's budget refused receive buffers the peer asked for (it was nacked).
-    pub recv_buffers_refused: u64,
-    /// Messages (and runs of a batch, [`ConnectionCore::try_send_batch`]) that needed a
-    /// larger tier and were sent on the tier in force without asking, because a refusal
-    /// of that tier held its back-off (see
-    /// [`ControllerStats::held_back_by_refusal`](tierbuf_tiers::controller::ControllerStats)).
-    pub held_back_by_refusal: u64,
-    /// Messages (and runs of a batch) that needed a larger tier while this side's
-    /// demotion was pending (see
-    /// [`ControllerStats::held_back_by_demotion`](tierbuf_tiers::controller::ControllerStats)).
-    pub held_back_by_demotion: u64,
-    /// The peer's tier requests answered `Busy` because a receive tier they replaced was
-    /// still draining: what bounds a peer that asks tier after tier to two receive tiers.
-    pub recv_requests_busy: u64,
+    /// What this side's tier negotiation did: promotions, demotions, requests refused,
+    /// messages that went out without waiting for a tier.
+    pub tiers: TierStats,
     /// Messages accepted for sending.
     pub messages_sent: u64,
     /// Bytes of accepted messages.
@@ -234,13 +213,13 @@ impl ConnectionCore {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Register`] when the first tier's buffers cannot be registered.
+    /// [`ConfigError::Register`] when the first tier's buffers cannot be registered.
     pub fn new(
         config: Arc<ConnectionConfig>,
         send_reservoir: Arc<Reservoir>,
         recv_reservoir: Arc<Reservoir>,
         now: Instant,
-    ) -> Result<ConnectionCore, ConnectionError> {
+    ) -> Result<ConnectionCore, ConfigError> {
         ConnectionCore::with_control(
             config,
             send_reservoir,
@@ -287,14 +266,14 @@ impl ConnectionCore {
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::Register`] when the first tier's buffers cannot be registered.
+    /// [`ConfigError::Register`] when the first tier's buffers cannot be registered.
     pub fn with_negotiator<N: Negotiator + Send + 'static>(
         config: Arc<ConnectionConfig>,
         send_reservoir: Arc<Reservoir>,
         recv_reservoir: Arc<Reservoir>,
         negotiator: N,
         now: Instant,
-    ) -> Result<ConnectionCore, ConnectionError> {
+    ) -> Result<ConnectionCore, ConfigError> {
         ConnectionCore::with_control(
             config,
             send_reservoir,
@@ -310,7 +289,7 @@ impl ConnectionCore {
         recv_reservoir: Arc<Reservoir>,
         control: ControlPath,
         now: Instant,
-    ) -> Result<ConnectionCore, ConnectionError> {
+    ) -> Result<ConnectionCore, ConfigError> {
         let tiers = TierController::new(
             Arc::clone(config.capacity()),
             config.negotiation().clone(),
@@ -318,7 +297,7 @@ impl ConnectionCore {
             recv_reservoir,
             now,
         )
-        .map_err(ConnectionError::Register)?;
+        .map_err(ConfigError::Register)?;
         let spare_buffer_limit = config.spare_buffer_limit();
         let smallest = &config.ladder().tiers()[0];
         let credits = Credits::starting_with(
@@ -373,19 +352,10 @@ impl ConnectionCore {
 
     /// Counters and state now.
     pub fn stats(&self) -> ConnectionStats {
-        let tiers = self.tiers.stats();
         ConnectionStats {
             send_tier: self.send_tier().get(),
             recv_tier: self.tiers.recv_tier().get(),
-            promotions: tiers.promotions,
-            demotions: tiers.demotions,
-            nacks: tiers.nacks,
-            timeouts: tiers.timeouts,
-            send_buffers_refused: tiers.send_buffers_refused,
-            recv_buffers_refused: tiers.recv_buffers_refused,
-            held_back_by_refusal: tiers.held_back_by_refusal,
-            held_back_by_demotion: tiers.held_back_by_demotion,
-            recv_requests_busy: tiers.recv_requests_busy,
+            tiers: self.tiers.stats(),
             registered_bytes: self.tiers.registered_bytes(),
             posted_receives: self.posted.len() as u64,
             receives_lent: (self.lent - self.returned.given_back()) as u64,

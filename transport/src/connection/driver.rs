@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::core::{ConnectionCore, ConnectionStats};
-use super::errors::{ConnectionError, SendError, WouldBlock};
+use super::errors::{ConfigError, ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
 use super::receive::Message;
 use super::reserve::FilledOutcome;
@@ -69,14 +69,15 @@ pub struct Connection<E: Endpoint> {
 }
 
 impl<E: Endpoint> Connection<E> {
-    /// Drives `core` over `endpoint`, posting the core's first receives at once.
+    /// Drives `core` over `endpoint`, posting the core's first receives at once. A failure
+    /// of that first progress (a peer already gone) fails the connection, and its first
+    /// call reports it as a [`ConnectionError`].
     ///
     /// # Errors
     ///
-    /// [`ConnectionError::QueueTooShallow`] when either of the endpoint's queues is
-    /// shallower than the ladder needs (`ConnectionConfig::queue_depth`); any error of the
-    /// first progress.
-    pub fn new(core: ConnectionCore, endpoint: E) -> Result<Connection<E>, Arc<ConnectionError>> {
+    /// [`ConfigError::QueueTooShallow`] when either of the endpoint's queues is shallower
+    /// than the ladder needs (`ConnectionConfig::queue_depth`).
+    pub fn new(core: ConnectionCore, endpoint: E) -> Result<Connection<E>, ConfigError> {
         let needed = core.config().queue_depth();
         let limits = endpoint.limits();
         for (queue, depth) in [
@@ -84,11 +85,11 @@ impl<E: Endpoint> Connection<E> {
             (QueueKind::Recv, limits.recv_depth),
         ] {
             if depth < needed {
-                return Err(Arc::new(ConnectionError::QueueTooShallow {
+                return Err(ConfigError::QueueTooShallow {
                     queue,
                     depth,
                     needed,
-                }));
+                });
             }
         }
         let mut connection = Connection {
@@ -102,7 +103,8 @@ impl<E: Endpoint> Connection<E> {
             #[cfg(feature = "tokio")]
             progress_made: 0,
         };
-        connection.progress()?;
+        // A failure stays with the core: the connection's next call reports it.
+        let _ = connection.progress();
         Ok(connection)
     }
 

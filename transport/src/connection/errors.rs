@@ -1,10 +1,11 @@
-//! Why a connection, or one send on it, failed, and whose fault that was.
+//! Why a connection could not be set up, why a live one or one send on it failed, and
+//! whose fault that was.
 
 use std::sync::Arc;
 
 use tierbuf_tiers::controller::ControllerError;
 use tierbuf_tiers::policy::CapacityError;
-use tierbuf_tiers::{TierError, negotiation::ConfigError};
+use tierbuf_tiers::{TierError, negotiation::NegotiationConfigError};
 
 use super::header::HeaderError;
 use super::packed::PackedError;
@@ -39,11 +40,26 @@ pub enum WorkKind {
     Recv,
 }
 
-/// Why a configuration, or a connection, failed. [`ConnectionError::fault`] says whose
-/// fault it was.
+/// Why a connection could not be set up: its configuration
+/// ([`ConnectionConfig::new`](super::ConnectionConfig::new)), the memory for its first
+/// tier ([`ConnectionCore::new`](super::ConnectionCore::new)), or the endpoint it was
+/// given ([`Connection::new`](super::Connection::new)). [`ConfigError::fault`] says whose
+/// fault it was. Once a connection is running, its failures are [`ConnectionError`]s.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tierbuf_tiers::ladder::TierLadder;
+/// use tierbuf_transport::connection::{ConfigError, ConnectionConfig, Fault};
+/// let config = ConnectionConfig::new(Arc::new(TierLadder::preset("two-tier")?))?;
+/// let error = config.with_request_timeout(Duration::ZERO, 5).unwrap_err();
+/// assert!(matches!(error, ConfigError::Negotiation(_)));
+/// assert_eq!(error.fault(), Fault::Caller);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConnectionError {
+pub enum ConfigError {
     /// The smallest tier cannot carry a control frame and its header (the caller's ladder).
     #[error("tier 0 slots of {slot_size} bytes cannot carry a {needed}-byte control frame")]
     SmallestTierTooSmall {
@@ -52,9 +68,10 @@ pub enum ConnectionError {
         /// Header plus the largest control frame.
         needed: usize,
     },
-    /// The ladder cannot be negotiated (the caller's ladder).
+    /// The ladder, or the request timeout and attempts given, cannot be negotiated (the
+    /// caller's).
     #[error("the ladder cannot be negotiated")]
-    Negotiation(#[source] ConfigError),
+    Negotiation(#[source] NegotiationConfigError),
     /// A tier's slots hold nothing after the frame header (the caller's ladder).
     #[error("the ladder cannot carry frames")]
     Capacity(#[source] CapacityError),
@@ -70,6 +87,29 @@ pub enum ConnectionError {
         /// The depth the ladder needs.
         needed: u32,
     },
+    /// Registering the first tier's buffers failed (this side's budget or memory).
+    #[error("registering the connection's buffers failed")]
+    Register(#[source] TierError),
+}
+
+impl ConfigError {
+    /// Whose doing the error was: the caller's configuration, or this side's memory.
+    pub fn fault(&self) -> Fault {
+        match self {
+            ConfigError::SmallestTierTooSmall { .. }
+            | ConfigError::Negotiation(_)
+            | ConfigError::Capacity(_)
+            | ConfigError::QueueTooShallow { .. } => Fault::Caller,
+            ConfigError::Register(_) => Fault::Local,
+        }
+    }
+}
+
+/// Why a running connection failed. [`ConnectionError::fault`] says whose fault it was.
+/// Why one could not be set up is a [`ConfigError`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectionError {
     /// A completion named a work request that is not outstanding: the driver handed the
     /// core a completion it did not ask for (the caller's).
     #[error("completion for unknown {kind:?} work request {wr_id}")]
@@ -82,9 +122,6 @@ pub enum ConnectionError {
     /// This side closed the connection.
     #[error("the connection is closed")]
     Closed,
-    /// Registering the connection's buffers failed (this side's budget or memory).
-    #[error("registering the connection's buffers failed")]
-    Register(#[source] TierError),
     /// This side's provider failed, or ran out of a resource (this side's).
     #[error("the provider failed")]
     Provider(#[source] TransportError),
@@ -199,18 +236,12 @@ impl ConnectionError {
     /// Whose doing the error was.
     pub fn fault(&self) -> Fault {
         match self {
-            ConnectionError::SmallestTierTooSmall { .. }
-            | ConnectionError::Negotiation(_)
-            | ConnectionError::Capacity(_)
-            | ConnectionError::QueueTooShallow { .. }
-            | ConnectionError::UnknownWorkRequest { .. }
-            | ConnectionError::Closed => Fault::Caller,
+            ConnectionError::UnknownWorkRequest { .. } | ConnectionError::Closed => Fault::Caller,
             #[cfg(feature = "tokio")]
             ConnectionError::SinkRefused(_) => Fault::Caller,
-            ConnectionError::Register(_)
-            | ConnectionError::Provider(_)
-            | ConnectionError::Post(_)
-            | ConnectionError::Tiers(_) => Fault::Local,
+            ConnectionError::Provider(_) | ConnectionError::Post(_) | ConnectionError::Tiers(_) => {
+                Fault::Local
+            }
             ConnectionError::PeerClosed
             | ConnectionError::AbandonedMidMessage { .. }
             | ConnectionError::PeerDied(_)

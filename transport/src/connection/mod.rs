@@ -42,7 +42,9 @@ pub use self::tokio::{AsyncConnection, AsyncConnectionGuard};
 pub use config::ConnectionConfig;
 pub use core::{ConnectionCore, ConnectionStats};
 pub use driver::{Connection, SendBuffer};
-pub use errors::{ConnectionError, Fault, PeerViolation, SendError, WorkKind, WouldBlock};
+pub use errors::{
+    ConfigError, ConnectionError, Fault, PeerViolation, SendError, WorkKind, WouldBlock,
+};
 pub use header::{FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD};
 pub use packed::PackedError;
 pub use reassembly::ReassemblyError;

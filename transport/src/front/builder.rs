@@ -153,8 +153,7 @@ impl<K: Kind> TransportBuilder<K> {
     /// and filling the reservoir ([`SetupError::Reservoir`]).
     pub fn build(self) -> Result<Transport<K>, SetupError> {
         let ladder = Arc::new(self.load_ladder()?);
-        let config = ConnectionConfig::new(Arc::clone(&ladder))
-            .map_err(|source| SetupError::Config { source })?;
+        let config = ConnectionConfig::new(Arc::clone(&ladder))?;
         let depth = config.queue_depth();
         check_depth::<K>(depth, self.kind.max_depth())?;
         let budget = match self.budget {
@@ -326,11 +325,14 @@ impl<K: Kind> Shared<K> {
             Arc::clone(&self.reservoir),
             Arc::clone(&self.reservoir),
             Instant::now(),
-        )
-        .map_err(|source| SetupError::Connection {
-            source: Arc::new(source),
-        })?;
-        Connection::new(core, endpoint).map_err(|source| SetupError::Connection { source })
+        )?;
+        let mut connection = Connection::new(core, endpoint)?;
+        // A peer gone already fails the first progress: reported here rather than by the
+        // connection's first call.
+        connection
+            .progress()
+            .map_err(|source| SetupError::Connection { source })?;
+        Ok(connection)
     }
 }
 

@@ -9,7 +9,7 @@ use tierbuf_pool::PoolError;
 use tierbuf_tiers::TierError;
 use tierbuf_tiers::ladder::{LadderError, LoadError};
 
-use crate::connection::{ConnectionError, Fault};
+use crate::connection::{ConfigError, ConnectionError, Fault};
 use crate::error::TransportError;
 
 /// Why the front door ([`Transport`](super::Transport)) could not build, listen, accept
@@ -52,13 +52,14 @@ pub enum SetupError {
         #[source]
         source: LadderError,
     },
-    /// The ladder is valid but connections cannot run on it (its smallest tier cannot
-    /// carry a control frame, say).
-    #[error("connections cannot run on this ladder")]
+    /// A connection could not be set up: the ladder is valid but connections cannot run
+    /// on it (its smallest tier cannot carry a control frame, say), or the memory budget
+    /// refused a new connection the buffers of its first tier.
+    #[error("a connection could not be set up")]
     Config {
         /// The connection layer's error.
         #[source]
-        source: ConnectionError,
+        source: ConfigError,
     },
     /// The ladder needs deeper queues than the provider's endpoints have.
     #[error(
@@ -177,8 +178,9 @@ pub enum SetupError {
         #[source]
         source: Box<crate::verbs::VerbsError>,
     },
-    /// An endpoint was connected, but the connection over it could not start.
-    #[error("the connection over a new endpoint could not start")]
+    /// An endpoint was connected, but the connection over it failed at once (the peer
+    /// hung up, say).
+    #[error("the connection over a new endpoint failed at once")]
     Connection {
         /// The connection's error.
         #[source]
@@ -230,7 +232,6 @@ impl SetupError {
             SetupError::UnknownPreset { .. }
             | SetupError::LadderFile { .. }
             | SetupError::Ladder { .. }
-            | SetupError::Config { .. }
             | SetupError::QueueTooDeep { .. }
             | SetupError::BudgetTooSmall { .. }
             | SetupError::AddressInUse { .. }
@@ -257,8 +258,16 @@ impl SetupError {
                 | crate::verbs::VerbsError::DepthPastDevice { .. } => Fault::Caller,
                 _ => Fault::Local,
             },
+            SetupError::Config { source } => source.fault(),
             SetupError::Connection { source } => source.fault(),
         }
+    }
+}
+
+impl From<ConfigError> for SetupError {
+    /// [`SetupError::Config`].
+    fn from(source: ConfigError) -> SetupError {
+        SetupError::Config { source }
     }
 }
 

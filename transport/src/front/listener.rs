@@ -125,7 +125,8 @@ impl<K: Kind> Listener<K> {
     ///
     /// A peer that failed its handshake ([`SetupError::Provider`]; the listener goes on,
     /// and the next call waits for the next peer), a connection that could not start over
-    /// its endpoint ([`SetupError::Connection`]), or [`SetupError::ListenerGone`].
+    /// its endpoint ([`SetupError::Config`], [`SetupError::Connection`]), or
+    /// [`SetupError::ListenerGone`].
     pub fn accept(&self) -> Result<ConnectionOf<K>, SetupError> {
         let incoming = self.incoming.lock().unwrap_or_else(PoisonError::into_inner);
         let endpoint = incoming.recv().map_err(|_| SetupError::ListenerGone)??;

@@ -95,8 +95,9 @@ impl Transport<Loopback> {
     /// # Errors
     ///
     /// [`SetupError::NoListener`] when no listener of this transport has the name;
-    /// [`SetupError::Provider`] or [`SetupError::Connection`] when the endpoints or the
-    /// connection could not be made.
+    /// [`SetupError::Provider`] when the endpoints could not be made;
+    /// [`SetupError::Config`] or [`SetupError::Connection`] when the connection over them
+    /// could not start.
     pub fn connect(&self, name: &str) -> Result<ConnectionOf<Loopback>, SetupError> {
         let no_listener = || SetupError::NoListener {
             address: name.to_owned(),

@@ -179,7 +179,8 @@ impl Transport<Shm> {
     /// # Errors
     ///
     /// [`SetupError::NoListener`] when nothing listens at `path`;
-    /// [`SetupError::Provider`] when the handshake fails; [`SetupError::Connection`].
+    /// [`SetupError::Provider`] when the handshake fails; [`SetupError::Config`] or
+    /// [`SetupError::Connection`] when the connection over the endpoint could not start.
     pub fn connect(&self, path: impl AsRef<Path>) -> Result<ConnectionOf<Shm>, SetupError> {
         let endpoint = connect_endpoint(&self.shared, path.as_ref())?;
         self.shared.connection(endpoint)

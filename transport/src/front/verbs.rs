@@ -111,7 +111,8 @@ impl Transport<Verbs> {
     /// # Errors
     ///
     /// [`SetupError::Verbs`] when the exchange or the queue pair's setup fails;
-    /// [`SetupError::Connection`].
+    /// [`SetupError::Config`] or [`SetupError::Connection`] when the connection over the
+    /// endpoint could not start.
     pub fn connect(&self, addr: SocketAddr) -> Result<ConnectionOf<Verbs>, SetupError> {
         let endpoint = connect_endpoint(&self.shared, addr, None)?;
         self.shared.connection(endpoint)

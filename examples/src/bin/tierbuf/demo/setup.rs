@@ -115,9 +115,9 @@ impl<E: Endpoint + 'static> Side<E> {
             let stats = connection.lock()?.stats();
             totals = totals
                 + Totals {
-                    promotions: stats.promotions,
-                    demotions: stats.demotions,
-                    nacks: stats.nacks,
+                    promotions: stats.tiers.promotions,
+                    demotions: stats.tiers.demotions,
+                    nacks: stats.tiers.nacks,
                     messages: stats.messages_sent,
                     bytes: stats.bytes_sent,
                     send_tier_sum: u64::from(stats.send_tier),
