@@ -82,17 +82,6 @@ impl Promotion {
     /// What a failure to provision a tier locally means for the next plans: a budget refusal
     /// ([`TierError::is_over_budget`]) is a refusal; anything else (another change under way,
     /// a driver failure) may pass on a later try.
-    ///
-    /// ```
-    /// use tierbuf_pool::MemoryBudget;
-    /// use tierbuf_tiers::{TierError, TierIndex};
-    /// use tierbuf_tiers::policy::Promotion;
-    /// let source = MemoryBudget::with_cap(4096).reserve(8192).unwrap_err();
-    /// let over_budget = TierError::Register { tier: TierIndex::new(1), source };
-    /// assert_eq!(Promotion::after_register_error(&over_budget), Promotion::Refused);
-    /// let busy = TierError::ChangePending { pending: TierIndex::new(1) };
-    /// assert_eq!(Promotion::after_register_error(&busy), Promotion::Allowed);
-    /// ```
     #[cfg(test)]
     pub(crate) fn after_register_error(error: &TierError) -> Promotion {
         if error.is_over_budget() {
@@ -204,17 +193,6 @@ pub(crate) enum MessagePlan {
 
 impl MessagePlan {
     /// The tier the message's bytes travel on: the tier in force, or the one promoted to.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Allowed)?;
-    /// assert_eq!(plan.tier(), TierIndex::new(1));
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Refused)?;
-    /// assert_eq!(plan.tier(), TierIndex::SMALLEST);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     #[cfg(test)]
     pub(crate) fn tier(&self) -> TierIndex {
         match *self {
@@ -224,16 +202,6 @@ impl MessagePlan {
     }
 
     /// How the message is cut, if it is segmented.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::*};
-    /// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
-    /// assert!(plan_message(&capacity, TierIndex::SMALLEST, 100, Promotion::Allowed)?.segments().is_none());
-    /// let plan = plan_message(&capacity, TierIndex::SMALLEST, 100_000, Promotion::Allowed)?;
-    /// assert_eq!(plan.segments().map(|s| s.count()), Some(13));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     #[cfg(test)]
     pub(crate) fn segments(&self) -> Option<Segments> {
         match *self {
@@ -330,24 +298,6 @@ pub(crate) fn plan_io_vector(
 /// # Errors
 ///
 /// [`PolicyError::TierOutsideLadder`] when `current` is not on the ladder.
-///
-/// ```
-/// use std::sync::Arc;
-/// use tierbuf_tiers::TierIndex;
-/// use tierbuf_tiers::ladder::TierLadder;
-/// use tierbuf_tiers::policy::{FrameCapacity, IoVecPlan, MessagePlan, Promotion, plan_io_vector_lens};
-/// let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?; // thresholds 480 and 8192
-/// let small = TierIndex::SMALLEST;
-/// assert_eq!(
-///     plan_io_vector_lens(&capacity, small, &[0, 2000, 10], Promotion::Allowed)?,
-///     IoVecPlan::Oversized { element: 1, plan: MessagePlan::Promote { to: TierIndex::new(1) } },
-/// );
-/// assert_eq!(
-///     plan_io_vector_lens(&capacity, small, &[], Promotion::Allowed)?,
-///     IoVecPlan::SendPrefix { tier: small, elements: 0, bytes: 0 },
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
 #[cfg(test)]
 pub(crate) fn plan_io_vector_lens(
     capacity: &FrameCapacity,
@@ -473,15 +423,6 @@ impl DemotionTracker {
     }
 
     /// The tier in force, as last reported.
-    ///
-    /// ```
-    /// # use std::{sync::Arc, time::Instant};
-    /// # use tierbuf_tiers::{TierIndex, ladder::TierLadder, policy::{FrameCapacity, DemotionTracker}};
-    /// let mut tracker = DemotionTracker::new(Arc::new(FrameCapacity::new(Arc::new(TierLadder::preset("rpc")?), 0)?), Instant::now());
-    /// tracker.tier_changed(Instant::now(), TierIndex::new(2))?;
-    /// assert_eq!(tracker.tier(), TierIndex::new(2));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
     #[cfg(test)]
     pub(crate) fn tier(&self) -> TierIndex {
         self.tier

@@ -361,3 +361,73 @@ fn demotion_tracker_next_deadline_example() -> Result<(), Box<dyn std::error::Er
     );
     Ok(())
 }
+
+/// The example of `policy::Promotion::after_register_error`.
+#[test]
+fn promotion_after_register_error_example() {
+    use crate::policy::Promotion;
+    use crate::{TierError, TierIndex};
+    use tierbuf_pool::MemoryBudget;
+    let source = MemoryBudget::with_cap(4096).reserve(8192).unwrap_err();
+    let over_budget = TierError::Register {
+        tier: TierIndex::new(1),
+        source,
+    };
+    assert_eq!(
+        Promotion::after_register_error(&over_budget),
+        Promotion::Refused
+    );
+    let busy = TierError::ChangePending {
+        pending: TierIndex::new(1),
+    };
+    assert_eq!(Promotion::after_register_error(&busy), Promotion::Allowed);
+}
+
+/// The examples of `policy::MessagePlan::tier` and `policy::MessagePlan::segments`.
+#[test]
+fn message_plan_tier_and_segments_example() -> Result<(), Box<dyn std::error::Error>> {
+    use crate::TierIndex;
+    use crate::ladder::TierLadder;
+    use crate::policy::{FrameCapacity, Promotion, plan_message};
+    use std::sync::Arc;
+    let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
+    let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Allowed)?;
+    assert_eq!(plan.tier(), TierIndex::new(1));
+    let plan = plan_message(&capacity, TierIndex::SMALLEST, 4096, Promotion::Refused)?;
+    assert_eq!(plan.tier(), TierIndex::SMALLEST);
+    let small = plan_message(&capacity, TierIndex::SMALLEST, 100, Promotion::Allowed)?;
+    assert!(small.segments().is_none());
+    let plan = plan_message(&capacity, TierIndex::SMALLEST, 100_000, Promotion::Allowed)?;
+    assert_eq!(plan.segments().map(|s| s.count()), Some(13));
+    Ok(())
+}
+
+/// The example of `policy::plan_io_vector_lens` on an oversized element and on none.
+#[test]
+fn plan_io_vector_lens_edges_example() -> Result<(), Box<dyn std::error::Error>> {
+    use crate::TierIndex;
+    use crate::ladder::TierLadder;
+    use crate::policy::{FrameCapacity, IoVecPlan, MessagePlan, Promotion, plan_io_vector_lens};
+    use std::sync::Arc;
+    // Thresholds 480 and 8192.
+    let capacity = FrameCapacity::new(Arc::new(TierLadder::preset("two-tier")?), 0)?;
+    let small = TierIndex::SMALLEST;
+    assert_eq!(
+        plan_io_vector_lens(&capacity, small, &[0, 2000, 10], Promotion::Allowed)?,
+        IoVecPlan::Oversized {
+            element: 1,
+            plan: MessagePlan::Promote {
+                to: TierIndex::new(1)
+            }
+        },
+    );
+    assert_eq!(
+        plan_io_vector_lens(&capacity, small, &[], Promotion::Allowed)?,
+        IoVecPlan::SendPrefix {
+            tier: small,
+            elements: 0,
+            bytes: 0
+        },
+    );
+    Ok(())
+}
