@@ -47,8 +47,9 @@
 //!   filled, sends on the wire): checked at each post.
 //! - A frame never lands in a receive shorter than itself: checked as it lands.
 //! - A completion handed over in a step or a pass never fails its core, unless the test
-//!   forged or edited a frame that reached that side: a failure there panics, naming it.
-//!   What [`Pair::forge`] and [`Pair::take`] hand over is returned to the test instead.
+//!   changed what that side receives (a frame forged, edited, reordered or dropped on its
+//!   way): a failure there panics, naming it. What [`Pair::forge`] and [`Pair::take`] hand
+//!   over is returned to the test instead.
 //! - Every loop that waits for the cores is bounded: [`Pair::run_until_idle`] reports a
 //!   [`Stall`], and [`Pair::send`] panics, rather than spinning for ever.
 
@@ -128,7 +129,7 @@ pub struct Frame {
     bytes: FrameBytes,
     /// When it may land.
     due: Instant,
-    /// Whether the test made or changed it.
+    /// Whether the test made, changed or moved it.
     forged: bool,
 }
 
@@ -153,7 +154,7 @@ impl Frame {
         }
     }
 
-    /// Whether the test made or changed it.
+    /// Whether the test made, changed or moved it.
     pub fn is_forged(&self) -> bool {
         self.forged
     }
@@ -257,7 +258,7 @@ struct Endpoint {
     completions: VecDeque<Completed>,
     /// Work requests taken, ever.
     posts: u64,
-    /// Whether a frame the test made or changed reached this side.
+    /// Whether the test changed what this side receives.
     tampered: bool,
     journal: Option<Vec<Posted>>,
 }
@@ -934,7 +935,10 @@ impl Pair {
 
     /// Swaps two of `from`'s frames on the wire.
     pub fn swap_in_flight(&mut self, from: usize, a: usize, b: usize) {
-        self.sides[from].endpoint.wire.swap(a, b);
+        let wire = &mut self.sides[from].endpoint.wire;
+        wire.swap(a, b);
+        wire[a].forged = true;
+        wire[b].forged = true;
     }
 
     /// Puts a frame of the test's own among `from`'s at `index`: it lands as theirs do,
@@ -968,6 +972,7 @@ impl Pair {
     /// [`Pair::take`] of the frame at `index`: a frame dropped in flight.
     pub fn take_at(&mut self, from: usize, index: usize) -> Option<Taken> {
         let frame = self.sides[from].endpoint.wire.remove(index)?;
+        self.sides[1 - from].endpoint.tampered = true;
         let bytes = frame.bytes().to_vec();
         let result = match frame.send {
             Some(wr_id) => {

@@ -10,7 +10,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::CallerCopies;
-use tierbuf_transport::connection::{ConnectionConfig, Message, SendError, WouldBlock};
+use tierbuf_transport::connection::{
+    ConnectionConfig, ConnectionError, Fault, FrameKind, Message, SendError, WouldBlock,
+};
 use tierbuf_transport::test_pair::{Pair, Reading};
 
 /// What the budget charges a region of `len` bytes: the whole pages it maps.
@@ -869,4 +871,85 @@ fn last_credits_crossing_in_frames_that_grant_nothing_leave_no_side_stranded() {
         pair.send_copied(from, message, copies, &mut || true)
     })
     .unwrap();
+}
+
+/// A link that takes 5 ms each way (the pair's latency) still carries messages of every
+/// size in order, and the promotion they ask for lands without a timeout.
+#[test]
+fn a_slow_link_carries_everything_in_order_and_promotes() {
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    pair.set_latency(0, Duration::from_millis(5));
+    pair.set_latency(1, Duration::from_millis(5));
+    let messages: Vec<Vec<u8>> = [10, 3000, 100, 20_000, 5000]
+        .iter()
+        .enumerate()
+        .map(|(seed, &len)| pattern(len, seed as u8))
+        .collect();
+    for message in &messages {
+        pair.send(0, message);
+    }
+    pair.settle();
+    assert_eq!(pair.received(1), messages);
+    let stats = pair.stats(0);
+    assert_eq!((stats.send_tier, stats.timeouts), (2, 0), "{stats:?}");
+}
+
+/// A message's segments tampered with on the wire, in each way the pair's hooks allow
+/// (two swapped, one dropped, one changed into a frame of another kind, one added), make
+/// a stream the rules refuse: the receiver fails, blaming the peer, and delivers nothing.
+#[test]
+fn segments_tampered_with_in_flight_fail_the_receiver_for_the_peer() {
+    // A whole message of three bytes, as a peer would write it.
+    let mut whole = vec![FrameKind::Whole as u8, 0, 0, 0];
+    whole.extend_from_slice(&3u32.to_le_bytes());
+    whole.extend_from_slice(&3u64.to_le_bytes());
+    whole.extend_from_slice(b"abc");
+    let tamperings: [(&str, &dyn Fn(&mut Pair, usize, usize)); 4] = [
+        ("swapped", &|pair, first, middle| {
+            pair.swap_in_flight(0, first, middle)
+        }),
+        ("dropped", &|pair, _, middle| {
+            let taken = pair.take_at(0, middle).expect("the middle segment");
+            taken.result.expect("its send completes");
+        }),
+        ("changed", &|pair, _, middle| {
+            pair.edit_in_flight(0, middle, |bytes| bytes[0] = FrameKind::Whole as u8)
+        }),
+        ("added", &|pair, _, middle| {
+            pair.insert_in_flight(0, middle, whole.clone())
+        }),
+    ];
+    for (what, tamper) in tamperings {
+        let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+        pair.hold(0, true);
+        // Three segments of tier 0, sent at once while the promotion is asked for.
+        let accepted = pair.try_send(0, &[IoSlice::new(&pattern(300, 1))]);
+        assert_eq!(accepted.unwrap(), 300);
+        pair.step();
+        let at = |kind: FrameKind| {
+            pair.in_flight(0)
+                .iter()
+                .position(|frame| frame.bytes()[0] == kind as u8)
+                .unwrap_or_else(|| panic!("no {kind:?} frame in flight"))
+        };
+        let (first, middle) = (at(FrameKind::First), at(FrameKind::Middle));
+        tamper(&mut pair, first, middle);
+        pair.hold(0, false);
+        for _ in 0..100 {
+            pair.step();
+        }
+        let error = pair
+            .failure(1)
+            .unwrap_or_else(|| panic!("{what}: the receiver took it"));
+        assert_eq!(error.fault(), Fault::Peer, "{what}: {error}");
+        assert!(
+            matches!(**error, ConnectionError::PeerProtocol(_)),
+            "{what}: {error:?}"
+        );
+        assert!(pair.received(1).is_empty(), "{what}: nothing delivered");
+        assert!(
+            pair.failure(0).is_none(),
+            "{what}: the sender knows nothing of it"
+        );
+    }
 }
