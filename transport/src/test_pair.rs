@@ -153,11 +153,6 @@ impl Frame {
             FrameBytes::Owned(bytes) => bytes,
         }
     }
-
-    /// Whether the test made, changed or moved it.
-    pub fn is_forged(&self) -> bool {
-        self.forged
-    }
 }
 
 impl fmt::Debug for Frame {
