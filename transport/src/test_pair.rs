@@ -692,14 +692,14 @@ impl Pair {
     /// # Errors
     ///
     /// A [`Stall`] after `max_steps` steps.
-    pub fn run_until_idle(&mut self, max_steps: usize) -> Result<usize, Stall> {
+    pub fn run_until_idle(&mut self, max_steps: usize) -> Result<usize, Box<Stall>> {
         for steps in 1..=max_steps {
             let idle = |side: &Side| side.core.as_ref().is_none_or(ConnectionCore::is_idle);
             if !self.step() && self.sides.iter().all(idle) {
                 return Ok(steps);
             }
         }
-        Err(Stall {
+        Err(Box::new(Stall {
             steps: max_steps,
             stats: self
                 .sides
@@ -707,7 +707,7 @@ impl Pair {
                 .map(|side| side.core.as_ref().map(ConnectionCore::stats)),
             in_flight: self.sides.each_ref().map(|side| side.endpoint.wire.len()),
             posted: self.sides.each_ref().map(|side| side.endpoint.recvs.len()),
-        })
+        }))
     }
 
     /// [`Pair::run_until_idle`] within 10 000 steps.

@@ -904,7 +904,9 @@ fn segments_tampered_with_in_flight_fail_the_receiver_for_the_peer() {
     whole.extend_from_slice(&3u32.to_le_bytes());
     whole.extend_from_slice(&3u64.to_le_bytes());
     whole.extend_from_slice(b"abc");
-    let tamperings: [(&str, &dyn Fn(&mut Pair, usize, usize)); 4] = [
+    /// Changes the frames in flight, given where the first and the middle segment are.
+    type Tamper<'a> = &'a dyn Fn(&mut Pair, usize, usize);
+    let tamperings: [(&str, Tamper<'_>); 4] = [
         ("swapped", &|pair, first, middle| {
             pair.swap_in_flight(0, first, middle)
         }),
