@@ -422,7 +422,7 @@ impl Harness {
                 }
             }
             Op::Advance(millis) => {
-                self.pair.advance(Duration::from_millis(u64::from(millis)));
+                self.pair.now += Duration::from_millis(u64::from(millis));
                 self.pair.progress(0);
             }
             Op::Progress => self.pair.progress(0),
@@ -517,8 +517,8 @@ impl Harness {
     fn check_posts(&mut self) {
         for posted in self.pair.take_posts(0) {
             match posted {
-                Posted::Recv { buffer, .. } => self.posted_recv(&buffer),
-                Posted::Send { frame, .. } => self.posted_send(&frame),
+                Posted::Recv(buffer) => self.posted_recv(&buffer),
+                Posted::Send(frame) => self.posted_send(&frame),
             }
         }
     }

@@ -150,9 +150,9 @@ impl Exchange {
     ) -> Exchange {
         let config = ConnectionConfig::new(Arc::new(ladder)).unwrap();
         let mut pair = Pair::new(config, [256 << 20; 2]);
-        pair.set_wire(Wire::AtPost);
+        pair.wire = Wire::AtPost;
         for at in 0..2 {
-            pair.set_reading(at, Reading::Nothing);
+            pair.users[at].reading = Reading::Nothing;
             pair.pass(at, polling);
         }
         Exchange {
@@ -179,7 +179,7 @@ impl Exchange {
     /// makes a progress pass.
     fn round(&mut self) {
         self.round += 1;
-        self.pair.advance(TICK);
+        self.pair.now += TICK;
         self.moved = false;
         for at in 0..2 {
             if matches!(self.taking, Taking::EveryRound) || self.users[at].sending.is_none() {
