@@ -1,9 +1,10 @@
 //! Target `core_frames`: one [`ConnectionCore`] (sans-IO, `docs/connection.md`) whose peer
 //! is the fuzz input.
 //!
-//! The harness is the core's provider and its peer at once. It carries out the core's work
-//! requests as the verbs rules say (receives are consumed in posting order, a send is
-//! completed when the input says so), and the input is a sequence of [`Op`]s: frames the
+//! The core is side 0 of a scripted test pair (`tierbuf_transport::test_pair`, feature
+//! `test-pair`), which carries out its work requests as the verbs rules say (receives are
+//! consumed in posting order, a send is completed when the input says so); the harness is
+//! its peer, and the input is a sequence of [`Op`]s: frames the
 //! peer writes into the oldest posted receive and completes with a length of its choosing
 //! (at most the receive's), messages the core's user sends, reads, holds and drops, send
 //! completions, and the passing of time. The ladder is small (three tiers of four slots:
@@ -26,7 +27,8 @@
 //!   count); the core's count of credits is the model's. The core's own grants name its
 //!   posted receives in posting order, tier by tier, and never more than it posted.
 //! - **Buffers.** Every receive is a slot of one of the ladder's tiers; no receive or
-//!   send the core posts overlaps another one outstanding; a message the user holds in
+//!   send the core posts overlaps another one outstanding (the pair checks it at each
+//!   post); a message the user holds in
 //!   its receive slot overlaps no posted receive and keeps its bytes to the end.
 //! - **Bounds.** At most `ConnectionConfig::queue_depth` receives are posted; registered
 //!   bytes stay within the two largest tiers per direction (`docs/policy.md`, "What a
@@ -38,18 +40,18 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tierbuf_pool::{HostRegistrar, MemoryBudget};
+use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::negotiation::TierShape;
 use tierbuf_tiers::wire::{ControlMessage, Epoch};
-use tierbuf_tiers::{RegionDescriptor, Reservoir, TierIndex, ladder::TierLadder};
+use tierbuf_tiers::{RegionDescriptor, TierIndex, ladder::TierLadder};
 use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionCore, ConnectionError, Fault, FrameKind, HEADER_LEN, Message,
-    SendError, WorkKind, WorkRequest,
+    ConnectionConfig, ConnectionError, Fault, FrameKind, HEADER_LEN, Message, SendError,
 };
 use tierbuf_transport::fuzzing::{FrameHeaderFields, decode_frame_header, encode_frame_header};
+use tierbuf_transport::test_pair::{Pair, Posted};
 
 use crate::control_codec::{read_message, write_message};
 use crate::frame_header::{frame, read_fields, write_fields};
@@ -325,24 +327,18 @@ fn overlap(a: &BufferRef, b: &BufferRef) -> bool {
     a.addr < b.addr + u64::from(b.len) && b.addr < a.addr + u64::from(a.len)
 }
 
-/// The core, its provider and its peer.
+/// The core on its pair, and the model of its peer.
 struct Harness {
     config: Arc<ConnectionConfig>,
     budget: MemoryBudget,
-    core: ConnectionCore,
-    now: Instant,
-    /// Receives the core posted and the peer has not filled, oldest first.
-    recvs: VecDeque<(u64, BufferRef)>,
-    /// Sends the core posted and the peer has not completed, oldest first.
-    sends: VecDeque<(u64, BufferRef)>,
+    /// The core, side 0; the harness plays side 1.
+    pair: Pair,
     /// The peer's receives the core may send into, as (tier, count) runs in posting
     /// order: the model of the core's credits.
     peer_receives: VecDeque<(u8, u64)>,
-    /// The tiers of receives the core posted and has not granted yet, oldest first.
+    /// The tiers of receives the core posted and has not granted yet, oldest first (the
+    /// first tier's, which the peer counts from the start, are not among them).
     ungranted: VecDeque<u8>,
-    /// Receives the core posts before the peer knows of them by its grants: its first
-    /// tier's, which the peer counts from the start.
-    known_from_the_start: usize,
     reception: Reception,
     /// Messages the user holds, with the bytes they had when delivered.
     held: VecDeque<(Message, Vec<u8>)>,
@@ -375,34 +371,28 @@ impl Harness {
         } else {
             4 * charged_bound
         };
-        let budget = MemoryBudget::with_cap(cap);
-        let registrar = Arc::new(HostRegistrar::new(budget.clone()));
-        let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(&ladder)));
-        let now = Instant::now();
-        let core = ConnectionCore::new(Arc::clone(&config), Arc::clone(&reservoir), reservoir, now)
-            .expect("the core registers its first tier");
+        let mut pair = Pair::scripted(Arc::clone(&config), cap);
+        pair.record_posts(0);
         let first = ladder.tiers()[0].slot_count();
-        let mut harness = Harness {
+        let harness = Harness {
             config,
-            budget,
-            core,
-            now,
-            recvs: VecDeque::new(),
-            sends: VecDeque::new(),
+            budget: pair.budget(0).clone(),
+            pair,
             peer_receives: VecDeque::from([(0, first as u64)]),
             ungranted: VecDeque::new(),
-            known_from_the_start: first,
             reception: Reception::default(),
             held: VecDeque::new(),
             registered_bound,
             charged_bound,
         };
-        harness.collect_work();
         assert_eq!(
-            harness.recvs.len(),
+            harness.pair.posted_recvs(0).len(),
             first,
             "the first tier's receives are posted"
         );
+        for buffer in harness.pair.posted_recvs(0) {
+            harness.tier_of(&buffer);
+        }
         harness.check();
         harness
     }
@@ -412,7 +402,7 @@ impl Harness {
     }
 
     fn failed(&self) -> bool {
-        self.core.failure().is_some()
+        self.pair.failure(0).is_some()
     }
 
     fn apply(&mut self, op: Op<'_>) {
@@ -423,21 +413,19 @@ impl Harness {
             Op::DropHeld => drop(self.held.pop_front()),
             Op::CompleteSends(count) => {
                 for _ in 0..count {
-                    let Some((wr_id, buffer)) = self.sends.pop_front() else {
+                    let failed = self.failed();
+                    let Some(taken) = self.pair.take(0) else {
                         break;
                     };
-                    let failed = self.failed();
-                    let result =
-                        self.core
-                            .handle_completion(self.now, WorkKind::Send, wr_id, buffer.len);
+                    let result = taken.result;
                     assert_eq!(result.is_err(), failed, "send completion: {result:?}");
                 }
             }
             Op::Advance(millis) => {
-                self.now += Duration::from_millis(u64::from(millis));
-                self.core.progress(self.now);
+                self.pair.now += Duration::from_millis(u64::from(millis));
+                self.pair.progress(0);
             }
-            Op::Progress => self.core.progress(self.now),
+            Op::Progress => self.pair.progress(0),
             Op::Frame(header) => {
                 let payload: Vec<u8> = (0..header.payload_len).map(|i| i as u8).collect();
                 let mut frame = encode_frame_header(&header).to_vec();
@@ -450,28 +438,16 @@ impl Harness {
                 }
             }
         }
-        self.collect_work();
+        self.check_posts();
     }
 
     /// The peer's frame into the oldest posted receive.
     fn deliver(&mut self, bytes: &[u8], reported: Option<u32>) {
-        let Some((wr_id, buffer)) = self.recvs.pop_front() else {
+        let failed_before = self.failed();
+        let Some(landed) = self.pair.forge(0, bytes, reported) else {
             return;
         };
-        let written = bytes.len().min(buffer.len as usize);
-        let len = reported.unwrap_or(written as u32).min(buffer.len);
-        // SAFETY: the buffer is a receive slot the core posted; it holds the slot, and
-        // nothing else touches it, until the completion below. `written` is at most its
-        // length, and the fuzz input is memory of its own.
-        let frame = unsafe {
-            let slot = buffer.addr as *mut u8;
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot, written);
-            std::slice::from_raw_parts(slot, len as usize).to_vec()
-        };
-        let failed_before = self.failed();
-        let result = self
-            .core
-            .handle_completion(self.now, WorkKind::Recv, wr_id, len);
+        let (result, frame) = (landed.result, landed.frame);
         if failed_before {
             assert!(result.is_err(), "a failed core took a completion");
             return;
@@ -506,11 +482,8 @@ impl Harness {
     /// The user offers a message of `len` bytes.
     fn send(&mut self, len: usize) {
         let message: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-        match self.core.try_send(self.now, &[IoSlice::new(&message)]) {
-            Ok(accepted) => {
-                assert!(!self.failed());
-                assert!(accepted <= len);
-            }
+        match self.pair.try_send(0, &[IoSlice::new(&message)]) {
+            Ok(()) => assert!(!self.failed()),
             Err(SendError::WouldBlock(_)) => assert!(!self.failed()),
             Err(SendError::Failed(_)) => assert!(self.failed()),
             Err(other) => panic!("a {len}-byte send failed: {other:?}"),
@@ -519,7 +492,7 @@ impl Harness {
 
     /// The user takes the next message.
     fn recv(&mut self, hold: bool) {
-        let message = self.core.try_recv();
+        let message = self.pair.try_recv(0);
         let made = self.reception.made.pop_front();
         match (message, made) {
             (None, None) => {}
@@ -537,39 +510,32 @@ impl Harness {
         }
     }
 
-    /// Takes the core's work requests and checks each.
-    fn collect_work(&mut self) {
-        while let Some(work) = self.core.poll_work() {
-            match work {
-                WorkRequest::PostRecv { wr_id, buffer } => self.posted_recv(wr_id, buffer),
-                WorkRequest::PostSend { wr_id, buffer } => self.posted_send(wr_id, buffer),
-                other => panic!("{other:?} from a core that sends no caller's bytes"),
+    /// Checks each work request the core handed out since the last look, in order.
+    fn check_posts(&mut self) {
+        for posted in self.pair.take_posts(0) {
+            match posted {
+                Posted::Recv(buffer) => self.posted_recv(&buffer),
+                Posted::Send(frame) => self.posted_send(&frame),
             }
         }
     }
 
-    fn posted_recv(&mut self, wr_id: u64, buffer: BufferRef) {
-        let tier = self
-            .ladder()
+    /// The tier whose slot `buffer` is.
+    fn tier_of(&self, buffer: &BufferRef) -> u8 {
+        self.ladder()
             .tiers()
             .iter()
             .position(|t| t.slot_size() == buffer.len as usize)
-            .unwrap_or_else(|| panic!("a receive of {} bytes is no tier's slot", buffer.len));
-        self.assert_apart(&buffer);
-        if self.known_from_the_start > 0 {
-            self.known_from_the_start -= 1;
-        } else {
-            self.ungranted.push_back(tier as u8);
-        }
-        self.recvs.push_back((wr_id, buffer));
+            .unwrap_or_else(|| panic!("a receive of {} bytes is no tier's slot", buffer.len))
+            as u8
     }
 
-    fn posted_send(&mut self, wr_id: u64, buffer: BufferRef) {
-        self.assert_apart(&buffer);
-        // SAFETY: the buffer is a send slot the core posted and holds until its
-        // completion; the provider reads it meanwhile, as here.
-        let frame =
-            unsafe { std::slice::from_raw_parts(buffer.addr as *const u8, buffer.len as usize) };
+    fn posted_recv(&mut self, buffer: &BufferRef) {
+        let tier = self.tier_of(buffer);
+        self.ungranted.push_back(tier);
+    }
+
+    fn posted_send(&mut self, frame: &[u8]) {
         let header = decode_frame_header(frame)
             .unwrap_or_else(|error| panic!("the core posted a frame it would refuse: {error}"));
         assert_eq!(HEADER_LEN + header.payload_len as usize, frame.len());
@@ -595,28 +561,21 @@ impl Harness {
         if *run == 0 {
             self.peer_receives.pop_front();
         }
-        self.sends.push_back((wr_id, buffer));
-    }
-
-    /// Checks that `buffer` shares no byte with an outstanding receive or send.
-    fn assert_apart(&self, buffer: &BufferRef) {
-        for (_, other) in self.recvs.iter().chain(&self.sends) {
-            assert!(!overlap(buffer, other), "{buffer:?} overlaps {other:?}");
-        }
     }
 
     /// The invariants that hold after every step.
     fn check(&self) {
-        let stats = self.core.stats();
-        if let Some(error) = self.core.failure() {
+        let stats = self.pair.stats(0);
+        let posted = self.pair.posted_recvs(0).len();
+        if let Some(error) = self.pair.failure(0) {
             assert_eq!(error.fault(), Fault::Peer, "failed: {error:?}");
         } else {
             let credits: u64 = self.peer_receives.iter().map(|&(_, run)| run).sum();
             assert_eq!(stats.send_credits, credits, "the core's credits");
             // (A failed core takes no more completions, so its receives stay counted.)
-            assert_eq!(stats.posted_receives, self.recvs.len() as u64);
+            assert_eq!(stats.posted_receives, posted as u64);
         }
-        assert!(self.recvs.len() as u64 <= u64::from(self.config.queue_depth()));
+        assert!(posted as u64 <= u64::from(self.config.queue_depth()));
         assert!(
             stats.registered_bytes <= self.registered_bound,
             "{} bytes registered, bound {}",
@@ -630,8 +589,8 @@ impl Harness {
                 addr: message.as_ptr() as u64,
                 len: message.len() as u32,
             };
-            for (_, posted) in &self.recvs {
-                assert!(!overlap(&held, posted), "a held message's slot is posted");
+            for posted in self.pair.posted_recvs(0) {
+                assert!(!overlap(&held, &posted), "a held message's slot is posted");
             }
         }
     }

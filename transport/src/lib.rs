@@ -77,6 +77,8 @@ mod provider;
 mod registry;
 mod shm;
 mod sync;
+#[cfg(all(feature = "test-pair", not(loom)))]
+pub mod test_pair;
 #[cfg(not(loom))]
 mod unheard;
 #[cfg(feature = "verbs")]

@@ -1,66 +1,19 @@
-//! Two `ConnectionCore`s wired by an executor that keeps the verbs rules (receives
-//! consumed in posting order, a send waits for a posted receive, a frame longer than the
-//! receive is an error): delivery in order byte for byte, promotion, segmentation, refusal
-//! for budget, and every byte of memory back at the end.
+//! Two `ConnectionCore`s on the test pair (`transport/src/test_pair.rs`), which keeps the
+//! verbs rules (receives consumed in posting order, a send waits for a posted receive, a
+//! frame longer than the receive is an error): delivery in order byte for byte,
+//! promotion, segmentation, refusal for budget, and every byte of memory back at the end.
 
-use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proptest::prelude::*;
-use tierbuf_pool::{HostRegistrar, MemoryBudget};
-use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_transport::CallerCopies;
 use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionCore, Message, SendError, WorkKind, WorkRequest, WouldBlock,
+    ConnectionConfig, ConnectionError, Fault, FrameKind, Message, SendError, WouldBlock,
 };
-use tierbuf_transport::{BufferRef, CallerCopies};
-
-/// A send the executor has not finished: from a send slot, or copied from the caller's
-/// message when it was handed out (`try_send_copied`).
-enum Outgoing {
-    Slot(BufferRef),
-    Copied(Vec<u8>),
-}
-
-/// One side: its core and the work it posted that the executor has not finished.
-struct Side {
-    core: ConnectionCore,
-    recvs: VecDeque<(u64, BufferRef)>,
-    sends: VecDeque<(u64, Outgoing)>,
-    received: Vec<Vec<u8>>,
-    /// While set, delivered messages are kept whole (holding their receive slots) in
-    /// `held` instead of being copied into `received`.
-    hold: bool,
-    /// While set, delivered messages are left in the core (its user is busy elsewhere).
-    not_reading: bool,
-    held: Vec<Message>,
-}
-
-impl Side {
-    /// Takes a receive or a send from a slot to carry out.
-    fn take(&mut self, work: WorkRequest) {
-        match work {
-            WorkRequest::PostRecv { wr_id, buffer } => self.recvs.push_back((wr_id, buffer)),
-            WorkRequest::PostSend { wr_id, buffer } => {
-                self.sends.push_back((wr_id, Outgoing::Slot(buffer)))
-            }
-            other => panic!("{other:?} outside the call that gave its message"),
-        }
-    }
-}
-
-struct Pair {
-    sides: [Side; 2],
-    now: Instant,
-    /// How far the clock moves in a step.
-    tick: Duration,
-    /// Whether the frames each side sends stay in flight (a stalled path) instead of
-    /// reaching the other side.
-    stalled: [bool; 2],
-    budgets: [MemoryBudget; 2],
-}
+use tierbuf_transport::test_pair::{Pair, Reading};
 
 /// What the budget charges a region of `len` bytes: the whole pages it maps.
 fn charged(len: u64) -> u64 {
@@ -78,218 +31,35 @@ fn ladder() -> Arc<TierLadder> {
     )
 }
 
-impl Pair {
-    fn new(caps: [u64; 2]) -> Pair {
-        Pair::with_config(caps, ConnectionConfig::new(ladder()).unwrap())
-    }
+fn config() -> ConnectionConfig {
+    ConnectionConfig::new(ladder()).unwrap()
+}
 
-    fn with_config(caps: [u64; 2], config: ConnectionConfig) -> Pair {
-        let config = Arc::new(config);
-        let budgets = caps.map(MemoryBudget::with_cap);
-        let now = Instant::now();
-        let side = |budget: &MemoryBudget| {
-            let registrar = Arc::new(HostRegistrar::new(budget.clone()));
-            let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
-            Side {
-                core: ConnectionCore::new(
-                    Arc::clone(&config),
-                    Arc::clone(&reservoir),
-                    reservoir,
-                    now,
-                )
-                .unwrap(),
-                recvs: VecDeque::new(),
-                sends: VecDeque::new(),
-                received: Vec::new(),
-                hold: false,
-                not_reading: false,
-                held: Vec::new(),
-            }
-        };
-        let sides = [side(&budgets[0]), side(&budgets[1])];
-        Pair {
-            sides,
-            now,
-            tick: Duration::from_millis(1),
-            stalled: [false; 2],
-            budgets,
-        }
+/// Sends `message` from side 0 while the frames of side `stalled` stay in flight, until
+/// side 0 has given its promotion up (still stalled on return).
+fn send_until_promotion_given_up(pair: &mut Pair, stalled: usize, message: &[u8]) {
+    pair.hold(stalled, true);
+    pair.send(0, message);
+    for _ in 0..2_000 {
+        pair.step();
     }
+    assert_eq!(pair.stats(0).tiers.timeouts, 1);
+}
 
-    /// One round: progress both sides, collect their work, move every send that has a
-    /// posted receive, deliver completions, collect messages. Returns whether anything moved.
-    fn step(&mut self) -> bool {
-        self.now += self.tick;
-        let mut moved = false;
-        for side in &mut self.sides {
-            side.core.progress(self.now);
-            while let Some(work) = side.core.poll_work() {
-                moved = true;
-                side.take(work);
-            }
-        }
-        for from in (0..2).filter(|&from| !self.stalled[from]) {
-            let to = 1 - from;
-            while !self.sides[from].sends.is_empty() && !self.sides[to].recvs.is_empty() {
-                let (send_id, send) = self.sides[from].sends.pop_front().unwrap();
-                let (recv_id, recv) = self.sides[to].recvs.pop_front().unwrap();
-                let (source, len) = match &send {
-                    Outgoing::Slot(buffer) => (buffer.addr as *const u8, buffer.len),
-                    Outgoing::Copied(bytes) => (bytes.as_ptr(), bytes.len() as u32),
-                };
-                assert!(
-                    len <= recv.len,
-                    "a frame of {len} bytes overran a {}-byte receive",
-                    recv.len
-                );
-                // SAFETY: the receive buffer is a slot its core holds while the work
-                // request is posted, and so is a send slot; a copied send's bytes are the
-                // executor's own. They are distinct memory of this process.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(source, recv.addr as *mut u8, len as usize);
-                }
-                let now = self.now;
-                self.sides[from]
-                    .core
-                    .handle_completion(now, WorkKind::Send, send_id, len)
-                    .unwrap();
-                self.sides[to]
-                    .core
-                    .handle_completion(now, WorkKind::Recv, recv_id, len)
-                    .unwrap();
-                moved = true;
-            }
-        }
-        for side in self.sides.iter_mut().filter(|side| !side.not_reading) {
-            while let Some(message) = side.core.try_recv() {
-                if side.hold {
-                    side.held.push(message);
-                } else {
-                    side.received.push(message.to_vec());
-                }
-                moved = true;
-            }
-        }
-        moved
+/// Steps for ten seconds of idle time, past every timer and `demote_after`, and checks
+/// that both directions are back on tier 0 with `registered` registered.
+fn idle_back_to(pair: &mut Pair, registered: [u64; 2], why: &str) {
+    pair.tick = Duration::from_millis(50);
+    for _ in 0..200 {
+        pair.step();
     }
-
-    /// Sends `message` from side `from`, stepping until it is wholly accepted.
-    fn send(&mut self, from: usize, message: &[u8]) {
-        self.send_by(message, |pair, rest| {
-            let now = pair.now;
-            pair.sides[from].core.try_send(now, &[IoSlice::new(rest)])
-        });
-    }
-
-    /// Sends `message` from side `from` as a provider that copies from the caller's
-    /// memory would (`try_send_copied`, taking the frame lengths `copies` names), stepping
-    /// until it is wholly accepted. Each frame handed out to be copied is settled at once:
-    /// `takes` says, frame by frame, whether the provider took it (its bytes are then
-    /// copied out of the message) or left it to be written into its send slot.
-    fn send_copied(
-        &mut self,
-        from: usize,
-        message: &[u8],
-        copies: CallerCopies,
-        takes: &mut impl FnMut() -> bool,
-    ) {
-        self.send_by(message, |pair, rest| {
-            let now = pair.now;
-            let side = &mut pair.sides[from];
-            let accepted = side.core.try_send_copied(now, rest, copies);
-            while let Some(work) = side.core.poll_work() {
-                let WorkRequest::PostSendCopied(frame) = work else {
-                    side.take(work);
-                    continue;
-                };
-                assert!(
-                    copies.takes(frame.header.len() + frame.payload(rest).len()),
-                    "a frame handed out to be copied at a length not taken"
-                );
-                if takes() {
-                    let settled = side.core.settle_copied(&frame, rest, true);
-                    assert_eq!(settled, None, "a copied send posts nothing more");
-                    let bytes = [&frame.header[..], frame.payload(rest)].concat();
-                    side.sends.push_back((frame.wr_id, Outgoing::Copied(bytes)));
-                } else {
-                    let settled = side.core.settle_copied(&frame, rest, false);
-                    assert!(
-                        matches!(settled, Some(WorkRequest::PostSend { wr_id, .. }) if wr_id == frame.wr_id),
-                        "a send not copied is posted from its slot: {settled:?}"
-                    );
-                    side.take(settled.unwrap());
-                }
-            }
-            accepted
-        });
-    }
-
-    /// Offers the rest of `message` with `offer`, stepping until it is wholly accepted.
-    fn send_by(
-        &mut self,
-        message: &[u8],
-        mut offer: impl FnMut(&mut Pair, &[u8]) -> Result<usize, SendError>,
-    ) {
-        let mut offset = 0;
-        for _ in 0..10_000 {
-            match offer(self, &message[offset..]) {
-                Ok(accepted) => {
-                    offset += accepted;
-                    if offset == message.len() {
-                        return;
-                    }
-                }
-                Err(SendError::WouldBlock(_)) => {}
-                Err(other) => panic!("send failed: {other}"),
-            }
-            self.step();
-        }
-        panic!("message of {} bytes never accepted", message.len());
-    }
-
-    /// Sends `message` from side 0 while the frames of side `stalled` stay in flight,
-    /// until side 0 has given its promotion up (still stalled on return).
-    fn send_until_promotion_given_up(&mut self, stalled: usize, message: &[u8]) {
-        self.stalled[stalled] = true;
-        self.send(0, message);
-        for _ in 0..2_000 {
-            self.step();
-        }
-        assert_eq!(self.sides[0].core.stats().tiers.timeouts, 1);
-    }
-
-    /// Steps for ten seconds of idle time, past every timer and `demote_after`, and
-    /// checks that both directions are back on tier 0 with `registered` registered.
-    fn idle_back_to(&mut self, registered: [u64; 2], why: &str) {
-        self.tick = Duration::from_millis(50);
-        for _ in 0..200 {
-            self.step();
-        }
-        let (sender, receiver) = (self.sides[0].core.stats(), self.sides[1].core.stats());
-        assert_eq!(
-            (receiver.recv_tier, sender.send_tier),
-            (0, 0),
-            "the receiver posts receives of the tier the sender sends on"
-        );
-        assert_eq!(
-            self.budgets.each_ref().map(MemoryBudget::in_use),
-            registered,
-            "{why}"
-        );
-    }
-
-    fn settle(&mut self) {
-        for _ in 0..10_000 {
-            if !self.step() && self.sides.iter().all(|s| s.core.is_idle()) {
-                return;
-            }
-        }
-        panic!(
-            "the pair never settled: {:?} / {:?}",
-            self.sides[0].core.stats(),
-            self.sides[1].core.stats()
-        );
-    }
+    let (sender, receiver) = (pair.stats(0), pair.stats(1));
+    assert_eq!(
+        (receiver.recv_tier, sender.send_tier),
+        (0, 0),
+        "the receiver posts receives of the tier the sender sends on"
+    );
+    assert_eq!(pair.in_use(), registered, "{why}");
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -300,50 +70,46 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn small_messages_both_ways_arrive_in_order() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     for i in 0..50u8 {
         pair.send(0, &pattern(i as usize, i));
         pair.send(1, &pattern(100 - i as usize, i));
     }
     pair.settle();
     for i in 0..50u8 {
-        assert_eq!(pair.sides[1].received[i as usize], pattern(i as usize, i));
+        assert_eq!(pair.users[1].received[i as usize], pattern(i as usize, i));
         assert_eq!(
-            pair.sides[0].received[i as usize],
+            pair.users[0].received[i as usize],
             pattern(100 - i as usize, i)
         );
     }
-    assert_eq!(pair.sides[0].core.stats().tiers.promotions, 0);
+    assert_eq!(pair.stats(0).tiers.promotions, 0);
 }
 
 #[test]
 fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     let big = pattern(5000, 7);
-    let first = pair.sides[0].core.try_send(pair.now, &[IoSlice::new(&big)]);
-    assert_eq!(
-        first.unwrap(),
-        big.len(),
-        "taken at once, not held for the promotion"
-    );
+    let first = pair.try_send(0, &[IoSlice::new(&big)]);
+    first.expect("taken at once, not held for the promotion");
     pair.settle();
     pair.send(0, &big);
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![big.clone(), big]);
-    let stats = pair.sides[0].core.stats();
+    assert_eq!(pair.users[1].received, vec![big.clone(), big]);
+    let stats = pair.stats(0);
     assert_eq!((stats.send_tier, stats.tiers.promotions), (2, 1));
     assert_eq!(stats.messages_segmented, 1, "only the first: {stats:?}");
-    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
+    assert_eq!(pair.stats(1).recv_tier, 2);
     // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
     // and tier 0 send buffers only.
-    assert_eq!(pair.budgets[1].in_use(), 8192 * 4 + charged(128 * 4));
+    assert_eq!(pair.budget(1).in_use(), 8192 * 4 + charged(128 * 4));
 }
 
 /// A first oversize message whose rest the receives posted can take is delivered
 /// before its promotion is provisioned (`docs/connection.md`, rule 9).
 #[test]
 fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     // The clock stands still: nothing is released by time.
     pair.tick = Duration::ZERO;
     // Six frames of tier 0: three go before the request, three after it.
@@ -353,15 +119,15 @@ fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion()
         "the promotion asked for with the message was answered after it"
     );
     pair.settle();
-    assert_eq!(pair.sides[0].core.stats().send_tier, 1, "then promoted");
-    assert_eq!(pair.sides[1].core.stats().recv_tier, 1);
+    assert_eq!(pair.stats(0).send_tier, 1, "then promoted");
+    assert_eq!(pair.stats(1).recv_tier, 1);
 }
 
 /// A message whose rest needs more than the receives posted is not held up for: the
 /// promotion goes ahead while it arrives, and its later frames are of the new tier.
 #[test]
 fn a_message_longer_than_the_receives_posted_does_not_hold_up_its_promotion() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.tick = Duration::ZERO;
     assert_eq!(
         recv_tier_at_delivery(&mut pair, &pattern(5000, 5)),
@@ -374,24 +140,24 @@ fn a_message_longer_than_the_receives_posted_does_not_hold_up_its_promotion() {
 /// side 1's receive tier at that moment.
 fn recv_tier_at_delivery(pair: &mut Pair, message: &[u8]) -> u8 {
     pair.send(0, message);
-    while pair.sides[1].received.is_empty() {
+    while pair.users[1].received.is_empty() {
         assert!(pair.step(), "the segments stopped");
     }
-    assert_eq!(pair.sides[1].received, vec![message.to_vec()]);
-    pair.sides[1].core.stats().recv_tier
+    assert_eq!(pair.users[1].received, vec![message.to_vec()]);
+    pair.stats(1).recv_tier
 }
 
 #[test]
 fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.tick = Duration::ZERO;
-    pair.sides[1].not_reading = true;
+    pair.users[1].reading = Reading::Nothing;
     pair.send(0, &pattern(600, 4));
     for _ in 0..200 {
         pair.step();
     }
     assert_eq!(
-        pair.sides[0].core.stats().tiers.promotions,
+        pair.stats(0).tiers.promotions,
         0,
         "held while the message waits to be taken"
     );
@@ -400,41 +166,37 @@ fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
         pair.step();
     }
     assert_eq!(
-        pair.sides[0].core.stats().send_tier,
+        pair.stats(0).send_tier,
         1,
         "answered once the hold was up, the message still unread"
     );
-    assert!(pair.sides[1].received.is_empty());
-    pair.sides[1].not_reading = false;
+    assert!(pair.users[1].received.is_empty());
+    pair.users[1].reading = Reading::Copies;
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![pattern(600, 4)]);
+    assert_eq!(pair.users[1].received, vec![pattern(600, 4)]);
 }
 
 #[test]
 fn the_io_vector_prefix_that_fits_goes_first() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     let (a, b, c) = (pattern(50, 1), pattern(50, 2), pattern(50, 3));
-    let accepted = pair.sides[0]
-        .core
-        .try_send(
-            pair.now,
-            &[IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)],
-        )
+    let accepted = pair
+        .try_write_vectored(0, &[IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)])
         .unwrap();
     assert_eq!(accepted, 100, "a and b fit 112 bytes together, c does not");
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![[a, b].concat()]);
+    assert_eq!(pair.users[1].received, vec![[a, b].concat()]);
 }
 
 #[test]
 fn messages_past_the_top_tier_are_segmented_and_arrive_as_one() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     let huge = pattern(100_000, 9);
     pair.send(0, &huge);
     pair.settle();
-    assert_eq!(pair.sides[1].received.len(), 1);
+    assert_eq!(pair.users[1].received.len(), 1);
     assert!(
-        pair.sides[1].received[0] == huge,
+        pair.users[1].received[0] == huge,
         "reassembled bytes differ"
     );
 }
@@ -442,22 +204,22 @@ fn messages_past_the_top_tier_are_segmented_and_arrive_as_one() {
 #[test]
 fn a_refused_promotion_falls_back_to_segments_on_the_current_tier() {
     // The receiver's budget holds its tier-0 buffers and nothing larger.
-    let mut pair = Pair::new([1 << 20, charged(128 * 4) * 2]);
+    let mut pair = Pair::new(config(), [1 << 20, charged(128 * 4) * 2]);
     let big = pattern(3000, 4);
     pair.send(0, &big);
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![big]);
-    let stats = pair.sides[0].core.stats();
+    assert_eq!(pair.users[1].received, vec![big]);
+    let stats = pair.stats(0);
     assert_eq!((stats.send_tier, stats.tiers.nacks), (0, 1));
 }
 
 #[test]
 fn every_registered_byte_comes_back() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(6000, 1));
     pair.send(1, &pattern(600, 2));
     pair.settle();
-    let budgets = pair.budgets.clone();
+    let budgets = [0, 1].map(|side| pair.budget(side).clone());
     assert!(budgets.iter().all(|b| b.in_use() > 0));
     drop(pair);
     assert_eq!(budgets.map(|b| b.in_use()), [0, 0]);
@@ -470,7 +232,7 @@ fn exchange(
     sizes: &[(usize, bool)],
     mut send: impl FnMut(&mut Pair, usize, &[u8]),
 ) -> Result<Pair, TestCaseError> {
-    let mut pair = Pair::new([4 << 20, 4 << 20]);
+    let mut pair = Pair::new(config(), [4 << 20, 4 << 20]);
     let mut expected: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
     for (i, &(len, backwards)) in sizes.iter().enumerate() {
         let from = usize::from(backwards);
@@ -479,9 +241,9 @@ fn exchange(
         expected[1 - from].push(message);
     }
     pair.settle();
-    for (side, expected) in pair.sides.iter().zip(&expected) {
-        prop_assert_eq!(side.received.len(), expected.len());
-        for (got, want) in side.received.iter().zip(expected) {
+    for (side, expected) in expected.iter().enumerate() {
+        prop_assert_eq!(pair.users[side].received.len(), expected.len());
+        for (got, want) in pair.users[side].received.iter().zip(expected) {
             prop_assert!(
                 got == want,
                 "message differs: {} vs {} bytes",
@@ -520,7 +282,7 @@ proptest! {
         let pair = exchange(&sizes, |pair, from, message| {
             pair.send_copied(from, message, copies, &mut takes)
         })?;
-        let budgets = pair.budgets.clone();
+        let budgets = [0, 1].map(|side| pair.budget(side).clone());
         drop(pair);
         prop_assert_eq!(budgets.map(|b| b.in_use()), [0, 0]);
     }
@@ -530,11 +292,11 @@ proptest! {
 fn only_frames_of_the_lengths_the_provider_takes_are_handed_out_to_be_copied() {
     // Frames of at most a 64-byte payload, and of at least a 1000-byte one.
     let copies = CallerCopies::new(Some(16 + 64), Some(16 + 1000));
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     // On the top tier already, so the 8000-byte message goes whole.
     pair.send(0, &pattern(8000, 99));
     pair.settle();
-    pair.sides[1].received.clear();
+    pair.users[1].received.clear();
     let sent = [(64, 1), (65, 0), (999, 0), (1000, 1), (0, 1), (8000, 1)];
     for (seq, &(len, handed_out)) in sent.iter().enumerate() {
         let mut count = 0;
@@ -550,38 +312,29 @@ fn only_frames_of_the_lengths_the_provider_takes_are_handed_out_to_be_copied() {
         .enumerate()
         .map(|(seq, &(len, _))| pattern(len, seq as u8))
         .collect();
-    assert_eq!(pair.sides[1].received, expected);
+    assert_eq!(pair.users[1].received, expected);
 }
 
 #[test]
 fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(40, 1));
     pair.settle();
-    let before = pair.budgets[0].in_use();
+    let before = pair.budget(0).in_use();
     let big = pattern(5000, 2);
-    assert_eq!(
-        pair.sides[0]
-            .core
-            .try_send(pair.now, &[IoSlice::new(&big)])
-            .unwrap(),
-        big.len(),
-        "taken at once, in segments, while the promotion is asked for"
-    );
+    pair.try_send(0, &[IoSlice::new(&big)])
+        .expect("taken at once, in segments, while the promotion is asked for");
     // From now on side 1 is gone: nothing it posted is consumed and it never answers.
+    pair.hold(0, true);
     for _ in 0..2_000 {
         pair.now += Duration::from_millis(1);
-        pair.sides[0].core.progress(pair.now);
-        while pair.sides[0].core.poll_work().is_some() {}
+        pair.progress(0);
     }
-    let stats = pair.sides[0].core.stats();
+    let stats = pair.stats(0);
     assert_eq!((stats.tiers.timeouts, stats.send_tier), (1, 0), "{stats:?}");
-    assert!(
-        pair.sides[0].core.failure().is_none(),
-        "a timeout is not a failure"
-    );
+    assert!(pair.failure(0).is_none(), "a timeout is not a failure");
     assert_eq!(
-        pair.budgets[0].in_use(),
+        pair.budget(0).in_use(),
         before,
         "the sender registered nothing for it"
     );
@@ -589,25 +342,26 @@ fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
 
 #[test]
 fn a_promotion_given_up_before_the_peer_answered_leaves_the_peer_on_the_senders_tier() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(40, 1));
     pair.settle();
-    let registered = pair.budgets.each_ref().map(MemoryBudget::in_use);
+    let registered = pair.in_use();
     // Side 0's frames stall until it gives the promotion up; then side 1 reads the
     // request, provisions the tier and acks it, too late: side 0 abandons it.
     let big = pattern(5000, 2);
-    pair.send_until_promotion_given_up(0, &big);
-    pair.stalled[0] = false;
+    send_until_promotion_given_up(&mut pair, 0, &big);
+    pair.hold(0, false);
     pair.settle();
-    assert_eq!(pair.sides[1].received, [pattern(40, 1), big]);
+    assert_eq!(pair.users[1].received, [pattern(40, 1), big]);
     // Long after: both idle, nothing asked since.
-    pair.idle_back_to(
+    idle_back_to(
+        &mut pair,
         registered,
         "the tier provisioned for the abandoned request is registered no more",
     );
     pair.send(0, &pattern(100, 3));
     pair.settle();
-    assert_eq!(pair.sides[1].received.last(), Some(&pattern(100, 3)));
+    assert_eq!(pair.users[1].received.last(), Some(&pattern(100, 3)));
 }
 
 #[test]
@@ -620,50 +374,51 @@ fn receives_posted_for_a_promotion_given_up_are_drained_on_an_idle_connection() 
         .build()
         .unwrap();
     let config = ConnectionConfig::new(Arc::new(ladder)).unwrap();
-    let mut pair = Pair::with_config([1 << 20, 1 << 20], config);
+    let mut pair = Pair::new(config, [1 << 20, 1 << 20]);
     pair.send(0, &pattern(40, 1));
     pair.settle();
-    let registered = pair.budgets.each_ref().map(MemoryBudget::in_use);
+    let registered = pair.in_use();
     // Side 1's frames stall: it takes the two segments and the request, provisions tier
     // 1 and posts its receives, but its grants and ack reach side 0 only after side 0
     // gave the request up, with nothing more to send.
     let message = pattern(200, 2);
-    pair.send_until_promotion_given_up(1, &message);
+    send_until_promotion_given_up(&mut pair, 1, &message);
     assert!(
-        pair.budgets[1].in_use() > registered[1],
+        pair.budget(1).in_use() > registered[1],
         "side 1 provisioned tier 1 and posted its receives"
     );
-    pair.stalled[1] = false;
-    pair.idle_back_to(
+    pair.hold(1, false);
+    idle_back_to(
+        &mut pair,
         registered,
         "the receives of the abandoned tier were consumed, and the tier retired",
     );
-    assert_eq!(pair.sides[1].received, [pattern(40, 1), message]);
+    assert_eq!(pair.users[1].received, [pattern(40, 1), message]);
 }
 
 #[test]
 fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(5000, 1));
     pair.settle();
-    assert_eq!(pair.sides[1].core.stats().recv_tier, 2);
-    let promoted = pair.budgets[1].in_use();
+    assert_eq!(pair.stats(1).recv_tier, 2);
+    let promoted = pair.budget(1).in_use();
     // Small traffic only, then quiet past the ladder's `demote_after`.
     pair.send(0, &pattern(10, 2));
     pair.now += Duration::from_secs(60);
     pair.settle();
-    let sender = pair.sides[0].core.stats();
+    let sender = pair.stats(0);
     assert_eq!(
         (sender.send_tier, sender.tiers.demotions),
         (0, 1),
         "{sender:?}"
     );
-    let receiver = pair.sides[1].core.stats();
+    let receiver = pair.stats(1);
     assert_eq!(receiver.recv_tier, 0);
     // The large receives were drained and their tier retired: the receiver holds its
     // tier-0 receives and tier-0 send buffers again.
     assert_eq!(
-        pair.budgets[1].in_use(),
+        pair.budget(1).in_use(),
         charged(128 * 4) * 2,
         "was {promoted}"
     );
@@ -671,37 +426,37 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
     pair.send(0, &pattern(3000, 3));
     pair.send(1, &pattern(20, 4));
     pair.settle();
-    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(3000, 3));
-    assert_eq!(pair.sides[0].received.last().unwrap(), &pattern(20, 4));
+    assert_eq!(pair.users[1].received.last().unwrap(), &pattern(3000, 3));
+    assert_eq!(pair.users[0].received.last().unwrap(), &pattern(20, 4));
 }
 
 #[test]
 fn a_tier_replaced_while_a_message_holds_one_of_its_slots_comes_back_in_force() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(5000, 0)); // promotes, going in segments itself
     pair.settle();
     // A message on tier 2 is held, so its receive slot stays out...
-    pair.sides[1].hold = true;
+    pair.users[1].reading = Reading::Holds;
     pair.send(0, &pattern(5000, 1));
     pair.settle();
-    pair.sides[1].hold = false;
-    let held = pair.sides[1].held.pop().expect("the message");
+    pair.users[1].reading = Reading::Copies;
+    let held = pair.users[1].held.pop().expect("the message");
     assert!(held.is_zero_copy());
     // ...while the connection steps down to tier 0: tier 2 is replaced, and cannot
     // retire while that slot is out.
     pair.now += Duration::from_secs(60);
     pair.settle();
-    assert_eq!(pair.sides[1].core.stats().recv_tier, 0);
+    assert_eq!(pair.stats(1).recv_tier, 0);
     // Asked for tier 2 again, the receiver puts that registration back in force rather
     // than registering a second one beside it.
-    let before = pair.budgets[1].in_use();
+    let before = pair.budget(1).in_use();
     pair.send(0, &pattern(5000, 2));
     pair.settle();
-    let receiver = pair.sides[1].core.stats();
+    let receiver = pair.stats(1);
     assert_eq!(receiver.recv_tier, 2, "{receiver:?}");
     assert_eq!(receiver.tiers.recv_requests_busy, 0, "{receiver:?}");
     assert!(
-        pair.budgets[1].in_use() <= before,
+        pair.budget(1).in_use() <= before,
         "no second registration of tier 2"
     );
     // The held slot is of the tier in force again: once dropped it is posted, and tier
@@ -709,28 +464,28 @@ fn a_tier_replaced_while_a_message_holds_one_of_its_slots_comes_back_in_force() 
     assert_eq!(&held[..], &pattern(5000, 1)[..]);
     drop(held);
     pair.settle();
-    let receiver = pair.sides[1].core.stats();
+    let receiver = pair.stats(1);
     assert_eq!(receiver.posted_receives, 4, "{receiver:?}");
     assert_eq!(
         receiver.registered_bytes,
         8192 * 4 + 128 * 4,
         "tier-2 receives and tier-0 send buffers only: {receiver:?}"
     );
-    assert_eq!(pair.sides[1].received.last().unwrap(), &pattern(5000, 2));
+    assert_eq!(pair.users[1].received.last().unwrap(), &pattern(5000, 2));
 }
 
 #[test]
 fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
     // Side 1's budget holds its tier-0 buffers and nothing larger, so it can neither
     // provision larger receives nor register larger send buffers.
-    let mut pair = Pair::new([1 << 20, charged(128 * 4) * 2]);
+    let mut pair = Pair::new(config(), [1 << 20, charged(128 * 4) * 2]);
     let big = pattern(3000, 5);
     pair.send(1, &big);
     pair.settle();
     pair.send(1, &big);
     pair.settle();
-    assert_eq!(pair.sides[0].received, vec![big.clone(), big]);
-    let stats = pair.sides[1].core.stats();
+    assert_eq!(pair.users[0].received, vec![big.clone(), big]);
+    let stats = pair.stats(1);
     assert_eq!(stats.messages_sent, 2);
     assert_eq!(stats.messages_segmented, 2, "{stats:?}");
     // The stats say why both went in segments: the first's promotion was granted and
@@ -741,32 +496,30 @@ fn a_side_that_cannot_afford_a_larger_send_tier_still_sends_large_messages() {
 
 #[test]
 fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
-    let now = pair.now;
-    let core = &mut pair.sides[0].core;
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     assert!(matches!(
-        core.commit_reserved(),
+        pair.commit_reserved(0),
         Err(SendError::NothingReserved)
     ));
-    core.try_reserve(now, 50).unwrap();
+    pair.try_reserve(0, 50).unwrap();
     assert!(matches!(
-        core.try_reserve(now, 50),
+        pair.try_reserve(0, 50),
         Err(SendError::WouldBlock(WouldBlock::AlreadyReserved))
     ));
-    core.reserved_mut()
+    pair.reserved_mut(0)
         .unwrap()
         .copy_from_slice(&pattern(50, 9));
     // Other sends spend the data credits (tier 0 has four receives, one kept back).
     for seed in 0..3 {
-        core.try_send(now, &[IoSlice::new(&pattern(10, seed))])
+        pair.try_send(0, &[IoSlice::new(&pattern(10, seed))])
             .unwrap();
     }
     assert!(matches!(
-        core.commit_reserved(),
+        pair.commit_reserved(0),
         Err(SendError::WouldBlock(WouldBlock::NoCredit))
     ));
     assert_eq!(
-        core.reserved().unwrap(),
+        pair.core(0).reserved().unwrap(),
         &pattern(50, 9)[..],
         "still reserved"
     );
@@ -774,49 +527,44 @@ fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
     for _ in 0..10 {
         pair.step();
     }
-    pair.sides[0].core.commit_reserved().unwrap();
+    pair.commit_reserved(0).unwrap();
     pair.settle();
-    let received = &pair.sides[1].received;
+    let received = &pair.users[1].received;
     assert_eq!(received.len(), 4);
     assert_eq!(received[3], pattern(50, 9));
     // A cancelled reservation sends nothing.
-    let now = pair.now;
-    pair.sides[0].core.try_reserve(now, 20).unwrap();
-    pair.sides[0].core.cancel_reserved();
-    assert!(pair.sides[0].core.reserved().is_none());
+    pair.try_reserve(0, 20).unwrap();
+    pair.cancel_reserved(0);
+    assert!(pair.core(0).reserved().is_none());
     pair.settle();
-    assert_eq!(pair.sides[1].received.len(), 4);
+    assert_eq!(pair.users[1].received.len(), 4);
 }
 
 #[test]
 fn a_reservation_past_the_tier_asks_for_a_promotion() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
-    let now = pair.now;
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     assert!(matches!(
-        pair.sides[0].core.try_reserve(now, 3000),
+        pair.try_reserve(0, 3000),
         Err(SendError::WouldBlock(WouldBlock::PromotionPending))
     ));
     let mut reserved = false;
     for _ in 0..100 {
         pair.step();
-        let now = pair.now;
-        if pair.sides[0].core.try_reserve(now, 3000).is_ok() {
+        if pair.try_reserve(0, 3000).is_ok() {
             reserved = true;
             break;
         }
     }
     assert!(reserved, "the promotion never came");
-    let core = &mut pair.sides[0].core;
-    core.reserved_mut()
+    pair.reserved_mut(0)
         .unwrap()
         .copy_from_slice(&pattern(3000, 5));
-    core.commit_reserved().unwrap();
+    pair.commit_reserved(0).unwrap();
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![pattern(3000, 5)]);
-    assert_eq!(pair.sides[0].core.stats().send_tier, 2);
-    let now = pair.now;
+    assert_eq!(pair.users[1].received, vec![pattern(3000, 5)]);
+    assert_eq!(pair.stats(0).send_tier, 2);
     assert!(matches!(
-        pair.sides[0].core.try_reserve(now, 8177),
+        pair.try_reserve(0, 8177),
         Err(SendError::BeyondOneFrame {
             len: 8177,
             max: 8176
@@ -826,8 +574,8 @@ fn a_reservation_past_the_tier_asks_for_a_promotion() {
 
 #[test]
 fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
-    let spare = |pair: &Pair, side: usize| pair.sides[side].core.stats().spare_buffer_bytes;
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let spare = |pair: &Pair, side: usize| pair.stats(side).spare_buffer_bytes;
     assert_eq!((spare(&pair, 0), spare(&pair, 1)), (0, 0));
     pair.send(0, &pattern(20_000, 1));
     pair.settle();
@@ -845,9 +593,9 @@ fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
     pair.send(0, &pattern(15_000, 3));
     pair.settle();
     assert_eq!((spare(&pair, 0), spare(&pair, 1)), (sender, receiver));
-    assert_eq!(pair.sides[1].received.len(), 3);
-    assert_eq!(pair.sides[1].received[1], pattern(20_000, 2));
-    assert_eq!(pair.sides[1].received[2], pattern(15_000, 3));
+    assert_eq!(pair.users[1].received.len(), 3);
+    assert_eq!(pair.users[1].received[1], pattern(20_000, 2));
+    assert_eq!(pair.users[1].received[2], pattern(15_000, 3));
     // Idle past the ladder's `demote_after`: both are freed.
     pair.now += Duration::from_secs(60);
     pair.settle();
@@ -856,7 +604,7 @@ fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
 
 #[test]
 fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     // Promotion refused is not needed: past the top tier (8176 bytes a frame) a message
     // is segmented; on tier 0 the first offer asks for tier 2 first.
     let message = pattern(40_000, 7);
@@ -865,17 +613,13 @@ fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
     while offset < message.len() {
         rounds += 1;
         assert!(rounds < 10_000, "never posted");
-        let now = pair.now;
-        match pair.sides[0]
-            .core
-            .try_send_borrowed(now, &message[offset..])
-        {
+        match pair.try_send_some(0, &message[offset..]) {
             Ok(accepted) => {
                 assert!(accepted > 0);
                 offset += accepted;
                 if offset < message.len() {
                     // While it is being posted, nothing else may go.
-                    let other = pair.sides[0].core.try_send(now, &[IoSlice::new(b"x")]);
+                    let other = pair.try_send(0, &[IoSlice::new(b"x")]);
                     assert!(
                         matches!(
                             other,
@@ -883,7 +627,7 @@ fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
                         ),
                         "{other:?}"
                     );
-                    let wrong = pair.sides[0].core.try_send_borrowed(now, &message);
+                    let wrong = pair.try_send_some(0, &message);
                     assert!(
                         matches!(wrong, Err(SendError::NotTheRest { .. })),
                         "{wrong:?}"
@@ -899,74 +643,65 @@ fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
     assert!(rounds > 1, "the message took several offers");
     pair.send(0, b"after");
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![message, b"after".to_vec()]);
+    assert_eq!(pair.users[1].received, vec![message, b"after".to_vec()]);
     // Nothing was copied to the heap on the sending side.
-    assert_eq!(pair.sides[0].core.stats().spare_buffer_bytes, 0);
+    assert_eq!(pair.stats(0).spare_buffer_bytes, 0);
 }
 
 #[test]
 fn a_reservation_whose_promotion_the_peer_refused_is_reported() {
     // The receiver's budget holds its tier-0 buffers and nothing larger.
-    let mut pair = Pair::new([1 << 20, charged(128 * 4) * 2]);
-    let now = pair.now;
+    let mut pair = Pair::new(config(), [1 << 20, charged(128 * 4) * 2]);
     assert!(matches!(
-        pair.sides[0].core.try_reserve(now, 3000),
+        pair.try_reserve(0, 3000),
         Err(SendError::WouldBlock(WouldBlock::PromotionPending))
     ));
     pair.settle();
-    assert_eq!(pair.sides[0].core.stats().tiers.nacks, 1);
-    let now = pair.now;
+    assert_eq!(pair.stats(0).tiers.nacks, 1);
     assert!(matches!(
-        pair.sides[0].core.try_reserve(now, 3000),
+        pair.try_reserve(0, 3000),
         Err(SendError::WouldBlock(WouldBlock::PromotionRefused))
     ));
     // A message the tier in force carries is still reserved and sent.
-    pair.sides[0].core.try_reserve(now, 100).unwrap();
-    pair.sides[0]
-        .core
-        .reserved_mut()
+    pair.try_reserve(0, 100).unwrap();
+    pair.reserved_mut(0)
         .unwrap()
         .copy_from_slice(&pattern(100, 1));
-    pair.sides[0].core.commit_reserved().unwrap();
+    pair.commit_reserved(0).unwrap();
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![pattern(100, 1)]);
+    assert_eq!(pair.users[1].received, vec![pattern(100, 1)]);
 }
 
 #[test]
 fn an_empty_element_before_a_large_one_does_not_make_an_empty_message() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     let big = pattern(5000, 3);
     let vector = [IoSlice::new(&[]), IoSlice::new(&big)];
-    let accepted = pair.sides[0].core.try_send(pair.now, &vector).unwrap();
+    let accepted = pair.try_write_vectored(0, &vector).unwrap();
     assert_eq!(
         accepted,
         big.len(),
         "the large element is taken, not a zero-byte prefix"
     );
     pair.settle();
-    assert_eq!(pair.sides[1].received, vec![big]);
+    assert_eq!(pair.users[1].received, vec![big]);
 }
 
 #[test]
 fn a_gather_send_is_one_message_where_the_stream_send_takes_a_prefix() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     let (header, body) = (pattern(50, 1), pattern(5000, 2));
     let parts = [IoSlice::new(&header), IoSlice::new(&body)];
-    let now = pair.now;
     assert_eq!(
-        pair.sides[0].core.try_send(now, &parts).unwrap(),
+        pair.try_write_vectored(0, &parts).unwrap(),
         50,
         "the prefix"
     );
     pair.settle();
-    let now = pair.now;
-    assert_eq!(
-        pair.sides[0].core.try_send_gather(now, &parts).unwrap(),
-        5050
-    );
+    pair.try_send(0, &parts).expect("the whole message");
     pair.settle();
     assert_eq!(
-        pair.sides[1].received,
+        pair.users[1].received,
         vec![header.clone(), [header, body].concat()]
     );
 }
@@ -978,19 +713,19 @@ fn a_gather_send_is_one_message_where_the_stream_send_takes_a_prefix() {
 /// (until a demotion, `demote_after` later, posted a new tier's receives).
 #[test]
 fn users_that_hold_every_message_while_sending_both_ways_still_get_everything() {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
-    pair.sides[0].hold = true;
-    pair.sides[1].hold = true;
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    pair.users[0].reading = Reading::Holds;
+    pair.users[1].reading = Reading::Holds;
     for i in 0..12u8 {
         pair.send(0, &pattern(60, i));
         pair.send(1, &pattern(70, i));
     }
     pair.settle();
     for (side, len) in [(1, 60), (0, 70)] {
-        let held: Vec<Vec<u8>> = pair.sides[side].held.iter().map(|m| m.to_vec()).collect();
+        let held: Vec<Vec<u8>> = pair.users[side].held.iter().map(|m| m.to_vec()).collect();
         let expected: Vec<Vec<u8>> = (0..12u8).map(|i| pattern(len, i)).collect();
         assert_eq!(held, expected, "side {side} got every message, in order");
-        let stats = pair.sides[side].core.stats();
+        let stats = pair.stats(side);
         assert!(stats.messages_copied_to_keep_receives > 0, "{stats:?}");
         assert!(
             stats.posted_receives >= 2,
@@ -1005,13 +740,11 @@ fn users_that_hold_every_message_while_sending_both_ways_still_get_everything() 
 #[test]
 fn users_that_send_at_once_without_reading_still_get_everything() {
     let outgoing = |side: usize| (0..12u8).map(|i| pattern(60 + 10 * side, i)).collect();
-    let pair = sent_both_ways_without_reading(outgoing, |core, now, queue| {
-        core.try_send(now, &[IoSlice::new(&queue[0])]).map(|_| 1)
+    let pair = sent_both_ways_without_reading(outgoing, |pair, side, queue| {
+        pair.try_send(side, &[IoSlice::new(&queue[0])]).map(|_| 1)
     });
-    let copied: u64 = pair
-        .sides
-        .iter()
-        .map(|side| side.core.stats().messages_copied_to_keep_receives)
+    let copied: u64 = (0..2)
+        .map(|side| pair.stats(side).messages_copied_to_keep_receives)
         .sum();
     assert!(copied > 0, "the queued messages were copied out");
 }
@@ -1022,12 +755,12 @@ fn users_that_send_at_once_without_reading_still_get_everything() {
 #[test]
 fn users_that_send_batches_at_once_without_reading_still_get_everything() {
     let outgoing = |side: usize| (0..96u8).map(|i| pattern(20 + 4 * side, i)).collect();
-    let pair = sent_both_ways_without_reading(outgoing, |core, now, queue| {
+    let pair = sent_both_ways_without_reading(outgoing, |pair, side, queue| {
         let batch: Vec<&[u8]> = queue.iter().take(8).map(Vec::as_slice).collect();
-        core.try_send_batch(now, &batch)
+        pair.try_send_batch(side, &batch)
     });
-    for side in &pair.sides {
-        let stats = side.core.stats();
+    for side in 0..2 {
+        let stats = pair.stats(side);
         assert!(stats.messages_packed > 80, "{stats:?}");
         assert!(stats.messages_copied_to_keep_receives > 0, "{stats:?}");
     }
@@ -1039,18 +772,18 @@ fn users_that_send_batches_at_once_without_reading_still_get_everything() {
 /// other's messages, in order.
 fn sent_both_ways_without_reading(
     outgoing: impl Fn(usize) -> Vec<Vec<u8>>,
-    offer: impl Fn(&mut ConnectionCore, Instant, &[Vec<u8>]) -> Result<usize, SendError>,
+    offer: impl Fn(&mut Pair, usize, &[Vec<u8>]) -> Result<usize, SendError>,
 ) -> Pair {
-    let mut pair = Pair::new([1 << 20, 1 << 20]);
-    pair.sides[0].not_reading = true;
-    pair.sides[1].not_reading = true;
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    pair.users[0].reading = Reading::Nothing;
+    pair.users[1].reading = Reading::Nothing;
     let mut queues = [outgoing(0), outgoing(1)];
     for _ in 0..10_000 {
         for (side, queue) in queues.iter_mut().enumerate() {
             if queue.is_empty() {
                 continue;
             }
-            match offer(&mut pair.sides[side].core, pair.now, queue) {
+            match offer(&mut pair, side, queue) {
                 Ok(taken) => drop(queue.drain(..taken)),
                 Err(SendError::WouldBlock(_)) => {}
                 Err(other) => panic!("side {side}: {other}"),
@@ -1062,11 +795,11 @@ fn sent_both_ways_without_reading(
         pair.step();
     }
     assert!(queues.iter().all(Vec::is_empty), "both sends finished");
-    pair.sides[0].not_reading = false;
-    pair.sides[1].not_reading = false;
+    pair.users[0].reading = Reading::Copies;
+    pair.users[1].reading = Reading::Copies;
     pair.settle();
     for side in 0..2 {
-        assert_eq!(pair.sides[side].received, outgoing(1 - side), "side {side}");
+        assert_eq!(pair.users[side].received, outgoing(1 - side), "side {side}");
     }
     pair
 }
@@ -1080,29 +813,22 @@ fn relief_queues_a_bounded_number_of_copies_for_a_peer_that_never_reads() {
     let config = ConnectionConfig::new(ladder())
         .unwrap()
         .with_unread_copy_limit(400);
-    let mut pair = Pair::with_config([1 << 20, 1 << 20], config);
-    pair.sides[0].not_reading = true;
-    pair.sides[1].not_reading = true;
+    let mut pair = Pair::new(config, [1 << 20, 1 << 20]);
+    pair.users[0].reading = Reading::Nothing;
+    pair.users[1].reading = Reading::Nothing;
     let mut from_peer = 0u32;
     for _ in 0..2_000 {
-        let now = pair.now;
         // This side's user is stuck in a send the peer never makes room for.
-        let _ = pair.sides[0]
-            .core
-            .try_send(now, &[IoSlice::new(&pattern(60, 0))]);
+        let _ = pair.try_send(0, &[IoSlice::new(&pattern(60, 0))]);
         let next = pattern(50, from_peer as u8);
-        if pair.sides[1]
-            .core
-            .try_send(now, &[IoSlice::new(&next)])
-            .is_ok()
-        {
+        if pair.try_send(1, &[IoSlice::new(&next)]).is_ok() {
             from_peer += 1;
         }
         pair.step();
     }
     // Relief stops once 400 bytes (eight 50-byte messages) are queued as copies; the four
     // slots of tier 0 then hold four more, zero-copy.
-    let queued = pair.sides[0].core.stats().messages_received;
+    let queued = pair.stats(0).messages_received;
     assert!(
         queued <= 12,
         "{queued} messages queued for a user that reads none"
@@ -1121,23 +847,20 @@ fn relief_bounds_the_copies_of_empty_messages_too() {
     let config = ConnectionConfig::new(ladder())
         .unwrap()
         .with_unread_copy_limit(400);
-    let mut pair = Pair::with_config([1 << 20, 1 << 20], config);
-    pair.sides[0].not_reading = true;
-    pair.sides[1].not_reading = true;
+    let mut pair = Pair::new(config, [1 << 20, 1 << 20]);
+    pair.users[0].reading = Reading::Nothing;
+    pair.users[1].reading = Reading::Nothing;
     let empties = [&[][..]; 14];
     for _ in 0..2_000 {
-        let now = pair.now;
-        let _ = pair.sides[0]
-            .core
-            .try_send(now, &[IoSlice::new(&pattern(60, 0))]);
-        let _ = pair.sides[1].core.try_send_batch(now, &empties);
+        let _ = pair.try_send(0, &[IoSlice::new(&pattern(60, 0))]);
+        let _ = pair.try_send_batch(1, &empties);
         pair.step();
     }
     // Each copy counts its place in the queue (a `Message`), so 400 bytes hold a few,
     // and the pass that reaches the limit may copy the rest of one frame's 14; the four
     // slots of tier 0 hold 14 more each, zero-copy.
     let copies = 400 / std::mem::size_of::<Message>() + 1 + 14;
-    let queued = pair.sides[0].core.stats().messages_received;
+    let queued = pair.stats(0).messages_received;
     assert!(
         queued <= (copies + 4 * 14) as u64,
         "{queued} messages queued for a user that reads none"
@@ -1155,4 +878,61 @@ fn last_credits_crossing_in_frames_that_grant_nothing_leave_no_side_stranded() {
         pair.send_copied(from, message, copies, &mut || true)
     })
     .unwrap();
+}
+
+/// A message's segments tampered with on the wire, in each way the pair's hooks allow
+/// (two swapped, one dropped, one changed into a frame of another kind), make a stream
+/// the rules refuse: the receiver fails, blaming the peer, and delivers nothing.
+#[test]
+fn segments_tampered_with_in_flight_fail_the_receiver_for_the_peer() {
+    /// Changes the frames in flight, given where the first and the middle segment are.
+    type Tamper<'a> = &'a dyn Fn(&mut Pair, usize, usize);
+    let tamperings: [(&str, Tamper<'_>); 3] = [
+        ("swapped", &|pair, first, middle| {
+            pair.swap_in_flight(0, first, middle)
+        }),
+        ("dropped", &|pair, _, middle| {
+            let taken = pair.take_at(0, middle).expect("the middle segment");
+            taken.result.expect("its send completes");
+        }),
+        ("changed", &|pair, _, middle| {
+            pair.edit_in_flight(0, middle, |bytes| bytes[0] = FrameKind::Whole as u8)
+        }),
+    ];
+    for (what, tamper) in tamperings {
+        let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+        pair.hold(0, true);
+        // Three segments of tier 0, sent at once while the promotion is asked for.
+        let accepted = pair.try_send(0, &[IoSlice::new(&pattern(300, 1))]);
+        accepted.expect("taken whole");
+        pair.step();
+        let at = |kind: FrameKind| {
+            pair.in_flight(0)
+                .iter()
+                .position(|frame| frame.bytes()[0] == kind as u8)
+                .unwrap_or_else(|| panic!("no {kind:?} frame in flight"))
+        };
+        let (first, middle) = (at(FrameKind::First), at(FrameKind::Middle));
+        tamper(&mut pair, first, middle);
+        pair.hold(0, false);
+        for _ in 0..100 {
+            pair.step();
+        }
+        let error = pair
+            .failure(1)
+            .unwrap_or_else(|| panic!("{what}: the receiver took it"));
+        assert_eq!(error.fault(), Fault::Peer, "{what}: {error}");
+        assert!(
+            matches!(**error, ConnectionError::PeerProtocol(_)),
+            "{what}: {error:?}"
+        );
+        assert!(
+            pair.users[1].received.is_empty(),
+            "{what}: nothing delivered"
+        );
+        assert!(
+            pair.failure(0).is_none(),
+            "{what}: the sender knows nothing of it"
+        );
+    }
 }

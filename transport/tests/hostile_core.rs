@@ -1,23 +1,21 @@
-//! A `ConnectionCore` against a hostile peer, at the sans-IO level: the peer is nothing but
-//! the frames the test writes into the core's posted receives, built by hand from the
-//! frame header's layout (`transport/src/connection/header.rs`: kind, grant tier, grant
+//! A `ConnectionCore` against a hostile peer, at the sans-IO level, on a scripted test pair
+//! (`transport/src/test_pair.rs`): the peer is nothing but the frames the test writes
+//! into the core's posted receives, built by hand from the frame header's layout (`transport/src/connection/header.rs`: kind, grant tier, grant
 //! count, payload length, message length, little-endian). Whatever the peer sends, the
 //! core must neither panic nor grow without bound: it fails the connection with an error
 //! that blames the peer and names what it did.
 
-use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tierbuf_pool::{HostRegistrar, MemoryBudget};
+use tierbuf_tiers::TierIndex;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::wire::{self, ControlMessage, Epoch};
-use tierbuf_tiers::{Reservoir, TierIndex};
-use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionCore, ConnectionError, Fault, FrameKind, HEADER_LEN, PeerViolation,
-    WorkKind, WorkRequest,
+    ConnectionConfig, ConnectionError, Fault, FrameKind, HEADER_LEN, PeerViolation,
 };
+use tierbuf_transport::test_pair::Pair;
 
 /// The two-tier ladder: 16 slots of 512 B, 16 of 8 KiB.
 fn ladder() -> Arc<TierLadder> {
@@ -35,87 +33,36 @@ fn frame(kind: FrameKind, grant: (u8, u16), payload: &[u8], message_len: u64) ->
     bytes
 }
 
-/// The side under attack: its core and the receives it has posted, oldest first. Its
-/// sends are never carried out (the peer does not read), so it holds them, unless
-/// `complete_sends` is set: then each is completed as soon as it is posted, and its
-/// frame's kind kept in `sent`.
-struct Victim {
-    core: ConnectionCore,
-    recvs: VecDeque<(u64, BufferRef)>,
-    sends_posted: usize,
-    complete_sends: bool,
-    sent: Vec<u8>,
-    now: Instant,
+/// The side under attack, side 0 of a scripted pair, within a budget of 1 MiB. Its sends
+/// are never carried out (the peer does not read) unless the test takes them off the wire.
+fn new_victim() -> Pair {
+    Pair::scripted(ConnectionConfig::new(ladder()).unwrap(), 1 << 20)
 }
 
-impl Victim {
-    fn new() -> Victim {
-        let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
-        let registrar = Arc::new(HostRegistrar::new(MemoryBudget::with_cap(1 << 20)));
-        let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(config.ladder())));
-        let now = Instant::now();
-        let core = ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, now).unwrap();
-        let mut victim = Victim {
-            core,
-            recvs: VecDeque::new(),
-            sends_posted: 0,
-            complete_sends: false,
-            sent: Vec::new(),
-            now,
-        };
-        victim.collect();
-        victim
-    }
+/// Writes the peer's `frame` into the victim's oldest posted receive and completes it, a
+/// microsecond on, as a provider would; then lets the core make progress.
+fn deliver(victim: &mut Pair, frame: &[u8]) -> Result<(), Arc<ConnectionError>> {
+    let receive = victim.posted_recvs(0).next().expect("a posted receive");
+    assert!(
+        frame.len() <= receive.len as usize,
+        "the test overran a receive"
+    );
+    victim.now += Duration::from_micros(1);
+    let landed = victim.forge(0, frame, None).expect("a posted receive");
+    victim.progress(0);
+    landed.result
+}
 
-    /// Takes the work the core handed out.
-    fn collect(&mut self) {
-        while let Some(work) = self.core.poll_work() {
-            match work {
-                WorkRequest::PostRecv { wr_id, buffer } => self.recvs.push_back((wr_id, buffer)),
-                WorkRequest::PostSend { wr_id, buffer } => {
-                    self.sends_posted += 1;
-                    if self.complete_sends {
-                        // SAFETY: the send buffer is a slot the core holds, with at least
-                        // a frame header in it, until the send completes below.
-                        self.sent.push(unsafe { *(buffer.addr as *const u8) });
-                        self.core
-                            .handle_completion(self.now, WorkKind::Send, wr_id, buffer.len)
-                            .expect("a send completes");
-                        self.core.progress(self.now);
-                    }
-                }
-                other => panic!("unexpected work {other:?}"),
-            }
-        }
+/// The peer takes every frame the victim sent, completing its sends, and lets the victim
+/// make progress after each; returns how many of them were drains.
+fn take_sent(victim: &mut Pair) -> usize {
+    let mut drains = 0;
+    while let Some(taken) = victim.take(0) {
+        taken.result.expect("a send completes");
+        drains += usize::from(taken.frame[0] == FrameKind::Drain as u8);
+        victim.progress(0);
     }
-
-    /// How many frames of `kind` the victim sent (with `complete_sends`).
-    fn sent_of(&self, kind: FrameKind) -> usize {
-        self.sent.iter().filter(|&&sent| sent == kind as u8).count()
-    }
-
-    /// Writes the peer's `frame` into the oldest posted receive and completes it, as a
-    /// provider would; then lets the core make progress.
-    fn deliver(&mut self, frame: &[u8]) -> Result<(), Arc<ConnectionError>> {
-        self.collect();
-        let (wr_id, buffer) = self.recvs.pop_front().expect("a posted receive");
-        assert!(
-            frame.len() <= buffer.len as usize,
-            "the test overran a receive"
-        );
-        // SAFETY: the receive buffer is a slot the core holds while the receive is posted,
-        // at least `frame.len()` bytes long, and nothing else touches it meanwhile.
-        unsafe {
-            std::ptr::copy_nonoverlapping(frame.as_ptr(), buffer.addr as *mut u8, frame.len());
-        }
-        self.now += Duration::from_micros(1);
-        let delivered =
-            self.core
-                .handle_completion(self.now, WorkKind::Recv, wr_id, frame.len() as u32);
-        self.core.progress(self.now);
-        self.collect();
-        delivered
-    }
+    drains
 }
 
 /// Credit frames that each grant 65 535 receives: more than the peer could ever have
@@ -123,11 +70,11 @@ impl Victim {
 /// what the ladder lets the peer post fails the connection, naming the grant.
 #[test]
 fn grants_past_the_receives_a_peer_can_post_are_a_violation_not_an_overflow() {
-    let mut victim = Victim::new();
+    let mut victim = new_victim();
     let credit = frame(FrameKind::Credit, (0, u16::MAX), &[], 0);
     let mut outcome = Ok(());
     for _ in 0..70_000 {
-        outcome = victim.deliver(&credit);
+        outcome = deliver(&mut victim, &credit);
         if outcome.is_err() {
             break;
         }
@@ -146,18 +93,18 @@ fn grants_past_the_receives_a_peer_can_post_are_a_violation_not_an_overflow() {
     assert_eq!((*tier, *count), (0, u16::MAX));
     // Every slot of every tier posted at once, twice over.
     assert_eq!(*limit, 2 * (16 + 16));
-    assert!(victim.core.stats().send_credits <= u64::from(*limit));
+    assert!(victim.stats(0).send_credits <= u64::from(*limit));
 }
 
 /// Grants alternating between two tiers, one receive each, would make a run per frame; the
 /// same bound stops them before the list of runs grows past it.
 #[test]
 fn alternating_small_grants_are_bounded_too() {
-    let mut victim = Victim::new();
+    let mut victim = new_victim();
     let mut outcome = Ok(());
     for index in 0..1000u32 {
         let credit = frame(FrameKind::Credit, ((index % 2) as u8, 1), &[], 0);
-        outcome = victim.deliver(&credit);
+        outcome = deliver(&mut victim, &credit);
         if outcome.is_err() {
             break;
         }
@@ -170,22 +117,18 @@ fn alternating_small_grants_are_bounded_too() {
         ),
         "{error:?}"
     );
-    assert!(victim.core.stats().send_credits <= 2 * (16 + 16));
+    assert!(victim.stats(0).send_credits <= 2 * (16 + 16));
 }
 
 /// A grant the peer could have made is still taken: the bound is not a cap on honest
 /// credits.
 #[test]
 fn grants_within_what_the_peer_can_post_are_taken() {
-    let mut victim = Victim::new();
-    let before = victim.core.stats();
-    victim
-        .deliver(&frame(FrameKind::Credit, (1, 4), &[], 0))
-        .unwrap();
-    victim
-        .deliver(&frame(FrameKind::Credit, (0, 4), &[], 0))
-        .unwrap();
-    let after = victim.core.stats();
+    let mut victim = new_victim();
+    let before = victim.stats(0);
+    deliver(&mut victim, &frame(FrameKind::Credit, (1, 4), &[], 0)).unwrap();
+    deliver(&mut victim, &frame(FrameKind::Credit, (0, 4), &[], 0)).unwrap();
+    let after = victim.stats(0);
     // Each frame the victim sent meanwhile (a credit frame of its own) took one.
     let spent = after.frames_sent - before.frames_sent;
     assert_eq!(after.send_credits, before.send_credits + 8 - spent);
@@ -204,7 +147,7 @@ fn control(message: ControlMessage) -> Vec<u8> {
 /// still waiting stands for it. The connection keeps working.
 #[test]
 fn a_request_repeated_without_credit_queues_one_answer() {
-    let mut victim = Victim::new();
+    let mut victim = new_victim();
     let request = control(ControlMessage::Request {
         epoch: Epoch::new(1),
         tier: TierIndex::new(1),
@@ -212,23 +155,21 @@ fn a_request_repeated_without_credit_queues_one_answer() {
     });
     let mut most_waiting = 0;
     for _ in 0..100_000 {
-        victim
-            .deliver(&request)
-            .expect("a repeated request is no violation");
-        most_waiting = most_waiting.max(victim.core.stats().control_frames_waiting);
+        deliver(&mut victim, &request).expect("a repeated request is no violation");
+        most_waiting = most_waiting.max(victim.stats(0).control_frames_waiting);
     }
-    let stats = victim.core.stats();
+    let stats = victim.stats(0);
     assert_eq!(stats.recv_tier, 1, "the request was provisioned once");
     assert_eq!(stats.send_credits, 0, "the peer granted nothing");
     assert!(most_waiting <= 1, "{most_waiting} control frames waited");
-    assert!(victim.core.failure().is_none());
+    assert!(victim.failure(0).is_none());
 }
 
 /// Requests of ever newer epochs, each refused (a tier past the ladder), from a peer that
 /// grants no credit: each answer makes the one before it moot, so one waits at most.
 #[test]
 fn answers_to_newer_requests_replace_the_ones_still_waiting() {
-    let mut victim = Victim::new();
+    let mut victim = new_victim();
     let mut most_waiting = 0;
     for epoch in 1..=20_000 {
         let request = control(ControlMessage::Request {
@@ -236,13 +177,11 @@ fn answers_to_newer_requests_replace_the_ones_still_waiting() {
             tier: TierIndex::new(9),
             current: Epoch::INITIAL,
         });
-        victim
-            .deliver(&request)
-            .expect("a request past the ladder is nacked");
-        most_waiting = most_waiting.max(victim.core.stats().control_frames_waiting);
+        deliver(&mut victim, &request).expect("a request past the ladder is nacked");
+        most_waiting = most_waiting.max(victim.stats(0).control_frames_waiting);
     }
     assert!(most_waiting <= 1, "{most_waiting} control frames waited");
-    assert!(victim.core.failure().is_none());
+    assert!(victim.failure(0).is_none());
 }
 
 /// What this side asks on its own account still needs credits: a peer that never grants
@@ -251,18 +190,17 @@ fn answers_to_newer_requests_replace_the_ones_still_waiting() {
 /// pass the limit, blaming the peer, instead of queueing them without end.
 #[test]
 fn control_frames_waiting_past_the_limit_fail_the_connection() {
-    let mut victim = Victim::new();
+    let mut victim = new_victim();
     let mut most_waiting = 0;
     let error = loop {
         // A message built in place needs tier 1: it asks for it (or the refusal holds).
-        let _ = victim.core.try_reserve(victim.now, 4000);
+        let _ = victim.try_reserve(0, 4000);
         for _ in 0..8 {
             victim.now += Duration::from_secs(1);
-            victim.core.progress(victim.now);
-            victim.collect();
+            victim.progress(0);
         }
-        most_waiting = most_waiting.max(victim.core.stats().control_frames_waiting);
-        if let Some(error) = victim.core.failure() {
+        most_waiting = most_waiting.max(victim.stats(0).control_frames_waiting);
+        if let Some(error) = victim.failure(0) {
             break Arc::clone(error);
         }
         assert!(most_waiting < 1000, "{most_waiting} control frames wait");
@@ -293,33 +231,33 @@ fn control_held_behind_a_message_left_open_is_answered_in_bounded_time_and_count
     let open_a_message = frame(FrameKind::First, (0, 0), &[7; 100], 2_000);
 
     // Bounded in time: one request, then silence.
-    let mut victim = Victim::new();
-    victim.deliver(&open_a_message).expect("a first segment");
-    victim.deliver(&request).expect("a request");
-    assert_eq!(victim.core.stats().recv_tier, 0, "held behind the message");
+    let mut victim = new_victim();
+    deliver(&mut victim, &open_a_message).expect("a first segment");
+    deliver(&mut victim, &request).expect("a request");
+    assert_eq!(victim.stats(0).recv_tier, 0, "held behind the message");
     let due = victim
-        .core
+        .core(0)
         .poll_timeout()
         .expect("the hold's end is a timer");
     assert!(due <= victim.now + Duration::from_micros(250), "{due:?}");
     victim.now = due;
-    victim.core.progress(victim.now);
+    victim.progress(0);
     assert_eq!(
-        victim.core.stats().recv_tier,
+        victim.stats(0).recv_tier,
         1,
         "answered when the hold was up"
     );
 
     // Bounded in count: requests repeated within the hold's time.
-    let mut victim = Victim::new();
-    victim.deliver(&open_a_message).expect("a first segment");
+    let mut victim = new_victim();
+    deliver(&mut victim, &open_a_message).expect("a first segment");
     for held in 1..16 {
-        victim.deliver(&request).expect("a request");
-        assert_eq!(victim.core.stats().recv_tier, 0, "{held} held");
+        deliver(&mut victim, &request).expect("a request");
+        assert_eq!(victim.stats(0).recv_tier, 0, "{held} held");
     }
-    victim.deliver(&request).expect("a request");
-    assert_eq!(victim.core.stats().recv_tier, 1, "answered once 16 waited");
-    assert!(victim.core.failure().is_none());
+    deliver(&mut victim, &request).expect("a request");
+    assert_eq!(victim.stats(0).recv_tier, 1, "answered once 16 waited");
+    assert!(victim.failure(0).is_none());
 }
 
 /// A peer cannot keep this side draining. Receives the peer posted for a tier this side
@@ -332,42 +270,39 @@ fn control_held_behind_a_message_left_open_is_answered_in_bounded_time_and_count
 /// the peer's fault.
 #[test]
 fn a_peer_granting_a_tier_this_side_does_not_send_on_gets_a_bounded_number_of_drains() {
-    let mut victim = Victim::new();
-    victim.complete_sends = true;
+    let mut victim = new_victim();
     let allowance = ConnectionConfig::new(ladder()).unwrap().max_send_credits() as usize;
+    // The peer takes (completes) every frame the victim sends; `drains` counts the drains.
+    let mut drains = 0;
     // An 8 KiB message needs tier 1: it asks for it and goes out in segments on tier 0,
     // on the tier-0 receives the peer grants as they are used.
     let message = vec![3u8; 8 << 10];
-    let mut accepted = 0;
-    while accepted < message.len() {
-        accepted += victim
-            .core
-            .try_send(victim.now, &[std::io::IoSlice::new(&message[accepted..])])
-            .expect("a send the credits allow");
-        victim.collect();
-        victim
-            .deliver(&frame(FrameKind::Credit, (0, 4), &[], 0))
-            .expect("a tier-0 grant");
-    }
+    victim
+        .try_send(0, &[IoSlice::new(&message)])
+        .expect("a send the credits allow");
+    drains += take_sent(&mut victim);
+    deliver(&mut victim, &frame(FrameKind::Credit, (0, 4), &[], 0)).expect("a tier-0 grant");
+    drains += take_sent(&mut victim);
     // The peer never answers: the request is given up.
     let deadline = victim.now + Duration::from_secs(600);
-    while victim.core.stats().tiers.timeouts == 0 {
+    while victim.stats(0).tiers.timeouts == 0 {
         assert!(victim.now < deadline, "the request was never given up");
         victim.now += Duration::from_millis(100);
-        victim.core.progress(victim.now);
-        victim.collect();
+        victim.progress(0);
+        drains += take_sent(&mut victim);
     }
-    assert_eq!(victim.core.stats().send_tier, 0);
-    let drains_before = victim.sent_of(FrameKind::Drain);
+    assert_eq!(victim.stats(0).send_tier, 0);
+    let drains_before = drains;
 
     let mut outcome = Ok(());
     for _ in 0..1000 {
-        outcome = victim.deliver(&frame(FrameKind::Credit, (1, 1), &[], 0));
+        outcome = deliver(&mut victim, &frame(FrameKind::Credit, (1, 1), &[], 0));
+        drains += take_sent(&mut victim);
         if outcome.is_err() {
             break;
         }
     }
-    let drains = victim.sent_of(FrameKind::Drain) - drains_before;
+    let drains = drains - drains_before;
     assert!(drains > 0, "receives of a tier given up are drained");
     assert!(
         drains <= allowance,
@@ -401,12 +336,11 @@ fn packed_payload(entries: &[(u32, u32, &[u8])]) -> Vec<u8> {
 /// delivers none of its messages, not even those before the bad entry.
 #[test]
 fn malformed_packed_frames_deliver_nothing_and_blame_the_peer() {
-    let mut victim = Victim::new();
+    let mut victim = new_victim();
     let good = packed_payload(&[(3, 0, b"abc"), (0, 0, b""), (8, 0, b"12345678")]);
-    victim
-        .deliver(&frame(FrameKind::Packed, (0, 0), &good, 3))
+    deliver(&mut victim, &frame(FrameKind::Packed, (0, 0), &good, 3))
         .expect("a well-formed packed frame");
-    let delivered: Vec<Vec<u8>> = std::iter::from_fn(|| victim.core.try_recv())
+    let delivered: Vec<Vec<u8>> = std::iter::from_fn(|| victim.try_recv(0))
         .map(|message| message.to_vec())
         .collect();
     assert_eq!(delivered, [&b"abc"[..], b"", b"12345678"]);
@@ -420,10 +354,12 @@ fn malformed_packed_frames_deliver_nothing_and_blame_the_peer() {
         (&trailing, 1, "bytes after the counted entries"),
         (&trailing, 3, "fewer entries than counted"),
     ] {
-        let mut victim = Victim::new();
-        let error = victim
-            .deliver(&frame(FrameKind::Packed, (0, 0), payload, count))
-            .expect_err(what);
+        let mut victim = new_victim();
+        let error = deliver(
+            &mut victim,
+            &frame(FrameKind::Packed, (0, 0), payload, count),
+        )
+        .expect_err(what);
         assert_eq!(error.fault(), Fault::Peer, "{what}: {error}");
         assert!(
             matches!(
@@ -432,15 +368,11 @@ fn malformed_packed_frames_deliver_nothing_and_blame_the_peer() {
             ),
             "{what}: {error:?}"
         );
-        assert!(
-            victim.core.try_recv().is_none(),
-            "{what}: nothing delivered"
-        );
+        assert!(victim.try_recv(0).is_none(), "{what}: nothing delivered");
     }
     // A count the payload cannot hold is refused by the header.
-    let mut victim = Victim::new();
-    let error = victim
-        .deliver(&frame(FrameKind::Packed, (0, 0), &trailing, 5))
+    let mut victim = new_victim();
+    let error = deliver(&mut victim, &frame(FrameKind::Packed, (0, 0), &trailing, 5))
         .expect_err("five entries in 24 bytes");
     assert!(
         matches!(
@@ -454,13 +386,14 @@ fn malformed_packed_frames_deliver_nothing_and_blame_the_peer() {
 /// A packed frame in the middle of a segmented message is out of order, as a whole one is.
 #[test]
 fn a_packed_frame_inside_a_segmented_message_is_refused() {
-    let mut victim = Victim::new();
-    victim
-        .deliver(&frame(FrameKind::First, (0, 0), &[1; 100], 1000))
-        .expect("a first segment");
+    let mut victim = new_victim();
+    deliver(
+        &mut victim,
+        &frame(FrameKind::First, (0, 0), &[1; 100], 1000),
+    )
+    .expect("a first segment");
     let payload = packed_payload(&[(3, 0, b"abc")]);
-    let error = victim
-        .deliver(&frame(FrameKind::Packed, (0, 0), &payload, 1))
+    let error = deliver(&mut victim, &frame(FrameKind::Packed, (0, 0), &payload, 1))
         .expect_err("out of order");
     assert!(
         matches!(
@@ -469,5 +402,5 @@ fn a_packed_frame_inside_a_segmented_message_is_refused() {
         ),
         "{error:?}"
     );
-    assert!(victim.core.try_recv().is_none());
+    assert!(victim.try_recv(0).is_none());
 }

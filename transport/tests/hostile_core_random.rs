@@ -1,5 +1,6 @@
 //! A hostile peer against one `ConnectionCore`, sans-IO, drawn at random (the hand-written
-//! attacks are in `hostile_core.rs`): the peer writes whatever frames
+//! attacks are in `hostile_core.rs`), on a scripted test pair (`transport/src/test_pair.rs`):
+//! the peer writes whatever frames
 //! it likes into the receives the core posts (valid ones, lying headers, credit floods,
 //! negotiation messages of any kind, any tier, any epoch, garbage), and never reads what
 //! the core sends beyond completing it. Whatever it does, the core
@@ -10,20 +11,16 @@
 //! - fails, when it fails, with an error that says the peer is at fault;
 //! - gives every registered byte back when dropped.
 
-use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proptest::prelude::*;
-use tierbuf_pool::{HostRegistrar, MemoryBudget};
+use tierbuf_tiers::TierIndex;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::wire::{self, ControlMessage, Epoch, NackReason};
-use tierbuf_tiers::{Reservoir, TierIndex};
-use tierbuf_transport::BufferRef;
-use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionCore, Fault, WorkKind, WorkRequest,
-};
+use tierbuf_transport::connection::{ConnectionConfig, Fault};
+use tierbuf_transport::test_pair::Pair;
 
 /// The frame header's length and layout (`docs/connection.md`, "Frame header").
 const HEADER_LEN: usize = 16;
@@ -160,13 +157,8 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// The negotiation message in the frame the core sends from `buffer`, if it is a
-/// control frame.
-fn control_in(buffer: BufferRef) -> Option<ControlMessage> {
-    // SAFETY: a posted send's buffer is a slot the core holds until its completion, which
-    // the caller handles after this read.
-    let frame =
-        unsafe { std::slice::from_raw_parts(buffer.addr as *const u8, buffer.len as usize) };
+/// The negotiation message in `frame`, one the core sent, if it is a control frame.
+fn control_in(frame: &[u8]) -> Option<ControlMessage> {
     let payload_len = u32::from_le_bytes(frame.get(4..8)?.try_into().ok()?) as usize;
     if frame[0] != CONTROL {
         return None;
@@ -188,30 +180,20 @@ fn bound(ladder: &TierLadder) -> u64 {
 
 fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let ladder = ladder();
-    let budget = MemoryBudget::with_cap(64 << 20);
-    let config = Arc::new(ConnectionConfig::new(Arc::clone(&ladder)).unwrap());
-    let registrar = Arc::new(HostRegistrar::new(budget.clone()));
-    let reservoir = Arc::new(Reservoir::new(registrar, Arc::clone(&ladder)));
-    let mut now = Instant::now();
-    let mut core =
-        ConnectionCore::new(config, Arc::clone(&reservoir), Arc::clone(&reservoir), now).unwrap();
-    let mut receives: VecDeque<(u64, BufferRef)> = VecDeque::new();
+    let mut pair = Pair::scripted(
+        ConnectionConfig::new(Arc::clone(&ladder)).unwrap(),
+        64 << 20,
+    );
+    let budget = pair.budget(0).clone();
     let bound = bound(&ladder);
     // The peer's side of the negotiation: its next request's epoch, the last it had acked.
     let (mut next_epoch, mut acked) = (1, Epoch::new(0));
     for step in steps {
-        core.progress(now);
-        while let Some(work) = core.poll_work() {
-            match work {
-                WorkRequest::PostRecv { wr_id, buffer } => receives.push_back((wr_id, buffer)),
-                // The peer takes every send at once, and reads none of them.
-                WorkRequest::PostSend { wr_id, buffer } => {
-                    if let Some(ControlMessage::Ack { epoch, .. }) = control_in(buffer) {
-                        acked = epoch;
-                    }
-                    let _ = core.handle_completion(now, WorkKind::Send, wr_id, buffer.len);
-                }
-                other => unreachable!("{other:?}: try_send_copied is not used"),
+        pair.progress(0);
+        // The peer takes every send at once, and reads none of them but the acks.
+        while let Some(taken) = pair.take(0) {
+            if let Some(ControlMessage::Ack { epoch, .. }) = control_in(&taken.frame) {
+                acked = epoch;
             }
         }
         let step = match step {
@@ -231,40 +213,32 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         };
         match step {
             Step::Deliver(frame) => {
-                let Some((wr_id, buffer)) = receives.pop_front() else {
+                // Into the oldest posted receive; what does not fit it is cut off, as a
+                // provider would refuse it.
+                if pair.forge(0, &frame.bytes(), None).is_none() {
                     continue;
-                };
-                let bytes = frame.bytes();
-                // What does not fit the receive is cut off, as a provider would refuse it.
-                let len = bytes.len().min(buffer.len as usize);
-                // SAFETY: the receive buffer is a slot the core holds while it is posted,
-                // and nothing else touches it until its completion is handled below.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.addr as *mut u8, len);
                 }
-                let _ = core.handle_completion(now, WorkKind::Recv, wr_id, len as u32);
-                while core.try_recv().is_some() {}
+                while pair.try_recv(0).is_some() {}
             }
             Step::Send(len) => {
                 let message = vec![0xA5; len];
-                let _ = core.try_send(now, &[IoSlice::new(&message)]);
+                let _ = pair.try_send(0, &[IoSlice::new(&message)]);
             }
-            Step::Wait(ms) => now += Duration::from_millis(ms),
+            Step::Wait(ms) => pair.now += Duration::from_millis(ms),
             Step::Ask(_) => unreachable!("made a delivery above"),
         }
-        let stats = core.stats();
+        let stats = pair.stats(0);
         prop_assert!(
             stats.registered_bytes <= bound,
             "{} bytes registered, bound {bound}: {stats:?}",
             stats.registered_bytes
         );
-        if let Some(error) = core.failure() {
+        if let Some(error) = pair.failure(0) {
             prop_assert_eq!(error.fault(), Fault::Peer, "{:?}", error);
             break;
         }
     }
-    drop(core);
-    drop(reservoir);
+    drop(pair);
     prop_assert_eq!(budget.in_use(), 0, "every registered byte came back");
     Ok(())
 }

@@ -4,37 +4,31 @@
 //! Such a stretch lasts until one side demotes its send tier, `demote_after` (60 s on this
 //! ladder) after its last large message.
 //!
-//! Two `ConnectionCore`s over a loopback endpoint pair, on one thread, with a clock that
-//! moves 1 ms per round. Each side is driven as `Connection` drives a core: a progress
-//! pass runs the core, posts its work, takes the completions ready (running the core again
-//! after each one that leaves a credit frame owed) and runs the core once more after them;
-//! and a message is sent as `Connection::send` sends it, offering the rest of it until all
-//! is posted, with a progress pass after each offer (over the loopback provider, which
-//! copies no frame from the caller's memory, that is `try_send_borrowed`). Each side checks
-//! every delivered message against the message the peer sent and answers each request
-//! with a reply.
+//! Two `ConnectionCore`s on the test pair (`transport/src/test_pair.rs`), its frames
+//! moving as soon as they are posted, as the loopback provider moves them, with a clock
+//! that moves 1 ms per round. Each side is driven as `Connection` drives a core: a
+//! progress pass runs the core, takes the completions ready (running the core again after
+//! each one that leaves a credit frame owed) and runs the core once more after them; and
+//! a message is sent as `Connection::send` sends it, offering the rest of it until all is
+//! posted, with a progress pass after each offer (over a provider that copies no frame
+//! from the caller's memory, as the loopback one, that is `try_send_some`). Each side
+//! checks every delivered message against the message the peer sent and answers each
+//! request with a reply.
 //!
-//! Each exchange runs with the completions taken in batches of up to 32 (all that one
-//! thread's loopback pair has ready) and one at a time (a peer on another thread posts
-//! its frames one by one), and with the delivered messages taken every round or only
-//! between sends (one thread that both sends and receives with a `Connection`: while it
-//! is in `send`, what arrives waits in the core, holding its receive).
+//! Each exchange runs with the completions taken in batches of up to 32 (all that are
+//! ready) and one at a time (a peer on another thread posts its frames one by one), and
+//! with the delivered messages taken every round or only between sends (one thread that
+//! both sends and receives with a `Connection`: while it is in `send`, what arrives waits
+//! in the core, holding its receive).
 
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionCore, ConnectionStats, SendError, WorkKind, WorkRequest,
-};
-use tierbuf_transport::{
-    CallerCopies, Completion, Endpoint, LoopbackEndpoint, LoopbackProvider, PostError, Provider,
-    QueueKind,
-};
+use tierbuf_transport::connection::{ConnectionConfig, ConnectionStats, SendError};
+use tierbuf_transport::test_pair::{Pair, Polling, Reading, Wire};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -116,15 +110,9 @@ enum Taking {
     BetweenSends,
 }
 
-/// One side: its core over its endpoint, as `Connection` holds them, and its user.
-struct Side {
-    core: ConnectionCore,
-    endpoint: LoopbackEndpoint,
-    /// Work the endpoint refused for a full queue, posted first next time.
-    unposted: VecDeque<WorkRequest>,
-    completions: [Completion; POLL_BATCH],
-    /// Completions taken per poll.
-    poll_batch: usize,
+/// One side's user: the message it is sending and the requests it keeps count of.
+#[derive(Default)]
+struct User {
     /// The message being sent and how much of it is posted.
     sending: Option<(Rc<[u8]>, usize)>,
     /// Requests of the peer to answer, by index.
@@ -135,81 +123,17 @@ struct Side {
     replies_received: u64,
 }
 
-impl Side {
-    /// Posts the core's work as `Connection` does; a full queue keeps the rest in order.
-    fn post_work(&mut self) {
-        while let Some(work) = self.unposted.pop_front().or_else(|| self.core.poll_work()) {
-            // SAFETY: every buffer is a slot the core holds until the completion naming
-            // its work request is handed back to it in `progress`; the endpoint is closed
-            // (flushing everything) before the core is dropped.
-            let posted = unsafe {
-                match work {
-                    WorkRequest::PostRecv { wr_id, buffer } => {
-                        self.endpoint.post_recv(buffer, wr_id)
-                    }
-                    WorkRequest::PostSend { wr_id, buffer } => {
-                        self.endpoint.post_send(&[buffer], wr_id)
-                    }
-                    other => panic!("{other:?} from a core not sending from the caller"),
-                }
-            };
-            match posted {
-                Ok(()) => {}
-                Err(PostError::QueueFull { .. }) => {
-                    self.unposted.push_front(work);
-                    return;
-                }
-                Err(error) => panic!("posting failed: {error}"),
-            }
-        }
-    }
-
-    /// One progress pass, as `Connection::progress` makes it.
-    fn progress(&mut self, now: Instant) {
-        self.core.progress(now);
-        self.post_work();
-        let mut taken = 0;
-        loop {
-            let ready = self
-                .endpoint
-                .poll(&mut self.completions[..self.poll_batch])
-                .unwrap();
-            taken += ready;
-            for index in 0..ready {
-                let completion = self.completions[index];
-                assert!(completion.status.is_success(), "{completion:?}");
-                let kind = match completion.opcode.queue() {
-                    QueueKind::Send => WorkKind::Send,
-                    QueueKind::Recv => WorkKind::Recv,
-                };
-                self.core
-                    .handle_completion(now, kind, completion.wr_id, completion.byte_len)
-                    .unwrap();
-                if self.core.owes_credit() {
-                    self.core.progress(now);
-                    self.post_work();
-                }
-            }
-            if ready < self.poll_batch || self.poll_batch < POLL_BATCH {
-                break;
-            }
-        }
-        if taken > 0 {
-            self.core.progress(now);
-            self.post_work();
-        }
-    }
-}
-
 /// Two sides exchanging requests and replies.
 struct Exchange {
-    sides: [Side; 2],
+    pair: Pair,
+    users: [User; 2],
+    /// How each progress pass takes completions.
+    polling: Polling,
     /// The messages each side has yet to receive, in the order the peer sent them.
     expected: [VecDeque<Rc<[u8]>>; 2],
     messages: Rc<Messages>,
     window: usize,
     taking: Taking,
-    now: Instant,
     round: u64,
     delivered: u64,
     /// What moved in the last round: a message delivered or a byte accepted.
@@ -221,49 +145,24 @@ impl Exchange {
         ladder: TierLadder,
         messages: &Rc<Messages>,
         window: usize,
-        poll_batch: usize,
+        polling: Polling,
         taking: Taking,
     ) -> Exchange {
-        let provider = LoopbackProvider::new(MemoryBudget::with_cap(256 << 20));
-        let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
-        let reservoir = Arc::new(Reservoir::new(
-            provider.registrar(),
-            Arc::clone(config.ladder()),
-        ));
-        let (a, b) = provider.pair(128, 128).unwrap();
-        let now = Instant::now();
-        let side = |endpoint: LoopbackEndpoint| {
-            assert_eq!(endpoint.caller_copies(), CallerCopies::NONE);
-            let core = ConnectionCore::new(
-                Arc::clone(&config),
-                Arc::clone(&reservoir),
-                Arc::clone(&reservoir),
-                now,
-            )
-            .unwrap();
-            let mut side = Side {
-                core,
-                endpoint,
-                unposted: VecDeque::new(),
-                completions: [Completion::default(); POLL_BATCH],
-                poll_batch,
-                sending: None,
-                to_answer: VecDeque::new(),
-                next_request: 0,
-                requests_in_flight: 0,
-                requests_received: 0,
-                replies_received: 0,
-            };
-            side.progress(now);
-            side
-        };
+        let config = ConnectionConfig::new(Arc::new(ladder)).unwrap();
+        let mut pair = Pair::new(config, [256 << 20; 2]);
+        pair.wire = Wire::AtPost;
+        for at in 0..2 {
+            pair.users[at].reading = Reading::Nothing;
+            pair.pass(at, polling);
+        }
         Exchange {
-            sides: [side(a), side(b)],
+            pair,
+            users: Default::default(),
+            polling,
             expected: [VecDeque::new(), VecDeque::new()],
             messages: Rc::clone(messages),
             window,
             taking,
-            now,
             round: 0,
             delivered: 0,
             moved: false,
@@ -271,40 +170,40 @@ impl Exchange {
     }
 
     fn done(&self) -> bool {
-        self.sides
+        self.users
             .iter()
-            .all(|side| side.requests_received == REQUESTS && side.replies_received == REQUESTS)
+            .all(|user| user.requests_received == REQUESTS && user.replies_received == REQUESTS)
     }
 
     /// One round: each side in turn takes what was delivered, offers its message, and
     /// makes a progress pass.
     fn round(&mut self) {
         self.round += 1;
-        self.now += TICK;
+        self.pair.now += TICK;
         self.moved = false;
         for at in 0..2 {
-            if matches!(self.taking, Taking::EveryRound) || self.sides[at].sending.is_none() {
+            if matches!(self.taking, Taking::EveryRound) || self.users[at].sending.is_none() {
                 self.take_delivered(at);
             }
-            let (window, now) = (self.window, self.now);
-            let side = &mut self.sides[at];
-            if side.sending.is_none() {
-                let next = if let Some(index) = side.to_answer.pop_front() {
+            let window = self.window;
+            let user = &mut self.users[at];
+            if user.sending.is_none() {
+                let next = if let Some(index) = user.to_answer.pop_front() {
                     Some(self.messages.get(at, REPLY, index))
-                } else if side.requests_in_flight < window && side.next_request < REQUESTS {
-                    side.requests_in_flight += 1;
-                    side.next_request += 1;
-                    Some(self.messages.get(at, REQUEST, side.next_request - 1))
+                } else if user.requests_in_flight < window && user.next_request < REQUESTS {
+                    user.requests_in_flight += 1;
+                    user.next_request += 1;
+                    Some(self.messages.get(at, REQUEST, user.next_request - 1))
                 } else {
                     None
                 };
                 if let Some(bytes) = next {
                     self.expected[1 - at].push_back(Rc::clone(&bytes));
-                    side.sending = Some((bytes, 0));
+                    user.sending = Some((bytes, 0));
                 }
             }
-            if let Some((bytes, mut posted)) = side.sending.take() {
-                match side.core.try_send_borrowed(now, &bytes[posted..]) {
+            if let Some((bytes, mut posted)) = user.sending.take() {
+                match self.pair.try_send_some(at, &bytes[posted..]) {
                     Ok(accepted) => {
                         posted += accepted;
                         self.moved |= accepted > 0;
@@ -312,19 +211,18 @@ impl Exchange {
                     Err(SendError::WouldBlock(_)) => {}
                     Err(error) => panic!("side {at}: send failed: {error}"),
                 }
-                side.post_work();
                 if posted < bytes.len() {
-                    side.sending = Some((bytes, posted));
+                    user.sending = Some((bytes, posted));
                 }
             }
-            side.progress(now);
+            self.pair.pass(at, self.polling);
         }
     }
 
     /// Takes every message delivered to side `at`, checks it byte for byte against the
     /// next one the peer sent, and books it.
     fn take_delivered(&mut self, at: usize) {
-        while let Some(message) = self.sides[at].core.try_recv() {
+        while let Some(message) = self.pair.try_recv(at) {
             let expected = self.expected[at]
                 .pop_front()
                 .unwrap_or_else(|| panic!("side {at} got a message nobody sent"));
@@ -335,15 +233,15 @@ impl Exchange {
                 message.len()
             );
             let index = u64::from_le_bytes(expected[1..9].try_into().unwrap());
-            let side = &mut self.sides[at];
+            let user = &mut self.users[at];
             match expected[0] {
                 REQUEST => {
-                    side.requests_received += 1;
-                    side.to_answer.push_back(index);
+                    user.requests_received += 1;
+                    user.to_answer.push_back(index);
                 }
                 _ => {
-                    side.replies_received += 1;
-                    side.requests_in_flight -= 1;
+                    user.replies_received += 1;
+                    user.requests_in_flight -= 1;
                 }
             }
             self.delivered += 1;
@@ -352,12 +250,12 @@ impl Exchange {
     }
 
     fn stats(&self) -> [ConnectionStats; 2] {
-        [0, 1].map(|at| self.sides[at].core.stats())
+        [0, 1].map(|at| self.pair.stats(at))
     }
 
     /// What each side is waiting to send, for a failure message.
     fn waiting(&self) -> String {
-        let describe = |at: usize| match &self.sides[at].sending {
+        let describe = |at: usize| match &self.users[at].sending {
             Some((bytes, posted)) => format!(
                 "side {at} a {}-byte {} with {posted} bytes posted",
                 bytes.len(),
@@ -370,15 +268,6 @@ impl Exchange {
             None => format!("side {at} nothing"),
         };
         format!("{}, {}", describe(0), describe(1))
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        // The provider lets go of every posted buffer before the cores release them.
-        for side in &mut self.sides {
-            side.endpoint.close();
-        }
     }
 }
 
@@ -403,14 +292,14 @@ fn storage_demoting_after(demote_after: Duration) -> TierLadder {
 #[test]
 fn requests_both_ways_on_the_storage_ladder_never_stall_on_credit_frames() {
     let messages = Messages::new(1);
-    for poll_batch in [POLL_BATCH, 1] {
+    for polling in [Polling::Drain { batch: POLL_BATCH }, Polling::One] {
         for taking in [Taking::EveryRound, Taking::BetweenSends] {
             for window in 2..=4 {
                 let ladder = TierLadder::preset("storage").unwrap();
-                let mut exchange = Exchange::new(ladder, &messages, window, poll_batch, taking);
+                let mut exchange = Exchange::new(ladder, &messages, window, polling, taking);
                 let case = format!(
-                    "{window} requests in flight, completions taken {poll_batch} at a time, \
-                     messages taken {taking:?}"
+                    "{window} requests in flight, completions taken {polling:?}, messages \
+                     taken {taking:?}"
                 );
                 let mut last_moved = (0, frames_sent(&exchange.stats()));
                 while !exchange.done() {
@@ -456,7 +345,13 @@ fn requests_both_ways_on_the_storage_ladder_never_stall_on_credit_frames() {
 fn no_stall_is_left_for_a_demotion_to_end() {
     let demote_after = Duration::from_secs(2);
     let ladder = storage_demoting_after(demote_after);
-    let mut exchange = Exchange::new(ladder, &Messages::new(1), 3, POLL_BATCH, Taking::EveryRound);
+    let mut exchange = Exchange::new(
+        ladder,
+        &Messages::new(1),
+        3,
+        Polling::Drain { batch: POLL_BATCH },
+        Taking::EveryRound,
+    );
     let mut last_moved = (0, frames_sent(&exchange.stats()));
     // The longest stretch in which nothing moved: rounds, frames posted meanwhile.
     let mut longest = (0, 0);
