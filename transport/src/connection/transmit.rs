@@ -202,8 +202,10 @@ impl ConnectionCore {
     /// queued at the end are written into their send slots (module invariants).
     pub(super) fn transmit_from(&mut self, to: &mut impl Transmit, message: &[u8]) -> usize {
         let mut posted = 0;
-        while let Some(front) = self.work.pop_front() {
-            let outcome = match &front {
+        // The front is offered where it lies and taken off only once posted: most passes
+        // post everything, and a request moved out and back costs its size twice.
+        while let Some(front) = self.work.front() {
+            let outcome = match front {
                 Queued::Recv { wr_id, buffer } => to.post(Post::Recv {
                     wr_id: *wr_id,
                     buffer: *buffer,
@@ -230,24 +232,22 @@ impl ConnectionCore {
                 Ok(true) => {
                     // A frame the provider copied: its slot goes back to the spares, and
                     // its place in `sending` waits for the completion.
-                    if let Queued::SendFrom { slot, .. } = front {
+                    if let Some(Queued::SendFrom { slot, .. }) = self.work.pop_front() {
                         self.keep_send_slot(slot);
                     }
                     posted += 1;
                 }
                 // Declined: the frame goes from its slot, offered again at once.
                 Ok(false) => {
-                    let from_slot = self.write_into_slot(front, message);
-                    self.work.push_front(from_slot);
+                    if let Some(front) = self.work.pop_front() {
+                        let from_slot = self.write_into_slot(front, message);
+                        self.work.push_front(from_slot);
+                    }
                 }
-                Err(PostError::QueueFull { .. }) => {
-                    self.work.push_front(front);
-                    break;
-                }
+                Err(PostError::QueueFull { .. }) => break,
                 Err(error) => {
                     let failure = to.refused(error);
                     self.fail(failure);
-                    self.work.push_front(front);
                     self.take_back_queued();
                     break;
                 }
