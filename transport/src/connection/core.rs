@@ -378,12 +378,12 @@ impl ConnectionCore {
     }
 
     /// Fails the connection with `error` (a provider failure, say): sends and receives
-    /// report it from now on.
-    pub fn fail(&mut self, error: ConnectionError) {
-        if self.failed.is_none() {
+    /// report it from now on. The first failure stays: the one in force is returned.
+    pub fn fail(&mut self, error: ConnectionError) -> &Arc<ConnectionError> {
+        self.failed.get_or_insert_with(|| {
             tracing::warn!(%error, fault = ?error.fault(), "connection failed");
-            self.failed = Some(Arc::new(error));
-        }
+            Arc::new(error)
+        })
     }
 
     /// The tier the peer has granted this side to send on.

@@ -527,11 +527,10 @@ impl<E: Endpoint> Connection<E> {
     pub(crate) fn abandon_message(&mut self, len: usize) -> Option<Arc<ConnectionError>> {
         match self.core.withdraw_unsent() {
             None | Some(0) => None,
-            Some(sent) => {
+            Some(sent) => Some(Arc::clone(
                 self.core
-                    .fail(ConnectionError::AbandonedMidMessage { sent, len });
-                self.core.failure().map(Arc::clone)
-            }
+                    .fail(ConnectionError::AbandonedMidMessage { sent, len }),
+            )),
         }
     }
 

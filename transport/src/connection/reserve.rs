@@ -99,7 +99,7 @@ impl ConnectionCore {
     /// [`SendError::NothingReserved`], [`SendError::WouldBlock`], [`SendError::Failed`].
     pub fn commit_reserved(&mut self) -> Result<usize, SendError> {
         self.check_failed()?;
-        let Some((_, len)) = self.reserved else {
+        let Some(len) = self.reserved.as_ref().map(|&(_, len)| len) else {
             return Err(SendError::NothingReserved);
         };
         if self.outbox.is_some() {
@@ -108,7 +108,9 @@ impl ConnectionCore {
         if self.frame_credit(len, true).is_none() {
             return Err(SendError::WouldBlock(WouldBlock::NoCredit));
         }
-        let (slot, len) = self.reserved.take().expect("checked above");
+        let Some((slot, len)) = self.reserved.take() else {
+            return Err(SendError::NothingReserved);
+        };
         self.post_slot(FrameHeader::whole(len), slot);
         self.stats.messages_sent += 1;
         self.stats.bytes_sent += len as u64;

@@ -380,11 +380,7 @@ impl ConnectionCore {
 
     /// Fails the connection with `error` and returns it as a send's error.
     pub(super) fn fail_send(&mut self, error: ConnectionError) -> SendError {
-        self.fail(error);
-        match self.check_failed() {
-            Err(error) => error,
-            Ok(()) => unreachable!("the connection just failed"),
-        }
+        SendError::Failed(Arc::clone(self.fail(error)))
     }
 
     /// Takes an offered message: asks the tier controller for its plan (by the prefix rule
