@@ -72,7 +72,6 @@ mod front;
 pub mod fuzzing;
 mod loopback;
 mod pair_state;
-mod parker;
 mod provider;
 mod registry;
 mod shm;

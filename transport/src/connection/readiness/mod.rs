@@ -1,35 +1,79 @@
-//! How a [`Connection`](super::Connection)'s blocking calls wait: a few hundred
-//! microseconds of back-to-back passes, so a message is seen within one pass of landing,
-//! then a sleep until the endpoint wakes the thread ([`Endpoint::arm`]), its next timer
-//! is due, or the caller's deadline passes.
+//! Readiness: how every wait on connections goes, whoever waits. A thread in a blocking
+//! call of a [`Connection`](super::Connection) ([`Waiter`], in this file), a thread in
+//! [`ConnectionTable::wait_ready`](super::ConnectionTable::wait_ready) or a table's
+//! progress thread (`set.rs`), and a tokio task of an `AsyncConnection` (`task.rs`,
+//! feature `tokio`) all wait by one model:
+//!
+//! 1. **Look.** The waiter makes progress ([`Connection::progress`](super::Connection::progress)
+//!    or a call that makes it) and looks for what it waits for: a message, a credit, a
+//!    completion, a connection with work. Found, the wait is over.
+//! 2. **Spin, if it pays.** It looks again back to back for a while: an answer that comes
+//!    that soon is taken without a wake (a system call on each side). The spin pays only
+//!    where answers come that soon and burns a core where they do not, so it is adaptive:
+//!    a connection's waits spin only while its last wait ended soon ([`Pace`]); a task
+//!    also spins only while no other task of the process does (a claim on a
+//!    [`SpinWord`]). A table's waits do not spin: their looks are their passes.
+//! 3. **Arm.** It asks the connection to wake it at its next event ([`Parkable::arm`]):
+//!    the core (a receive slot given back), the senders' queue (a message queued) and the
+//!    endpoint each arm a wake, or say [`Armed::Pending`] when such an event is there
+//!    already, and then it looks again instead of sleeping.
+//! 4. **Sleep** on what the endpoint's [`Readiness`] names: its descriptor (watched with
+//!    the thread's doorbell, in the table's `epoll` set, or by tokio's reactor) or the
+//!    waker it was armed with (the thread's unpark, the table's doorway, the task's
+//!    waker). An endpoint that cannot wake anybody ([`Readiness::Polling`]) is never
+//!    slept on: the waiter sleeps [`Backoff`]'s sleeps between looks. No sleep outlasts
+//!    the core's next timer (a promotion timing out, a demotion falling due) or the
+//!    waiter's deadline.
+//! 5. **Disarm**, woken or not, and look again.
+//!
+//! Who wakes whom: the endpoint wakes the armed waiter at its next event, through its
+//! descriptor or the waker; a thread that gives a receive slot back or a [`Sender`](super::Sender) that
+//! queues a message wakes it through the core's or the queue's [`Parker`]; a connection
+//! kept in a table is armed with its doorways, which queue it in the table's ready sets
+//! and ring their doorbells (`set.rs`); an async connection is armed with the waker of
+//! its tasks and its driver (`tokio.rs`).
 //!
 //! # Invariants
 //!
-//! - The passes pay only where answers come within them, and burn a core where they do
-//!   not, so they are adaptive, as the async connection's spin is: a wait makes them only
-//!   while its connection's spin pays ([`Parkable::spin_pays`]). A wait that sleeps on
-//!   its endpoint's wake says, when the sleep ends, whether it ended within
-//!   [`Waiter::SPIN_PAYS_WITHIN`] of its start, and that is what the connection's next
-//!   wait goes by: a thread whose peer answers only after long gaps sleeps at once, with
-//!   no passes, until a sleep ends soon again. A wait that ends within its passes leaves
-//!   the spin paying.
-//! - A sleep starts only after [`Endpoint::arm`] said [`Armed::Parked`], so nothing that
-//!   a poll would act on was there when the wake was asked for; the endpoint wakes the
-//!   thread at the next such event. Every arm is followed by a disarm, woken or not.
-//! - So a caller looks at what it waits for after each progress of its own and before
-//!   each wait: a progress may take the event it waits for (the last send's completion,
-//!   say), and a wait after it may sleep until an event that never comes. A wait whose
-//!   passes are skipped (above) sleeps at its first call.
-//! - No sleep outlasts the earlier of the deadline and the core's own timer (a promotion
-//!   timing out, a demotion falling due): the caller passes the timer in, and the sleep
-//!   ends at it, so timers fire while nothing else happens.
-//! - An endpoint that cannot wake anybody ([`Readiness::Polling`]) is polled between
-//!   sleeps that double from [`Waiter::FIRST_SLEEP`] to [`Waiter::LONGEST_SLEEP`]: the
-//!   latency a wait adds there is at most the longest sleep.
-//! - A sleep on an endpoint's descriptor also watches the thread's own doorbell (an
-//!   `eventfd`, one per thread, made at its first such sleep) that the thread's waker
-//!   rings, so a wake from this process (a [`Sender`](super::Sender) queueing a message)
-//!   ends it too. A thread that cannot make one sleeps [`Waiter::LONGEST_SLEEP`] at most.
+//! - **A wait sleeps only after an arm said [`Armed::Parked`]**, so nothing a look would
+//!   act on was there when the wake was asked for, and whatever comes later wakes it.
+//!   Every arm is followed by a disarm, woken or not (a task's next poll disarms first).
+//!   The handshakes under the arms (`handshake.rs`) make sure that an event racing with
+//!   the arm is either seen by the look or wakes the sleeper.
+//! - **A waiter looks after each progress of its own and before each wait**: a progress
+//!   may take the event it waits for (the last send's completion, say), and a wait after
+//!   it may sleep until an event that never comes.
+//! - **Timers fire while nothing else happens**: no sleep outlasts the connection's next
+//!   timer. A timer already past (the progress did not move it) is polled, not spun on:
+//!   it counts as a sleep ahead ([`FIRST_SLEEP`] for a blocking wait, [`LONGEST_SLEEP`]
+//!   in a table).
+//! - **A polling endpoint costs at most [`LONGEST_SLEEP`] of latency**: its sleeps double
+//!   from [`FIRST_SLEEP`] to [`LONGEST_SLEEP`] and start short again after a look that
+//!   did something.
+//! - **The spin follows the answers** ([`Pace`]): a wait that slept long makes the
+//!   connection's next wait sleep at once, with no spin, until a wait ends soon again; a
+//!   wait that ends within its spin leaves the spin paying. A blocking wait judges by
+//!   its sleep on the endpoint's wake ([`Waiter::SPIN_PAYS_WITHIN`]), a task's by the
+//!   whole wait of its call (its spin's length).
+//! - **A sleep on a descriptor also hears the process.** A blocking wait watches the
+//!   thread's own doorbell (an `eventfd`, one per thread, made at its first such sleep)
+//!   beside the endpoint's descriptor, and its waker rings it, so a wake from this
+//!   process (a [`Sender`](super::Sender) queueing a message) ends the sleep too; a thread that cannot
+//!   make one sleeps [`LONGEST_SLEEP`] at most. A table's doorbell sits in its `epoll`
+//!   set beside the descriptors; a task's waker is its own.
+
+mod handshake;
+mod set;
+#[cfg(all(feature = "tokio", not(loom)))]
+mod task;
+
+pub(crate) use handshake::Parker;
+pub use handshake::SleepHandshake;
+#[cfg(any(loom, feature = "tokio"))]
+pub use handshake::{SpinClaim, SpinWord};
+pub(super) use set::{Doorway, Doorways, ReadySet};
+#[cfg(all(feature = "tokio", not(loom)))]
+pub(super) use task::{Alarm, TaskWait, Wait, clock_nanos};
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -41,20 +85,95 @@ use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 use crate::provider::{Armed, Readiness};
 
-/// What a [`Waiter`] waits on: a connection's endpoint and its senders' queue.
-pub(super) trait Parkable {
+/// The first sleep between looks at an endpoint that cannot wake anybody, and the
+/// least a blocking wait sleeps for a timer already past.
+pub(crate) const FIRST_SLEEP: Duration = Duration::from_micros(20);
+
+/// The longest sleep between looks at an endpoint that cannot wake anybody: how late
+/// such an endpoint's work is seen at worst, by any waiter (module invariants).
+pub(crate) const LONGEST_SLEEP: Duration = Duration::from_millis(1);
+
+/// What a wait arms and sleeps on: a connection's endpoint, core and senders' queue.
+pub(crate) trait Parkable {
     /// How the endpoint wakes a sleeper.
     fn readiness(&self) -> Readiness<'_>;
-    /// Asks for a wake at the next event ([`Endpoint::arm`](crate::Endpoint::arm)).
+    /// Asks for `waker` to be woken at the next event (module invariants); pending while
+    /// work of this side waits to be done.
     fn arm(&mut self, waker: &Waker) -> Armed;
     /// Ends the wait begun by `arm`.
     fn disarm(&mut self);
     /// When progress is due with no event.
     fn next_timer(&self) -> Option<Instant>;
-    /// Whether a wait should make its back-to-back passes first (module invariants).
-    fn spin_pays(&self) -> bool;
-    /// Records whether the last sleep on the endpoint's wake ended soon.
-    fn set_spin_pays(&mut self, pays: bool);
+    /// What the connection's waits remember between them.
+    fn pace(&mut self) -> &mut Pace;
+}
+
+/// What one connection's waits remember between them: whether its spin pays (module
+/// invariants), and, for a task's waits (feature `tokio`), how many of its progress calls
+/// did something.
+#[derive(Debug)]
+pub(crate) struct Pace {
+    spin_pays: bool,
+    #[cfg(feature = "tokio")]
+    progress_made: u64,
+}
+
+impl Pace {
+    /// A new connection's: its first wait spins.
+    pub(crate) fn new() -> Pace {
+        Pace {
+            spin_pays: true,
+            #[cfg(feature = "tokio")]
+            progress_made: 0,
+        }
+    }
+
+    /// Counts a progress call that took `done` completions and posted requests.
+    pub(crate) fn progressed(&mut self, done: usize) {
+        #[cfg(feature = "tokio")]
+        if done > 0 {
+            self.progress_made += 1;
+        }
+        #[cfg(not(feature = "tokio"))]
+        let _ = done;
+    }
+
+    /// How many progress calls did something, ever: whoever saw it unchanged across a
+    /// call knows the call took no event, and a wake it left pending may be owed.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn progress_made(&self) -> u64 {
+        self.progress_made
+    }
+
+    /// Whether the next wait spins before it arms.
+    pub(crate) fn spin_pays(&self) -> bool {
+        self.spin_pays
+    }
+
+    /// A wait (or its sleep) that began at `since` ended: the next wait spins if this one
+    /// ended within `soon`.
+    pub(crate) fn ended(&mut self, since: Instant, soon: Duration) {
+        self.spin_pays = since.elapsed() <= soon;
+    }
+}
+
+/// The sleeps between looks at an endpoint that cannot wake anybody: [`FIRST_SLEEP`],
+/// doubling up to [`LONGEST_SLEEP`], short again after a look that did something.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    /// Starts short.
+    pub(crate) const fn new() -> Backoff {
+        Backoff(FIRST_SLEEP)
+    }
+
+    /// The next sleep; the one after is twice as long, up to [`LONGEST_SLEEP`].
+    pub(crate) fn next(&mut self) -> Duration {
+        let sleep = self.0;
+        self.0 = (sleep * 2).min(LONGEST_SLEEP);
+        sleep
+    }
 }
 
 thread_local! {
@@ -97,8 +216,8 @@ pub(super) struct Waiter {
     passes: u32,
     /// The thread's waker and doorbell, made at the first sleep.
     waker: Option<(Waker, Option<Arc<OwnedFd>>)>,
-    /// The next sleep of a polling endpoint.
-    polling_sleep: Duration,
+    /// The sleeps over a polling endpoint.
+    polling: Backoff,
     /// [`Waiter::SPIN_PAYS_WITHIN`] (another length in tests).
     spin_pays_within: Duration,
 }
@@ -106,22 +225,18 @@ pub(super) struct Waiter {
 impl Waiter {
     /// Passes made back to back before the wait sleeps: a few hundred microseconds of
     /// polling. The passes have no spin hint between them: a pass is a few dozen
-    /// nanoseconds of work, not a loop on one load, and a hint (`pause` on x86, about 140
-    /// cycles on recent cores) only delays the look that finds the message; it measured
-    /// about 10 ns more of the 64 B shm pingpong's one-way time.
+    /// nanoseconds of work, not a loop on one load, and a hint (`pause` on x86) only
+    /// delays the look that finds the message (the `transport` bench's shm pingpong shows
+    /// its cost).
     pub(super) const TIGHT_POLLS: u32 = 1 << 12;
     /// Passes between two looks at the clock while passes are back to back.
     const PASSES_PER_CLOCK: u32 = 64;
-    /// The first sleep between polls of an endpoint that cannot wake anybody.
-    pub(super) const FIRST_SLEEP: Duration = Duration::from_micros(20);
-    /// The longest.
-    pub(super) const LONGEST_SLEEP: Duration = Duration::from_millis(1);
     /// A sleep on the endpoint's wake that ends within this says that answers come soon:
     /// the connection's next wait makes its passes again (module invariants). About twice
     /// as long as the passes take, since the sleep's length includes the time the thread
-    /// takes to wake (hundreds of microseconds on a loaded VM): a shorter bound kept a
-    /// thread whose peer answered every 0.3 ms from spinning, each answer then paying a
-    /// slow wake.
+    /// takes to wake: a bound as short as the passes would keep a thread whose peer
+    /// answers within a fraction of a millisecond from spinning, each answer then paying
+    /// a slow wake.
     pub(super) const SPIN_PAYS_WITHIN: Duration = Duration::from_millis(1);
 
     /// A wait that gives up at `deadline` (`None`: never).
@@ -130,7 +245,7 @@ impl Waiter {
             deadline,
             passes: 0,
             waker: None,
-            polling_sleep: Waiter::FIRST_SLEEP,
+            polling: Backoff::new(),
             spin_pays_within: Waiter::SPIN_PAYS_WITHIN,
         }
     }
@@ -138,7 +253,7 @@ impl Waiter {
     /// Starts the back-to-back passes again: the call made headway.
     pub(super) fn reset(&mut self) {
         self.passes = 0;
-        self.polling_sleep = Waiter::FIRST_SLEEP;
+        self.polling = Backoff::new();
     }
 
     /// Waits before the next pass over `endpoint`: returns at once while passes are back
@@ -148,7 +263,7 @@ impl Waiter {
     ///
     /// [`Expired`] once the deadline has passed.
     pub(super) fn wait<P: Parkable>(&mut self, parked: &mut P) -> Result<(), Expired> {
-        if self.passes == 0 && !parked.spin_pays() {
+        if self.passes == 0 && !parked.pace().spin_pays() {
             self.passes = Waiter::TIGHT_POLLS;
         }
         if self.passes < Waiter::TIGHT_POLLS {
@@ -161,18 +276,15 @@ impl Waiter {
         let now = Instant::now();
         self.check_deadline(now)?;
         // A timer already past (progress did not move it) is polled, not spun on.
-        let timer = parked
-            .next_timer()
-            .map(|at| at.max(now + Waiter::FIRST_SLEEP));
+        let timer = parked.next_timer().map(|at| at.max(now + FIRST_SLEEP));
         let wake_at = match (self.deadline, timer) {
             (Some(deadline), Some(timer)) => Some(deadline.min(timer)),
             (deadline, timer) => deadline.or(timer),
         };
         let timeout = wake_at.map(|at| at.saturating_duration_since(now));
         if matches!(parked.readiness(), Readiness::Polling) {
-            let sleep = timeout.map_or(self.polling_sleep, |t| t.min(self.polling_sleep));
-            thread::sleep(sleep);
-            self.polling_sleep = (self.polling_sleep * 2).min(Waiter::LONGEST_SLEEP);
+            let sleep = self.polling.next();
+            thread::sleep(timeout.map_or(sleep, |t| t.min(sleep)));
             return Ok(());
         }
         let (waker, doorbell) = self.waker.get_or_insert_with(|| {
@@ -193,8 +305,7 @@ impl Waiter {
                     Readiness::Fd(fd) => match doorbell {
                         Some(doorbell) => sleep_on(fd, doorbell.as_fd(), timeout),
                         None => {
-                            let longest = timeout
-                                .map_or(Waiter::LONGEST_SLEEP, |t| t.min(Waiter::LONGEST_SLEEP));
+                            let longest = timeout.map_or(LONGEST_SLEEP, |t| t.min(LONGEST_SLEEP));
                             let flags = PollFlags::IN | PollFlags::RDHUP;
                             poll_for(&mut [PollFd::from_borrowed_fd(fd, flags)], Some(longest));
                         }
@@ -209,7 +320,7 @@ impl Waiter {
         };
         parked.disarm();
         if slept {
-            parked.set_spin_pays(now.elapsed() <= self.spin_pays_within);
+            parked.pace().ended(now, self.spin_pays_within);
         }
         Ok(())
     }
@@ -256,7 +367,7 @@ mod tests {
         fd: OwnedFd,
         arms: u32,
         timer: Duration,
-        spin_pays: bool,
+        pace: Pace,
     }
 
     impl Sleeper {
@@ -268,7 +379,10 @@ mod tests {
                 fd,
                 arms: 0,
                 timer: Duration::from_millis(50),
-                spin_pays,
+                pace: Pace {
+                    spin_pays,
+                    ..Pace::new()
+                },
             }
         }
     }
@@ -285,11 +399,8 @@ mod tests {
         fn next_timer(&self) -> Option<Instant> {
             Some(Instant::now() + self.timer)
         }
-        fn spin_pays(&self) -> bool {
-            self.spin_pays
-        }
-        fn set_spin_pays(&mut self, pays: bool) {
-            self.spin_pays = pays;
+        fn pace(&mut self) -> &mut Pace {
+            &mut self.pace
         }
     }
 
@@ -309,7 +420,7 @@ mod tests {
             waiter.wait(&mut endpoint).expect("no deadline");
         }
         // The sleep lasted the timer, far past `SPIN_PAYS_WITHIN`.
-        assert!(!endpoint.spin_pays);
+        assert!(!endpoint.pace.spin_pays());
         let mut next = Waiter::new(None);
         next.wait(&mut endpoint).expect("no deadline");
         assert_eq!(endpoint.arms, 2, "the next wait passed before it slept");
@@ -330,7 +441,7 @@ mod tests {
             "a wait whose spin does not pay sleeps at once"
         );
         assert!(
-            endpoint.spin_pays,
+            endpoint.pace.spin_pays(),
             "the descriptor was ready: the sleep ended at once"
         );
     }
