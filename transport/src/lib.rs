@@ -78,8 +78,6 @@ mod shm;
 mod sync;
 #[cfg(all(feature = "test-pair", not(loom)))]
 pub mod test_pair;
-#[cfg(not(loom))]
-mod unheard;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -3,8 +3,8 @@
 //! own, the driver, runs its timers and answers its peer while no call of the user's
 //! waits on it, so a connection nobody polls still demotes. Every wait, a call's or the
 //! driver's, is a step of the readiness model, polled (`readiness/task.rs`): look, spin
-//! if it pays, arm, sleep on the endpoint's descriptor, waker or timer, disarm at the
-//! next poll.
+//! if it pays (for as long as [`AsyncConnection::set_spin`] sets), arm, sleep on the
+//! endpoint's descriptor, waker or timer, disarm at the next poll.
 //!
 //! # Invariants
 //!
@@ -54,9 +54,6 @@
 //!   what a pending call of the other kind waits for (a receive that took a credit, a
 //!   send that took a message) wakes it: its wake was spent on the task that took it,
 //!   and the other would wait for the connection's next event or timer.
-//! - A call's wait spins before it arms while the connection's spin pays, and only one
-//!   task of the process spins at a time (`readiness/task.rs`);
-//!   [`AsyncConnection::set_spin`] sets how long (zero never spins).
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection

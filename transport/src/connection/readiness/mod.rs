@@ -26,6 +26,9 @@
 //!    waiter's deadline.
 //! 5. **Disarm**, woken or not, and look again.
 //!
+//! A listener that takes peers before they speak (`unheard.rs`) waits by the same model
+//! with nothing to arm: it sleeps in `poll(2)` on its socket and the peers not yet heard.
+//!
 //! Who wakes whom: the endpoint wakes the armed waiter at its next event, through its
 //! descriptor or the waker; a thread that gives a receive slot back or a [`Sender`](super::Sender) that
 //! queues a message wakes it through the core's or the queue's [`Parker`]; a connection
@@ -66,6 +69,8 @@ mod handshake;
 mod set;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod task;
+#[cfg(not(loom))]
+mod unheard;
 
 pub(crate) use handshake::Parker;
 pub use handshake::SleepHandshake;
@@ -74,6 +79,8 @@ pub use handshake::{SpinClaim, SpinWord};
 pub(super) use set::{Doorway, Doorways, ReadySet};
 #[cfg(all(feature = "tokio", not(loom)))]
 pub(super) use task::{Alarm, TaskWait, Wait, clock_nanos};
+#[cfg(not(loom))]
+pub(crate) use unheard::UnheardPeers;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -307,7 +314,8 @@ impl Waiter {
                         None => {
                             let longest = timeout.map_or(LONGEST_SLEEP, |t| t.min(LONGEST_SLEEP));
                             let flags = PollFlags::IN | PollFlags::RDHUP;
-                            poll_for(&mut [PollFd::from_borrowed_fd(fd, flags)], Some(longest));
+                            let fds = &mut [PollFd::from_borrowed_fd(fd, flags)];
+                            let _woken_or_failed = poll_for(fds, Some(longest));
                         }
                     },
                     _ => match timeout {
@@ -342,7 +350,7 @@ fn sleep_on(fd: BorrowedFd<'_>, doorbell: BorrowedFd<'_>, timeout: Option<Durati
         PollFd::from_borrowed_fd(fd, PollFlags::IN | PollFlags::RDHUP),
         PollFd::from_borrowed_fd(doorbell, PollFlags::IN),
     ];
-    poll_for(&mut fds, timeout);
+    let _woken_or_failed = poll_for(&mut fds, timeout);
     if !fds[1].revents().is_empty() {
         let mut count = [0u8; 8];
         // Read to quiet it; nothing to learn from the count.
@@ -350,12 +358,20 @@ fn sleep_on(fd: BorrowedFd<'_>, doorbell: BorrowedFd<'_>, timeout: Option<Durati
     }
 }
 
-/// `poll(2)` on `fds` for `timeout` (an hour at most; `None`: until one fires).
-fn poll_for(fds: &mut [PollFd<'_>], timeout: Option<Duration>) {
+/// `poll(2)` on `fds` for `timeout` (an hour at most: the caller waits again; `None`:
+/// until one fires); an interruption counts as a wake.
+///
+/// # Errors
+///
+/// What `poll(2)` fails with, but an interruption.
+fn poll_for(fds: &mut [PollFd<'_>], timeout: Option<Duration>) -> rustix::io::Result<()> {
     const LONGEST: Duration = Duration::from_secs(3600);
     let timeout =
         timeout.map(|t| Timespec::try_from(t.min(LONGEST)).expect("an hour is a valid timespec"));
-    let _woken_or_interrupted = rustix::event::poll(fds, timeout.as_ref());
+    match rustix::event::poll(fds, timeout.as_ref()) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(errno) => Err(errno),
+    }
 }
 
 #[cfg(test)]

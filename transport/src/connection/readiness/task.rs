@@ -4,28 +4,23 @@
 //!
 //! # Invariants
 //!
-//! - A task is left pending only after [`Endpoint::arm`](crate::Endpoint::arm) said
-//!   [`Armed::Parked`] and the wake was wired to the task: the endpoint's descriptor (a
-//!   duplicate, registered with tokio's reactor through [`AsyncFd`]) or the task's own
-//!   waker (in-process providers), and the connection's next timer as a tokio sleep. The
-//!   next poll disarms before anything else ([`TaskWait::disarm`]), so every arm is
-//!   followed by a disarm. An endpoint that cannot wake anybody is never armed; the task
-//!   sleeps [`Backoff`]'s sleeps between looks, so an idle connection costs a look a
-//!   millisecond (tokio's timer rounds shorter sleeps up to that).
+//! - A task is left pending armed only with the wake wired to it: the endpoint's
+//!   descriptor (a duplicate in tokio's reactor, [`AsyncFd`]) or its waker, and the next
+//!   timer as a tokio sleep. Its next poll disarms first ([`TaskWait::disarm`]). Over an
+//!   endpoint that cannot wake anybody an idle connection costs a look a millisecond
+//!   (tokio's timer rounds shorter sleeps up to that).
 //! - The polling sleep and the timer's sleep are one each per connection, and every call
 //!   of a poll that waits registers on them, so none is dropped before it is over: the
 //!   call that finds one over drops it and wakes the task, so a call of the same poll
 //!   left `Pending` on it is polled again and sleeps anew, rather than left with no
 //!   wake. (A timer that moved replaces its sleep; a call waiting on that still has the
 //!   endpoint's wake or the polling sleep.)
-//! - Before it arms, a call's wait yields (`Pending`, woken at once) for up to its spin's
-//!   length since its first look that found nothing, while the connection's spin pays
-//!   ([`Pace`](super::Pace)) and the task holds the process's one spin ([`SPIN_WORD`],
-//!   whose claim lapses at the end of the spin). The wait runs from that first look until
-//!   the call returns `Ready` ([`TaskWait::end`]), and the next one spins only if it ended
-//!   within the spin's length. So an idle connection spins once and then parks at once
-//!   until a wait ends soon again, and the other tasks of a service of many connections
-//!   park at once rather than burn the cores their peers need.
+//! - A call's spin is a yield (`Pending`, woken at once) for up to the spin's length from
+//!   its wait's first empty look, while the connection's spin pays and the task holds the
+//!   process's one spin ([`SPIN_WORD`]); the wait ends when the call returns `Ready`
+//!   ([`TaskWait::end`]). So an idle connection spins once, then parks at once until a
+//!   wait ends soon again, and the tasks of a service of many connections do not burn the
+//!   cores their peers need.
 
 use std::future::Future;
 use std::io;
