@@ -1,5 +1,5 @@
 //! Readiness: how every wait on connections goes, whoever waits. A thread in a blocking
-//! call of a [`Connection`](super::Connection) ([`Waiter`], in this file), a thread in
+//! call of a [`Connection`](super::Connection) (`Waiter`, in this file), a thread in
 //! [`ConnectionTable::wait_ready`](super::ConnectionTable::wait_ready) or a table's
 //! progress thread (`set.rs`), and a tokio task of an `AsyncConnection` (`task.rs`,
 //! feature `tokio`) all wait by one model:
@@ -10,10 +10,10 @@
 //! 2. **Spin, if it pays.** It looks again back to back for a while: an answer that comes
 //!    that soon is taken without a wake (a system call on each side). The spin pays only
 //!    where answers come that soon and burns a core where they do not, so it is adaptive:
-//!    a connection's waits spin only while its last wait ended soon ([`Pace`]); a task
+//!    a connection's waits spin only while its last wait ended soon (`Pace`); a task
 //!    also spins only while no other task of the process does (a claim on a
 //!    [`SpinWord`]). A table's waits do not spin: their looks are their passes.
-//! 3. **Arm.** It asks the connection to wake it at its next event ([`Parkable::arm`]):
+//! 3. **Arm.** It asks the connection to wake it at its next event (`Parkable::arm`):
 //!    the core (a receive slot given back), the senders' queue (a message queued) and the
 //!    endpoint each arm a wake, or say [`Armed::Pending`] when such an event is there
 //!    already, and then it looks again instead of sleeping.
@@ -21,7 +21,7 @@
 //!    the thread's doorbell, in the table's `epoll` set, or by tokio's reactor) or the
 //!    waker it was armed with (the thread's unpark, the table's doorway, the task's
 //!    waker). An endpoint that cannot wake anybody ([`Readiness::Polling`]) is never
-//!    slept on: the waiter sleeps [`Backoff`]'s sleeps between looks. No sleep outlasts
+//!    slept on: the waiter sleeps `Backoff`'s sleeps between looks. No sleep outlasts
 //!    the core's next timer (a promotion timing out, a demotion falling due) or the
 //!    waiter's deadline.
 //! 5. **Disarm**, woken or not, and look again.
@@ -30,11 +30,11 @@
 //! with nothing to arm: it sleeps in `poll(2)` on its socket and the peers not yet heard.
 //!
 //! Who wakes whom: the endpoint wakes the armed waiter at its next event, through its
-//! descriptor or the waker; a thread that gives a receive slot back or a [`Sender`](super::Sender) that
-//! queues a message wakes it through the core's or the queue's [`Parker`]; a connection
-//! kept in a table is armed with its doorways, which queue it in the table's ready sets
-//! and ring their doorbells (`set.rs`); an async connection is armed with the waker of
-//! its tasks and its driver (`tokio.rs`).
+//! descriptor or the waker; a thread that gives a receive slot back or a
+//! [`Sender`](super::Sender) that queues a message wakes it through the core's or the
+//! queue's `Parker`; a connection kept in a table is armed with its doorways, which queue
+//! it in the table's ready sets and ring their doorbells (`set.rs`); an async connection
+//! is armed with the waker of its tasks and its driver (`tokio.rs`).
 //!
 //! # Invariants
 //!
@@ -48,22 +48,22 @@
 //!   it may sleep until an event that never comes.
 //! - **Timers fire while nothing else happens**: no sleep outlasts the connection's next
 //!   timer. A timer already past (the progress did not move it) is polled, not spun on:
-//!   it counts as a sleep ahead ([`FIRST_SLEEP`] for a blocking wait, [`LONGEST_SLEEP`]
+//!   it counts as a sleep ahead (`FIRST_SLEEP` for a blocking wait, `LONGEST_SLEEP`
 //!   in a table).
-//! - **A polling endpoint costs at most [`LONGEST_SLEEP`] of latency**: its sleeps double
-//!   from [`FIRST_SLEEP`] to [`LONGEST_SLEEP`] and start short again after a look that
+//! - **A polling endpoint costs at most `LONGEST_SLEEP` of latency**: its sleeps double
+//!   from `FIRST_SLEEP` to `LONGEST_SLEEP` and start short again after a look that
 //!   did something.
-//! - **The spin follows the answers** ([`Pace`]): a wait that slept long makes the
+//! - **The spin follows the answers** (`Pace`): a wait that slept long makes the
 //!   connection's next wait sleep at once, with no spin, until a wait ends soon again; a
 //!   wait that ends within its spin leaves the spin paying. A blocking wait judges by
-//!   its sleep on the endpoint's wake ([`Waiter::SPIN_PAYS_WITHIN`]), a task's by the
+//!   its sleep on the endpoint's wake (`Waiter::SPIN_PAYS_WITHIN`), a task's by the
 //!   whole wait of its call (its spin's length).
 //! - **A sleep on a descriptor also hears the process.** A blocking wait watches the
 //!   thread's own doorbell (an `eventfd`, one per thread, made at its first such sleep)
 //!   beside the endpoint's descriptor, and its waker rings it, so a wake from this
-//!   process (a [`Sender`](super::Sender) queueing a message) ends the sleep too; a thread that cannot
-//!   make one sleeps [`LONGEST_SLEEP`] at most. A table's doorbell sits in its `epoll`
-//!   set beside the descriptors; a task's waker is its own.
+//!   process (a [`Sender`](super::Sender) queueing a message) ends the sleep too; a
+//!   thread that cannot make one sleeps `LONGEST_SLEEP` at most. A table's doorbell sits
+//!   in its `epoll` set beside the descriptors; a task's waker is its own.
 
 mod handshake;
 mod set;
@@ -391,14 +391,13 @@ mod tests {
         fn new(ready: bool, spin_pays: bool) -> Sleeper {
             let fd = rustix::event::eventfd(u32::from(ready), EventfdFlags::CLOEXEC)
                 .expect("an eventfd");
+            let mut pace = Pace::new();
+            pace.spin_pays = spin_pays;
             Sleeper {
                 fd,
                 arms: 0,
                 timer: Duration::from_millis(50),
-                pace: Pace {
-                    spin_pays,
-                    ..Pace::new()
-                },
+                pace,
             }
         }
     }

@@ -5,9 +5,10 @@
 //! on many connections") gives the design.
 //!
 //! A table has up to two ready sets: one for the users' waits
-//! ([`ConnectionTable::wait_ready`](crate::connection::ConnectionTable::wait_ready)), and one for its
-//! progress thread. Each connection has a [`Doorway`] into each, and its waker
-//! ([`Doorways`]) queues it in both; its descriptor is registered in both `epoll` sets.
+//! ([`ConnectionTable::wait_ready`](crate::connection::ConnectionTable::wait_ready)), and
+//! one for its progress thread. Each connection has a [`Doorway`] into each, and its
+//! waker ([`Doorways`]) queues it in both; its descriptor is registered in both `epoll`
+//! sets.
 //! The invariants below hold for each set on its own.
 //!
 //! # Invariants
