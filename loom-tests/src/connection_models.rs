@@ -1,7 +1,7 @@
 //! Models of the `transport` crate's connections, shared by the clean and the planted-bug
 //! test binaries: the receive slots that delivered messages give back across threads,
-//! a sender's queue across a tier swap, the async connection's one spin at a time, and
-//! a connection table's sleeper against the wakers that queue connections for it.
+//! a sender's queue across a tier swap, and a flush against the senders that queue
+//! before it. The readiness layer's models are in `readiness_models`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,9 +10,7 @@ use loom::thread;
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::sleep_handshake::SleepHandshake;
-use tierbuf_transport::connection::spin_claim::SpinWord;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, ConnectionId};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
 
 /// Receives each side posts: the model's one tier has this many slots, enough for the
@@ -189,62 +187,4 @@ pub fn a_flush_takes_every_message_queued_before_it() {
         "the flush stopped short of the message queued before it: took {taken:?} of {counted}"
     );
     other.join().unwrap();
-}
-
-/// Two tasks of one process ask for the process's one spin at the same instant, with no
-/// claim in force: at most one of them may spin. loom reports two claims granted.
-pub fn one_spin_at_a_time() {
-    let word = Arc::new(SpinWord::new());
-    let other = {
-        let word = Arc::clone(&word);
-        thread::spawn(move || word.take(5, 10).is_some())
-    };
-    let mine = word.take(5, 10).is_some();
-    let theirs = other.join().unwrap();
-    assert!(!(mine && theirs), "two tasks spin at once");
-    assert!(
-        mine || theirs,
-        "nobody spins although no claim was in force"
-    );
-}
-
-/// A task gives up a claim that lapsed while another task takes the next one: once taken,
-/// the next one must stay in force, so a third task finds it and does not spin. (The next
-/// one may also be refused, when the give-up changes the word between its look and its
-/// swap: that task parks instead of spinning, which costs a wake, not a wrong answer.)
-/// loom reports a third claim granted while the second was in force.
-pub fn giving_up_a_lapsed_claim_keeps_the_next() {
-    let word = Arc::new(SpinWord::new());
-    let lapsed = word.take(1, 10).expect("no claim in force");
-    let next = {
-        let word = Arc::clone(&word);
-        thread::spawn(move || word.take(11, 20))
-    };
-    lapsed.give_up(&word);
-    if next.join().unwrap().is_some() {
-        assert!(
-            word.take(12, 30).is_none(),
-            "a lapsed claim given up cleared the claim in force"
-        );
-    }
-}
-
-/// A connection table's waker queues a connection while the table's sleeper (a waiter or
-/// the progress thread) prepares to sleep: the sleeper must find the connection queued,
-/// or the waker must ring its doorbell. loom reports a sleep with a connection queued and
-/// no ring.
-pub fn a_queued_connection_is_never_slept_through() {
-    let handshake = Arc::new(SleepHandshake::new());
-    let waker = {
-        let handshake = Arc::clone(&handshake);
-        thread::spawn(move || handshake.queue(ConnectionId::new(1)))
-    };
-    let sleeps = handshake.begin_sleep();
-    let rang = waker.join().unwrap();
-    assert!(
-        !sleeps || rang,
-        "the sleeper slept with a connection queued and no ring"
-    );
-    handshake.end_sleep();
-    assert_eq!(handshake.pop(), Some(ConnectionId::new(1)));
 }

@@ -24,6 +24,8 @@ pub mod harness;
 #[cfg(loom)]
 pub mod pool_models;
 #[cfg(loom)]
+pub mod readiness_models;
+#[cfg(loom)]
 pub mod tiers_models;
 #[cfg(loom)]
 pub mod transport_models;

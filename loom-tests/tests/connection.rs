@@ -17,21 +17,6 @@ fn a_sender_queues_a_filled_slot_across_a_tier_swap() {
 }
 
 #[test]
-fn one_spin_at_a_time() {
-    loom::model(tierbuf_loom_tests::connection_models::one_spin_at_a_time);
-}
-
-#[test]
-fn giving_up_a_lapsed_claim_keeps_the_next() {
-    loom::model(tierbuf_loom_tests::connection_models::giving_up_a_lapsed_claim_keeps_the_next);
-}
-
-#[test]
-fn a_queued_connection_is_never_slept_through() {
-    loom::model(tierbuf_loom_tests::connection_models::a_queued_connection_is_never_slept_through);
-}
-
-#[test]
 fn a_flush_takes_every_message_queued_before_it() {
     loom::model(
         tierbuf_loom_tests::connection_models::a_flush_takes_every_message_queued_before_it,

@@ -128,7 +128,7 @@ fn shm_wake_looked_at_before_publish_is_caught() {
 fn spin_claim_check_then_set_is_caught() {
     let message = expect_caught(
         Bug::SpinClaimCheckThenSet,
-        tierbuf_loom_tests::connection_models::one_spin_at_a_time,
+        tierbuf_loom_tests::readiness_models::one_spin_at_a_time,
     );
     assert!(message.contains("two tasks spin at once"), "{message}");
 }
@@ -137,7 +137,7 @@ fn spin_claim_check_then_set_is_caught() {
 fn spin_give_up_unconditional_is_caught() {
     let message = expect_caught(
         Bug::SpinGiveUpUnconditional,
-        tierbuf_loom_tests::connection_models::giving_up_a_lapsed_claim_keeps_the_next,
+        tierbuf_loom_tests::readiness_models::giving_up_a_lapsed_claim_keeps_the_next,
     );
     assert!(message.contains("cleared the claim in force"), "{message}");
 }
@@ -155,7 +155,7 @@ fn send_queue_wake_before_push_is_caught() {
 fn ready_queue_look_before_push_is_caught() {
     let message = expect_caught(
         Bug::ReadyQueueLookBeforePush,
-        tierbuf_loom_tests::connection_models::a_queued_connection_is_never_slept_through,
+        tierbuf_loom_tests::readiness_models::a_queued_connection_is_never_slept_through,
     );
     assert!(
         message.contains("slept with a connection queued"),

@@ -112,7 +112,7 @@ pub struct TierbufTransport<E: Endpoint, Item, SinkItem> {
     scratch: Vec<u8>,
     /// Where the connection's stats are published, once someone watches them.
     stats: Option<Arc<Mutex<ConnectionStats>>>,
-    /// The connection's [`progress_made`](Connection::progress_made) when the stream last
+    /// The connection's [`progress_made`](AsyncConnection::progress_made) when the stream last
     /// published its stats.
     published_at: u64,
     items: PhantomData<fn(SinkItem) -> Item>,
@@ -246,7 +246,7 @@ where
         // but made progress: a timer's demotion is seen by the poll it wakes. A poll that
         // did nothing (a spin before parking, say) changed nothing to publish.
         let received = Pin::new(&mut this.connection).poll_next(cx);
-        let progress_made = this.connection.get_mut().progress_made();
+        let progress_made = this.connection.progress_made();
         if received.is_ready() || progress_made != this.published_at {
             this.published_at = progress_made;
             this.publish_stats();

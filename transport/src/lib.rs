@@ -72,15 +72,12 @@ mod front;
 pub mod fuzzing;
 mod loopback;
 mod pair_state;
-mod parker;
 mod provider;
 mod registry;
 mod shm;
 mod sync;
 #[cfg(all(feature = "test-pair", not(loom)))]
 pub mod test_pair;
-#[cfg(not(loom))]
-mod unheard;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -23,17 +23,18 @@ use std::fmt;
 use std::io::IoSlice;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Instant;
 
 use super::core::{ConnectionCore, ConnectionStats};
 use super::errors::{ConfigError, ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
+use super::readiness::{Expired, Pace, Parkable, Waiter};
 use super::receive::Message;
 use super::reserve::FilledOutcome;
 use super::senders::{Front, Held, Queued, SendQueue, Sender};
-use super::wait::{Expired, Parkable, Waiter};
 use crate::error::QueueKind;
-use crate::provider::{Completion, CompletionStatus, Endpoint, EndpointState};
+use crate::provider::{Armed, Completion, CompletionStatus, Endpoint, EndpointState, Readiness};
 
 /// Completions taken from the endpoint per poll.
 const POLL_BATCH: usize = 32;
@@ -59,13 +60,8 @@ pub struct Connection<E: Endpoint> {
     senders: Option<Arc<SendQueue<Queued>>>,
     /// What it took off its senders' queue and has not posted yet.
     held: Held,
-    /// Whether a blocking call's wait makes its back-to-back passes before it sleeps
-    /// (`wait.rs`, module invariants).
-    spin_pays: bool,
-    /// Calls of [`Connection::progress_counted`] that did something, ever (read by the
-    /// async connection's wakes).
-    #[cfg(feature = "tokio")]
-    progress_made: u64,
+    /// What its waits remember between them (`readiness`, module invariants).
+    pace: Pace,
 }
 
 impl<E: Endpoint> Connection<E> {
@@ -99,9 +95,7 @@ impl<E: Endpoint> Connection<E> {
             last_now: Instant::now(),
             senders: None,
             held: Held::default(),
-            spin_pays: true,
-            #[cfg(feature = "tokio")]
-            progress_made: 0,
+            pace: Pace::new(),
         };
         // A failure stays with the core: the connection's next call reports it.
         let _ = connection.progress();
@@ -132,10 +126,7 @@ impl<E: Endpoint> Connection<E> {
         if !was_failed && self.core.failure().is_some() {
             done += self.take_completions(now).0;
         }
-        #[cfg(feature = "tokio")]
-        if done > 0 {
-            self.progress_made += 1;
-        }
+        self.pace.progressed(done);
         match self.core.failure() {
             Some(error) => Err(Arc::clone(error)),
             None => Ok(done),
@@ -887,59 +878,6 @@ impl<E: Endpoint> Connection<E> {
         self.core.has_delivered()
     }
 
-    /// How many times progress did something (took a completion, posted work), ever:
-    /// whoever saw it unchanged across a call knows the call took no event, so a watcher
-    /// of [`Connection::stats`] can skip reading them (feature `tokio`).
-    ///
-    /// ```
-    /// use tierbuf_transport::Transport;
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
-    /// let listener = node.listen("counted")?;
-    /// let mut a = node.connect("counted")?;
-    /// let mut b = listener.accept()?;
-    /// let before = b.progress_made();
-    /// a.send(b"ping")?;
-    /// assert_eq!(&b.recv()?[..], b"ping");
-    /// assert!(b.progress_made() > before, "taking the message was progress");
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[cfg(feature = "tokio")]
-    pub fn progress_made(&self) -> u64 {
-        self.progress_made
-    }
-
-    /// Asks the endpoint to wake `waker` (or its descriptor) at its next event; pending
-    /// while work of this side waits to be posted.
-    pub(super) fn arm(&mut self, waker: &std::task::Waker) -> crate::provider::Armed {
-        if self.core.arm(waker) == crate::provider::Armed::Pending {
-            return crate::provider::Armed::Pending;
-        }
-        // A flush that takes no more of the queue waits for completions, not for pushes.
-        if let Some(queue) = &self.senders
-            && self.held.takes_more()
-            && queue.arm(waker) == crate::provider::Armed::Pending
-        {
-            return crate::provider::Armed::Pending;
-        }
-        self.endpoint.arm(waker)
-    }
-
-    /// Ends a wait begun with [`Connection::arm`].
-    pub(super) fn disarm(&mut self) {
-        self.endpoint.disarm();
-        self.core.disarm();
-        if let Some(queue) = &self.senders {
-            queue.disarm();
-        }
-    }
-
-    /// When the core next needs progress without any event.
-    pub(super) fn next_timer(&self) -> Option<Instant> {
-        self.core.poll_timeout()
-    }
-
     /// Whether either direction is on a tier above the smallest.
     #[cfg(feature = "tokio")]
     pub(super) fn above_smallest_tier(&self) -> bool {
@@ -1011,28 +949,38 @@ impl<E: Endpoint> fmt::Debug for SendBuffer<'_, E> {
 }
 
 impl<E: Endpoint> Parkable for Connection<E> {
-    fn readiness(&self) -> crate::provider::Readiness<'_> {
+    fn readiness(&self) -> Readiness<'_> {
         self.endpoint.readiness()
     }
 
-    fn arm(&mut self, waker: &std::task::Waker) -> crate::provider::Armed {
-        Connection::arm(self, waker)
+    fn arm(&mut self, waker: &Waker) -> Armed {
+        if self.core.arm(waker) == Armed::Pending {
+            return Armed::Pending;
+        }
+        // A flush that takes no more of the queue waits for completions, not for pushes.
+        if let Some(queue) = &self.senders
+            && self.held.takes_more()
+            && queue.arm(waker) == Armed::Pending
+        {
+            return Armed::Pending;
+        }
+        self.endpoint.arm(waker)
     }
 
     fn disarm(&mut self) {
-        Connection::disarm(self);
+        self.endpoint.disarm();
+        self.core.disarm();
+        if let Some(queue) = &self.senders {
+            queue.disarm();
+        }
     }
 
     fn next_timer(&self) -> Option<Instant> {
-        Connection::next_timer(self)
+        self.core.poll_timeout()
     }
 
-    fn spin_pays(&self) -> bool {
-        self.spin_pays
-    }
-
-    fn set_spin_pays(&mut self, pays: bool) {
-        self.spin_pays = pays;
+    fn pace(&mut self) -> &mut Pace {
+        &mut self.pace
     }
 }
 

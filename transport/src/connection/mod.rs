@@ -13,29 +13,23 @@ mod errors;
 // Crate-visible for the `fuzzing` module's frame-header wrappers.
 pub(crate) mod header;
 mod packed;
-mod ready;
+// Public for the loom models of its handshakes and of the async connection's spin.
+#[doc(hidden)]
+pub mod readiness;
 mod reassembly;
 mod receive;
 mod reserve;
 mod returns;
 mod send;
-// Public for the loom model of a table's sleeper and its queuers.
-#[doc(hidden)]
-pub mod sleep_handshake;
 // Public for the loom models' `SendQueue`; `Sender` is re-exported below.
 #[doc(hidden)]
 pub mod senders;
-// Public for the loom models of the async connection's one spin at a time.
-#[cfg(any(loom, feature = "tokio"))]
-#[doc(hidden)]
-pub mod spin_claim;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod stream;
 mod table;
 #[cfg(all(feature = "tokio", not(loom)))]
 mod tokio;
 mod transmit;
-mod wait;
 
 #[cfg(all(feature = "tokio", not(loom)))]
 pub use self::tokio::{AsyncConnection, AsyncConnectionGuard};

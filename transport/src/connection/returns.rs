@@ -34,7 +34,7 @@
 //! - A slot given back while the connection's thread is parked wakes it, so a message
 //!   dropped on another thread gets its receive reposted (and granted to the peer) without
 //!   waiting for another event: the connection's thread arms its `Parker`
-//!   (`crate::parker`) and then looks at the queue; a give-back pushes, fences
+//!   (`connection::readiness`) and then looks at the queue; a give-back pushes, fences
 //!   (`SeqCst`), and then wakes the parker, whose invariants make sure one of the two
 //!   looks sees the other's write.
 //!
@@ -47,7 +47,7 @@ use std::task::Waker;
 
 use tierbuf_tiers::{OwnedTierSlot, TierIndex};
 
-use crate::parker::Parker;
+use crate::connection::readiness::Parker;
 use crate::provider::Armed;
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, UnboundedQueue, fence};
 

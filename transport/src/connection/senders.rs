@@ -16,7 +16,7 @@
 //!   in force then; otherwise it sends the message's bytes as any other message (through
 //!   a promotion or in segments) and the slot goes back to its pool.
 //! - **A queued item wakes a parked connection.** The connection's thread arms the
-//!   queue's `Parker` (`crate::parker`) before it sleeps and then looks at the queue; a
+//!   queue's `Parker` (`connection::readiness`) before it sleeps and then looks at the queue; a
 //!   sender pushes, fences (`SeqCst`) and then wakes the parker. By the parker's
 //!   invariants one of the two looks sees the other's write, so an item is never left
 //!   queued while the connection sleeps.
@@ -48,7 +48,7 @@ use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 
 use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::HEADER_LEN;
-use crate::parker::Parker;
+use crate::connection::readiness::Parker;
 use crate::provider::Armed;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering, UnboundedQueue, fence};
 

@@ -20,7 +20,7 @@
 //!   undropped messages, which go back when those are dropped. Handles to a removed
 //!   connection report [`TableError::Closed`].
 //! - The progress thread is driven by readiness, as the waits are: it sleeps on its own
-//!   ready set (module `ready`, whose invariants make sure no wake is lost) and looks
+//!   ready set (`readiness`, whose invariants make sure no wake is lost) and looks
 //!   only at the connections queued there. A look that made progress queues the
 //!   connection for the waiters too, since its user may have work now; the thread then
 //!   arms it again, whatever its user has left untaken, so a connection whose messages
@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::driver::Connection;
-use super::ready::{Doorway, Doorways, POLLING_SLEEP, ReadySet};
+use super::readiness::{Doorway, Doorways, LONGEST_SLEEP, Parkable, ReadySet};
 use crate::provider::{Armed, Endpoint, Readiness};
 
 /// The name of a connection in its [`ConnectionTable`]; a table never gives one out
@@ -130,7 +130,7 @@ impl Default for ProgressConfig {
     /// Polls at most a millisecond apart.
     fn default() -> ProgressConfig {
         ProgressConfig {
-            max_park: POLLING_SLEEP,
+            max_park: LONGEST_SLEEP,
         }
     }
 }
@@ -285,7 +285,7 @@ impl<E: Endpoint> Shared<E> {
     }
 
     /// Looks at one connection for `looker`: disarms it, makes progress, and arms it
-    /// again (module `ready`). A waiter's look hands it out instead if it has work for
+    /// again (`readiness/set.rs`). A waiter's look hands it out instead if it has work for
     /// its user; the progress thread's queues it for the waiters when it made progress,
     /// and goes on. Returns whether the connection may have work for its user, or
     /// failed: a waiter hands it out (the progress thread has queued it for the waiters
@@ -683,7 +683,7 @@ impl<E: Endpoint + 'static> ConnectionTable<E> {
             let polling = !shared.polled().is_empty();
             let woken = shared
                 .ready
-                .sleep(until, polling.then_some(POLLING_SLEEP))
+                .sleep(until, polling.then_some(LONGEST_SLEEP))
                 .map_err(TableError::Readiness)?;
             if woken.timed_out || Instant::now() >= until {
                 return Ok(0);

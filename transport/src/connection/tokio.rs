@@ -1,7 +1,10 @@
 //! [`AsyncConnection`]: a [`Connection`] for tokio tasks (feature `tokio`), woken by its
 //! endpoint rather than polled: an idle connection costs its task nothing. A task of its
 //! own, the driver, runs its timers and answers its peer while no call of the user's
-//! waits on it, so a connection nobody polls still demotes.
+//! waits on it, so a connection nobody polls still demotes. Every wait, a call's or the
+//! driver's, is a step of the readiness model, polled (`readiness/task.rs`): look, spin
+//! if it pays (for as long as [`AsyncConnection::set_spin`] sets), arm, sleep on the
+//! endpoint's descriptor, waker or timer, disarm at the next poll.
 //!
 //! # Invariants
 //!
@@ -32,21 +35,6 @@
 //! - A call of the user's left `Pending` and never polled again (a `recv` given up at a
 //!   timeout) still counts as waiting: the driver's looks then make the progress at its
 //!   plan without engaging it (test: `a_receive_given_up_leaves_the_connection_to_its_driver`).
-//! - A task is left pending only after [`Endpoint::arm`] said [`Armed::Parked`] and the
-//!   wake was wired to the task: the endpoint's descriptor (a duplicate, registered with
-//!   tokio's reactor through [`AsyncFd`]) or the task's own waker (in-process
-//!   providers), and the connection's next timer as a tokio sleep. The next poll disarms
-//!   before anything else, so every arm is followed by a disarm. An endpoint that cannot
-//!   wake anybody ([`Readiness::Polling`]: verbs) is never armed; the task sleeps between
-//!   looks instead, the sleep doubling from one look to the next up to
-//!   [`Waiter::LONGEST_SLEEP`] as a blocking wait's does, so an idle connection costs a
-//!   look a millisecond (tokio's timer rounds shorter sleeps up to that).
-//! - The polling sleep and the timer's sleep are one each per connection, and every call
-//!   of a poll that waits registers on them, so none is dropped before it is over: the
-//!   call that finds one over drops it and wakes the task, so a call of the same poll
-//!   left `Pending` on it is polled again and sleeps anew, rather than left with no
-//!   wake. (A timer that moved replaces its sleep; a call waiting on that still has the
-//!   endpoint's wake or the polling sleep.)
 //! - One task may poll the stream and the sink in the same poll (tarpc's dispatch reads,
 //!   then writes and flushes): a call that finds the endpoint armed and returns `Ready`
 //!   arms it again before it returns, so the `Pending` an earlier call of that poll
@@ -66,19 +54,6 @@
 //!   what a pending call of the other kind waits for (a receive that took a credit, a
 //!   send that took a message) wakes it: its wake was spent on the task that took it,
 //!   and the other would wait for the connection's next event or timer.
-//! - Before it arms, a task that found nothing yields (`Pending`, woken at once) for up
-//!   to [`SPIN`] since the first such look of its wait: an answer that comes that soon is
-//!   taken without a wake through the reactor (a system call on each side), as the
-//!   blocking calls spin before they sleep ([`AsyncConnection::set_spin`] changes the
-//!   time; zero never spins). The spin pays only where answers come that soon, and
-//!   burns a core where they do not, so it is adaptive: a call's wait runs from its
-//!   first look that found nothing until the call returns `Ready`, and the next wait
-//!   spins only if that one ended within the spin's time of its start. So an idle
-//!   connection spins once and then parks at once until a wait ends soon again, and a
-//!   task whose answers come soon keeps spinning. And only one task of the process
-//!   spins at a time (a [`SpinClaim`] on the process's [`SpinWord`], which lapses at the
-//!   end of its spin): the others park at once, so a service of many connections does
-//!   not burn the cores its peers need.
 //! - A message given to the [`Sink`] or to [`AsyncConnection::send`] is taken whole or
 //!   not at all, as far as the peer can tell: a send future dropped after part of its
 //!   message was posted fails the connection
@@ -97,28 +72,23 @@
 
 use std::future::{Future, poll_fn};
 use std::io::{self, IoSlice};
-use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, TryLockError, Weak};
+use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::task::{Context, Poll, Wake, Waker, ready};
 use std::time::{Duration, Instant};
 
 use futures_core::Stream;
 use futures_sink::Sink;
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
-use tokio::time::Sleep;
 
 use super::core::ConnectionStats;
 use super::driver::Connection;
 use super::errors::{ConnectionError, SendError, WouldBlock};
+use super::readiness::{Alarm, LONGEST_SLEEP, Parkable, TaskWait, Wait, clock_nanos};
 use super::receive::Message;
 use super::senders::{MAX_HELD, batch_parts};
-use super::spin_claim::{SpinClaim, SpinWord};
-use super::wait::Waiter;
-use crate::provider::{Armed, Endpoint, Readiness};
+use crate::provider::{Endpoint, Readiness};
 
 /// A [`Connection`] driven by a tokio runtime (IO and time enabled): `send(..).await`,
 /// `recv().await`, a [`Stream`] of the messages it receives and a [`Sink`] of messages
@@ -180,26 +150,9 @@ struct Shared<E: Endpoint> {
 #[derive(Debug)]
 struct State<E: Endpoint> {
     connection: Connection<E>,
-    /// A duplicate of the endpoint's wake descriptor in tokio's reactor, if it has one.
-    descriptor: Option<AsyncFd<OwnedFd>>,
-    /// Whether the endpoint was armed by the last poll.
-    armed: bool,
-    /// When the wait of the call being polled first found nothing; kept while it yields
-    /// and while it is parked, until the call returns.
-    waiting_since: Option<Instant>,
-    /// How long a wait may spin ([`SPIN`] unless set).
-    spin: Duration,
-    /// Whether a wait yields for up to `spin` before it parks: whether the last call's
-    /// wait ended within `spin` of its start (module invariants).
-    spin_pays: bool,
-    /// This connection's claim on the process's one spin, while it spins.
-    spin_claim: Option<SpinClaim>,
-    /// The connection's next timer, as a tokio sleep.
-    timer: Option<(Instant, Pin<Box<Sleep>>)>,
-    /// The sleep between looks at an endpoint that cannot wake anybody, while one runs.
-    polling: Option<Pin<Box<Sleep>>>,
-    /// How long the next such sleep lasts.
-    polling_sleep: Duration,
+    /// Its waits' state: the endpoint's descriptor in tokio's reactor, the spin, the
+    /// sleeps (`readiness/task.rs`).
+    wait: TaskWait,
     /// What the sink took and has not posted, oldest first (module invariants).
     sinking: Sinking,
     /// Why the last send offered found nothing taken: what a deadline that passes reports.
@@ -297,34 +250,6 @@ impl Wake for Tasks {
 /// again after a polling sleep.
 const DRIVER_PASSES: usize = 4;
 
-/// How long a task yields, looking for an event, before it arms the endpoint and parks
-/// (module invariants): about a round trip of a small RPC between two processes.
-const SPIN: Duration = Duration::from_micros(50);
-
-/// The process's one spin at a time (module invariants; `spin_claim` has the protocol).
-static SPIN_WORD: SpinWord = SpinWord::new();
-
-/// The nanoseconds of `at` since this module first looked at the clock, on which
-/// [`SPIN_WORD`] and [`Tasks::driver_at`] count (never 0, which means no claim to the
-/// spin).
-fn clock_nanos(at: Instant) -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let since = at.saturating_duration_since(*EPOCH.get_or_init(Instant::now));
-    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Whose wait [`State::poll_wake`] serves.
-#[derive(Clone, Copy)]
-enum Wait {
-    /// The wait of the call being polled.
-    Call,
-    /// An earlier call's, left pending, whose wake is armed again.
-    Rearm,
-    /// The driver's, for the user (module invariants): no spin; work that arming finds
-    /// and an endpoint that cannot wake anybody are the driver's to look at again.
-    Drive,
-}
-
 /// The kinds of call an [`AsyncConnection`] may leave pending (module invariants).
 #[derive(Clone, Copy)]
 enum Call {
@@ -347,35 +272,16 @@ impl<E: Endpoint + 'static> AsyncConnection<E> {
     ///
     /// Outside a tokio runtime with IO enabled, as tokio's `AsyncFd` does.
     pub fn new(connection: Connection<E>) -> io::Result<AsyncConnection<E>> {
-        let descriptor = match connection.endpoint().readiness() {
-            Readiness::Fd(fd) => {
-                let duplicate = rustix::io::fcntl_dupfd_cloexec(fd, 0)?;
-                // SAFETY: `duplicate` is an open descriptor owned by the `AsyncFd` for its
-                // whole life: nothing else can close or replace it, and `OwnedFd`'s
-                // `as_raw_fd` always returns it.
-                let registered =
-                    unsafe { AsyncFd::register_with_interest(duplicate, Interest::READABLE) };
-                Some(registered.map_err(|error| error.into_parts().1)?)
-            }
-            _ => None,
-        };
+        let wait = TaskWait::new(connection.endpoint().readiness())?;
         let tasks = Arc::new(Tasks::default());
         let state = State {
             waker: Waker::from(Arc::clone(&tasks)),
             tasks: Arc::clone(&tasks),
             registered: [None, None],
             connection,
-            descriptor,
-            armed: false,
-            timer: None,
-            polling: None,
-            polling_sleep: Waiter::FIRST_SLEEP,
+            wait,
             sinking: Sinking::default(),
             blocked_by: WouldBlock::NoCredit,
-            waiting_since: None,
-            spin: SPIN,
-            spin_pays: true,
-            spin_claim: None,
             recv_waits: false,
             send_waits: false,
         };
@@ -385,7 +291,7 @@ impl<E: Endpoint + 'static> AsyncConnection<E> {
         });
         tokio::spawn(Driver {
             shared: Arc::downgrade(&shared),
-            sleep: None,
+            sleep: Alarm::default(),
         });
         Ok(AsyncConnection { shared })
     }
@@ -446,12 +352,12 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// # }
     /// ```
     pub fn set_spin(&mut self, spin: Duration) {
-        self.with(|state| state.spin = spin);
+        self.with(|state| state.wait.spin = spin);
     }
 
     /// How long a wait may spin before the task parks ([`AsyncConnection::set_spin`]).
     pub fn spin(&self) -> Duration {
-        self.with(|state| state.spin)
+        self.with(|state| state.wait.spin)
     }
 
     /// Counters and state of this side ([`Connection::stats`]), through a shared
@@ -459,6 +365,30 @@ impl<E: Endpoint> AsyncConnection<E> {
     /// with the halves of a split) can read them.
     pub fn stats(&self) -> ConnectionStats {
         self.with(|state| state.connection.stats())
+    }
+
+    /// How many times the connection's progress did something (took a completion,
+    /// posted work), ever: whoever saw it unchanged across a call knows the call took no
+    /// event, so a watcher of [`AsyncConnection::stats`] can skip reading them.
+    ///
+    /// ```
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::AsyncConnection;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let node = Transport::loopback().ladder_preset("rpc").budget_bytes(16 << 20).build()?;
+    /// let listener = node.listen("counted")?;
+    /// let mut a = AsyncConnection::new(node.connect("counted")?)?;
+    /// let mut b = AsyncConnection::new(listener.accept()?)?;
+    /// let before = b.progress_made();
+    /// a.send(b"ping").await?;
+    /// assert_eq!(&b.recv().await?[..], b"ping");
+    /// assert!(b.progress_made() > before, "taking the message was progress");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn progress_made(&self) -> u64 {
+        self.with(|state| state.connection.pace().progress_made())
     }
 
     /// The connection, for its non-blocking calls; the driver waits while it is held. A
@@ -745,15 +675,15 @@ impl<E: Endpoint> State<E> {
         }
         let waker = self.waker.clone();
         let cx = &mut Context::from_waker(&waker);
-        let was_armed = self.armed;
-        let progress_made = self.connection.progress_made();
+        let was_armed = self.wait.is_armed();
+        let progress_made = self.connection.pace().progress_made();
         let waits = match call {
             Call::Recv => &mut self.recv_waits,
             Call::Send => &mut self.send_waits,
         };
         *waits = false;
         let polled = poll(self, cx);
-        let progressed = self.connection.progress_made() != progress_made;
+        let progressed = self.connection.pace().progress_made() != progress_made;
         // What `poll` took that a pending call of the other kind waits for: a message
         // for a receive, a credit or completion (any progress) for a send.
         let taken = match call {
@@ -771,7 +701,7 @@ impl<E: Endpoint> State<E> {
                 cx.waker().wake_by_ref();
             }
         } else {
-            self.end_wait();
+            self.wait.end(&mut self.connection);
             if was_armed {
                 if taken {
                     cx.waker().wake_by_ref();
@@ -810,7 +740,7 @@ impl<E: Endpoint> State<E> {
     fn drive(&mut self) -> Look {
         let waker = self.waker.clone();
         let cx = &mut Context::from_waker(&waker);
-        let progress_made = self.connection.progress_made();
+        let progress_made = self.connection.pace().progress_made();
         let user_waits = self.recv_waits || self.send_waits;
         // With no call of the user's waiting, the connection's events and timer wake the
         // driver from now on, until a call of the user's is polled.
@@ -826,7 +756,10 @@ impl<E: Endpoint> State<E> {
                 return Look::AfterRead;
             }
             self.disarm();
-            busy = self.poll_wake(cx, Wait::Drive).is_ready();
+            busy = self
+                .wait
+                .poll(&mut self.connection, cx, Wait::Drive)
+                .is_ready();
             if !busy {
                 break;
             }
@@ -834,21 +767,21 @@ impl<E: Endpoint> State<E> {
         if busy {
             self.disarm();
         }
-        if user_waits && (busy || self.connection.progress_made() != progress_made) {
+        if user_waits && (busy || self.connection.pace().progress_made() != progress_made) {
             // A pending call of the user's may have waited for what this progress took,
             // or for the arm it left undone.
             waker.wake_by_ref();
         }
         let now = Instant::now();
         if busy {
-            return Look::At(now + Waiter::LONGEST_SLEEP);
+            return Look::At(now + LONGEST_SLEEP);
         }
         let check = if !self.connection.above_smallest_tier() {
             None
         } else if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
             // Nothing wakes it: it is looked at as a blocking wait polls, while it holds
             // a larger tier.
-            Some(now + Waiter::LONGEST_SLEEP)
+            Some(now + LONGEST_SLEEP)
         } else {
             // Armed, so woken by its events; looked at again in case a call of the
             // user's disarmed it and returned without arming it again.
@@ -877,7 +810,12 @@ impl<E: Endpoint> State<E> {
     /// Arms the endpoint again after a call that disarmed it returned `Ready`; if there
     /// is work already, wakes the task instead, to poll again.
     fn rearm(&mut self, cx: &mut Context<'_>) {
-        if !self.armed && self.poll_wake(cx, Wait::Rearm).is_ready() {
+        if !self.wait.is_armed()
+            && self
+                .wait
+                .poll(&mut self.connection, cx, Wait::Rearm)
+                .is_ready()
+        {
             self.disarm();
             cx.waker().wake_by_ref();
         }
@@ -1030,141 +968,15 @@ impl<E: Endpoint> State<E> {
         }
     }
 
-    /// Waits for the next event of the connection: `Ready` when there may be work (a wake
-    /// came, a timer fell due, or arming found work pending, in which case the task is
-    /// woken again at once and yields first); `Pending` when armed (module invariants).
+    /// Waits for the next event of the connection, as a call's wait
+    /// ([`TaskWait::poll`]): `Ready` when there may be work, `Pending` when the task will
+    /// be woken.
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.poll_wake(cx, Wait::Call)
-    }
-
-    /// [`State::poll_event`] for a call's wait (`Wait::Call`: it may spin, and
-    /// its start is kept until the call returns), or to arm again for an earlier call's
-    /// wait (`Wait::Rearm`: no spin, no wait of its own).
-    fn poll_wake(&mut self, cx: &mut Context<'_>, wait: Wait) -> Poll<()> {
-        // Progress that did anything (a credit came back, say) may be what the caller
-        // waits for; a failure is reported by its next call.
-        if !matches!(self.connection.progress_counted(), Ok(0)) {
-            // The next polling sleep starts short again; one that runs is left to run,
-            // as a call of this poll may be `Pending` on it (module invariants).
-            self.polling_sleep = Waiter::FIRST_SLEEP;
-            return Poll::Ready(());
-        }
-        let driving = matches!(wait, Wait::Drive);
-        if self.poll_timer(cx, !driving).is_ready() {
-            return Poll::Ready(());
-        }
-        if let Wait::Call = wait {
-            let now = Instant::now();
-            let since = *self.waiting_since.get_or_insert(now);
-            if self.spin_pays && now.duration_since(since) < self.spin {
-                if self.spin_claim.is_none() {
-                    self.spin_claim =
-                        SPIN_WORD.take(clock_nanos(now), clock_nanos(since + self.spin));
-                }
-                if self.spin_claim.is_some() {
-                    // Yielded as tokio's own `yield_now` does: the task is woken after the
-                    // worker has looked at its reactor, so the wakes of other tasks are
-                    // not held up behind the spin.
-                    let yielded = std::pin::pin!(tokio::task::yield_now()).poll(cx);
-                    debug_assert!(yielded.is_pending(), "a fresh yield is pending");
-                    return Poll::Pending;
-                }
-            }
-            self.give_up_spin();
-        }
-        if matches!(self.connection.endpoint().readiness(), Readiness::Polling) {
-            if driving {
-                return Poll::Pending;
-            }
-            return self.poll_polling_sleep(cx);
-        }
-        if self.connection.arm(cx.waker()) == Armed::Pending {
-            self.connection.disarm();
-            if driving {
-                return Poll::Ready(());
-            }
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        self.armed = true;
-        let Some(descriptor) = &self.descriptor else {
-            return Poll::Pending;
-        };
-        match descriptor.poll_read_ready(cx) {
-            Poll::Ready(Ok(mut guard)) => {
-                guard.clear_ready();
-                Poll::Ready(())
-            }
-            // The reactor failed: poll again, at once, rather than sleep for ever.
-            Poll::Ready(Err(_)) => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    /// For an endpoint that cannot wake anybody: polls a sleep that doubles from one look
-    /// to the next, from [`Waiter::FIRST_SLEEP`] to [`Waiter::LONGEST_SLEEP`], as a
-    /// blocking wait polls such an endpoint; an event starts it over. `Ready` once it is
-    /// over, to look again.
-    fn poll_polling_sleep(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let length = self.polling_sleep;
-        let sleep = self
-            .polling
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(length)));
-        ready!(sleep.as_mut().poll(cx));
-        self.polling = None;
-        self.polling_sleep = (length * 2).min(Waiter::LONGEST_SLEEP);
-        // Another call of this poll may have left `Pending` on this same sleep, which is
-        // gone now: the task polls again, so that call sleeps anew (module invariants).
-        cx.waker().wake_by_ref();
-        Poll::Ready(())
-    }
-
-    /// Polls a sleep until the connection's next timer; `Ready` once it is due, having
-    /// woken the task if `wake` (the driver looks again by its own plan).
-    fn poll_timer(&mut self, cx: &mut Context<'_>, wake: bool) -> Poll<()> {
-        let Some(at) = self.connection.next_timer() else {
-            self.timer = None;
-            return Poll::Pending;
-        };
-        let sleep = match &mut self.timer {
-            Some((kept, sleep)) if *kept == at => sleep,
-            slot => {
-                let sleep = Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(at)));
-                &mut slot.insert((at, sleep)).1
-            }
-        };
-        ready!(sleep.as_mut().poll(cx));
-        self.timer = None;
-        // As for the polling sleep: a call of this poll left `Pending` on this timer is
-        // polled again.
-        if wake {
-            cx.waker().wake_by_ref();
-        }
-        Poll::Ready(())
+        self.wait.poll(&mut self.connection, cx, Wait::Call)
     }
 
     fn disarm(&mut self) {
-        if std::mem::take(&mut self.armed) {
-            self.connection.disarm();
-        }
-    }
-
-    /// Ends the wait of a call that returned `Ready`, if it had one: the next wait spins
-    /// only if this one ended within the spin's length of its start (module invariants).
-    fn end_wait(&mut self) {
-        if let Some(since) = self.waiting_since.take() {
-            self.spin_pays = since.elapsed() <= self.spin;
-        }
-        self.give_up_spin();
-    }
-
-    fn give_up_spin(&mut self) {
-        if let Some(claim) = self.spin_claim.take() {
-            claim.give_up(&SPIN_WORD);
-        }
+        self.wait.disarm(&mut self.connection);
     }
 }
 
@@ -1211,8 +1023,8 @@ impl Look {
 /// connection is dropped or taken back.
 struct Driver<E: Endpoint> {
     shared: Weak<Shared<E>>,
-    /// When it looks at the connection again unwoken, and the sleep until then.
-    sleep: Option<(Instant, Pin<Box<Sleep>>)>,
+    /// The sleep until it looks at the connection again unwoken.
+    sleep: Alarm,
 }
 
 impl<E: Endpoint> Future for Driver<E> {
@@ -1235,7 +1047,7 @@ impl<E: Endpoint> Future for Driver<E> {
             },
             // A call of the user's has the connection: look again soon, as it may leave
             // it unarmed.
-            Err(TryLockError::WouldBlock) => Look::At(Instant::now() + Waiter::LONGEST_SLEEP),
+            Err(TryLockError::WouldBlock) => Look::At(Instant::now() + LONGEST_SLEEP),
         };
         let (planned, at) = match look {
             Look::At(at) => (clock_nanos(at), Some(at)),
@@ -1244,20 +1056,8 @@ impl<E: Endpoint> Future for Driver<E> {
         };
         shared.tasks.driver_at.store(planned, Ordering::Relaxed);
         drop(shared);
-        let Some(at) = at else {
-            this.sleep = None;
-            return Poll::Pending;
-        };
-        let sleep = match &mut this.sleep {
-            Some((kept, sleep)) if *kept == at => sleep,
-            slot => {
-                let sleep = Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(at)));
-                &mut slot.insert((at, sleep)).1
-            }
-        };
-        if sleep.as_mut().poll(cx).is_ready() {
+        if this.sleep.poll_until(cx, at).is_ready() {
             // Due: looked at in the next poll.
-            this.sleep = None;
             cx.waker().wake_by_ref();
         }
         Poll::Pending

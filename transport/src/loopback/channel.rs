@@ -36,7 +36,7 @@
 //! - A queued request holds strong references to the regions it names, so the memory a
 //!   copy touches is mapped for the whole copy (see `registry`).
 //! - A parked side is woken by the next completion for it: a side about to sleep arms
-//!   its `Parker` (`crate::parker`) and then looks for completions and state; a claim
+//!   its `Parker` (`connection::readiness`) and then looks for completions and state; a claim
 //!   holder that has pushed completions, or a closer that changed the state, fences
 //!   (`SeqCst`) and then wakes both sides' parkers. The parker's invariants make sure no
 //!   wake is lost; a spurious one costs the woken side one empty poll.
@@ -44,9 +44,9 @@
 use std::sync::OnceLock;
 use std::task::Waker;
 
+use crate::connection::readiness::Parker;
 use crate::exposure::{Access, ExposureTable};
 use crate::pair_state::{PairState, StateWord};
-use crate::parker::Parker;
 use crate::provider::{Armed, Completion, CompletionStatus, Opcode, RemoteBuffer};
 use crate::sync::{AtomicBool, BoundedQueue, Ordering, fence, yield_now};
 

@@ -31,10 +31,10 @@ use super::bootstrap::{
 use super::endpoint::{MAX_GATHER, MappedSegment, ShmEndpoint};
 use super::limits::{MappingCharge, MappingLedger, PeerBounds, PeerMappingLimit};
 use super::segment::{RING_CAPACITY, SharedSegment};
+use crate::connection::readiness::UnheardPeers;
 use crate::error::{QueueKind, TransportError};
 use crate::provider::{EndpointLimits, Provider};
 use crate::registry::{RegionCache, RegionTable};
-use crate::unheard::UnheardPeers;
 
 /// The deepest send queue of a shared-memory endpoint (receive queues are bounded by
 /// [`RING_CAPACITY`]).

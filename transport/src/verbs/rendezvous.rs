@@ -8,7 +8,7 @@
 //!   of its hello, or its end): both sides of a handshake send their hello before they
 //!   read the other's, so a peer that has said nothing yet is not waited on while others
 //!   speak. Peers taken from the kernel but not yet heard wait in the listener's
-//!   `unheard` list (`crate::unheard`, shared with the shm listener), each for the
+//!   `unheard` list (`connection::readiness`, shared with the shm listener), each for the
 //!   handshake timeout at most; the `accept` that finds one silent past it drops it and
 //!   returns the timeout.
 //!
@@ -25,7 +25,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::handshake::{self, HandshakeError, Hello};
-use crate::unheard::UnheardPeers;
+use crate::connection::readiness::UnheardPeers;
 
 /// Listens for peers that want to connect and hands out one [`Rendezvous`] per peer, in
 /// the order their hellos come.

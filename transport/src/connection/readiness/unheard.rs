@@ -1,4 +1,5 @@
-//! The peers of a listener whose peers connect before they speak (the shm bootstrap
+//! The readiness model (`mod.rs`) for a listener's accept, where there is no connection
+//! yet to arm. The peers of a listener whose peers connect before they speak (the shm bootstrap
 //! socket, the verbs TCP rendezvous): peers taken from the kernel wait in the listener's
 //! [`UnheardPeers`], each for a patience of the listener's, and the listener sleeps until
 //! one of them speaks, a new one connects, or the oldest one's patience is spent. So a
@@ -15,7 +16,7 @@ use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::event::{PollFd, PollFlags};
 
 /// Peers connected to a listener that have said nothing yet, oldest first.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ impl<S: AsFd> UnheardPeers<S> {
     /// listener out of descriptors would wake the wait at once for a connection it cannot
     /// take), one of these peers sends something or goes, or the oldest one has waited
     /// `patience` since it was taken. A signal ends the wait early, as if something had
-    /// come.
+    /// come, and so does an hour's wait.
     ///
     /// # Errors
     ///
@@ -91,16 +92,10 @@ impl<S: AsFd> UnheardPeers<S> {
                     .map(|(peer, _)| PollFd::new(peer, PollFlags::IN)),
             )
             .collect();
-        let timeout = self.peers.front().map(|(_, oldest)| {
-            let left = patience.saturating_sub(now.saturating_duration_since(*oldest));
-            Timespec::try_from(left).unwrap_or(Timespec {
-                tv_sec: i64::MAX,
-                tv_nsec: 0,
-            })
-        });
-        match rustix::event::poll(&mut watched, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(errno) => Err(errno),
-        }
+        let timeout = self
+            .peers
+            .front()
+            .map(|(_, oldest)| patience.saturating_sub(now.saturating_duration_since(*oldest)));
+        super::poll_for(&mut watched, timeout)
     }
 }

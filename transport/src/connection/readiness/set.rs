@@ -1,12 +1,14 @@
-//! Readiness across the connections of a [`ConnectionTable`](super::ConnectionTable):
-//! which ones to look at, and how a waiting thread sleeps until one of them may have
-//! work, so that a table of thousands of idle connections costs nothing while they stay
-//! idle. `docs/connection.md` ("Waiting on many connections") gives the design.
+//! The readiness model (`mod.rs`) across the connections of a
+//! [`ConnectionTable`](crate::connection::ConnectionTable): which ones to look at, and how
+//! a waiting thread sleeps until one of them may have work, so that a table of thousands
+//! of idle connections costs nothing while they stay idle. `docs/connection.md` ("Waiting
+//! on many connections") gives the design.
 //!
 //! A table has up to two ready sets: one for the users' waits
-//! ([`ConnectionTable::wait_ready`](super::ConnectionTable::wait_ready)), and one for its
-//! progress thread. Each connection has a [`Doorway`] into each, and its waker
-//! ([`Doorways`]) queues it in both; its descriptor is registered in both `epoll` sets.
+//! ([`ConnectionTable::wait_ready`](crate::connection::ConnectionTable::wait_ready)), and
+//! one for its progress thread. Each connection has a [`Doorway`] into each, and its
+//! waker ([`Doorways`]) queues it in both; its descriptor is registered in both `epoll`
+//! sets.
 //! The invariants below hold for each set on its own.
 //!
 //! # Invariants
@@ -24,7 +26,7 @@
 //!   (registered in the set's `epoll` instance, with the connection's id as its token)
 //!   or through the connection's waker, which queues the id and rings the doorbell (an
 //!   `eventfd` in the same set) if a waiter is sleeping. Whether to ring, and whether to
-//!   sleep, is the [`SleepHandshake`]'s (its module's invariants, and its loom model), so
+//!   sleep, is the [`SleepHandshake`]'s (`handshake.rs`, and its loom model), so
 //!   the waiter never sleeps with an id queued and no doorbell rung.
 //! - **Each id is queued once.** `queued` is set by whoever pushes the id and cleared by
 //!   the look that pops it, before it looks: a wake during the look queues it again.
@@ -36,7 +38,7 @@
 //!   a second with a demotion a minute ahead, holds one entry, not one per look. Entries
 //!   of connections that have moved on are harmless: the look finds nothing to do and
 //!   re-arms. A timer already past when it is added (one the look's progress did not
-//!   move) is put a [`POLLING_SLEEP`] ahead, so a connection whose timer does not move is
+//!   move) is put a [`LONGEST_SLEEP`] ahead, so a connection whose timer does not move is
 //!   polled, not spun on.
 //! - **Wakes are never starved.** Every wait reads the `epoll` set, without waiting when
 //!   connections are queued already, so a queue that refills itself (timers due back to
@@ -59,19 +61,15 @@ use std::time::{Duration, Instant};
 use rustix::event::epoll;
 use rustix::event::{EventfdFlags, Timespec};
 
-use super::sleep_handshake::SleepHandshake;
-use super::table::ConnectionId;
+use super::super::table::ConnectionId;
+use super::LONGEST_SLEEP;
+use super::handshake::SleepHandshake;
 
 /// The token of the doorbell in the `epoll` set; connection ids start at 1.
 const DOORBELL: u64 = 0;
 
 /// Events taken from the `epoll` set per wait.
 const EVENTS_PER_WAIT: usize = 256;
-
-/// The longest a wait sleeps while some connection cannot wake it
-/// ([`Readiness::Polling`](crate::Readiness::Polling)): how late such a connection's work
-/// is seen at worst.
-pub(super) const POLLING_SLEEP: Duration = Duration::from_millis(1);
 
 /// The descriptors of a table's readiness, made at its first wait.
 #[derive(Debug)]
@@ -90,7 +88,7 @@ struct Timers {
 
 /// What a table's waiters (or its progress thread) and its connections' wakers share.
 #[derive(Debug, Default)]
-pub(super) struct ReadySet {
+pub(crate) struct ReadySet {
     descriptors: OnceLock<Descriptors>,
     /// Whether descriptors are registered edge-triggered (module invariants).
     edge_triggered: bool,
@@ -102,14 +100,14 @@ pub(super) struct ReadySet {
 /// One connection's place in the ready set: its id, whether it is queued, and the waker
 /// its endpoint calls.
 #[derive(Debug)]
-pub(super) struct Doorway {
+pub(crate) struct Doorway {
     id: ConnectionId,
     queued: AtomicBool,
     ready: Arc<ReadySet>,
 }
 
 impl Doorway {
-    pub(super) fn new(id: ConnectionId, ready: Arc<ReadySet>) -> Doorway {
+    pub(crate) fn new(id: ConnectionId, ready: Arc<ReadySet>) -> Doorway {
         Doorway {
             id,
             queued: AtomicBool::new(false),
@@ -118,21 +116,21 @@ impl Doorway {
     }
 
     /// Queues the connection for the next look, waking a sleeping waiter.
-    pub(super) fn queue(&self) {
+    pub(crate) fn queue(&self) {
         if !self.queued.swap(true, Ordering::AcqRel) {
             self.ready.push(self.id);
         }
     }
 
     /// The look at the connection begins: a wake from now on queues it again.
-    pub(super) fn take(&self) {
+    pub(crate) fn take(&self) {
         self.queued.store(false, Ordering::Release);
     }
 
-    /// Queues the connection for a look [`POLLING_SLEEP`] from now, as a timer: held by
+    /// Queues the connection for a look [`LONGEST_SLEEP`] from now, as a timer: held by
     /// somebody, or with work pending that no wake announces. A wake meanwhile queues it
     /// at once as well.
-    pub(super) fn queue_later(&self) {
+    pub(crate) fn queue_later(&self) {
         let now = Instant::now();
         self.ready.add_timer(now, now, self.id);
     }
@@ -142,14 +140,14 @@ impl Doorway {
 /// table has a progress thread, the thread's. It is the waker the connection is armed
 /// with, so every event queues the connection in both.
 #[derive(Debug)]
-pub(super) struct Doorways {
-    pub(super) waiter: Doorway,
-    pub(super) progress: Option<Doorway>,
+pub(crate) struct Doorways {
+    pub(crate) waiter: Doorway,
+    pub(crate) progress: Option<Doorway>,
 }
 
 impl Doorways {
     /// Queues the connection in every set.
-    pub(super) fn queue(&self) {
+    pub(crate) fn queue(&self) {
         self.waiter.queue();
         if let Some(progress) = &self.progress {
             progress.queue();
@@ -169,9 +167,9 @@ impl Wake for Doorways {
 
 /// What one sleep found.
 #[derive(Debug, Default)]
-pub(super) struct Woken {
+pub(crate) struct Woken {
     /// Whether the sleep ended by its timeout with nothing queued.
-    pub(super) timed_out: bool,
+    pub(crate) timed_out: bool,
 }
 
 impl ReadySet {
@@ -181,7 +179,7 @@ impl ReadySet {
     /// # Errors
     ///
     /// The operating system's, when it cannot make them (its limit of open files).
-    pub(super) fn for_progress_thread() -> std::io::Result<ReadySet> {
+    pub(crate) fn for_progress_thread() -> std::io::Result<ReadySet> {
         let set = ReadySet {
             edge_triggered: true,
             ..ReadySet::default()
@@ -198,7 +196,7 @@ impl ReadySet {
     }
 
     /// Rings the doorbell: a sleeper wakes (now, or at once when it next sleeps).
-    pub(super) fn ring(&self) {
+    pub(crate) fn ring(&self) {
         if let Some(descriptors) = self.descriptors.get() {
             // A doorbell already rung stays readable; a full counter is rung enough.
             let _rung_or_full = rustix::io::write(&descriptors.doorbell, &1u64.to_ne_bytes());
@@ -206,12 +204,12 @@ impl ReadySet {
     }
 
     /// The next connection to look at.
-    pub(super) fn pop(&self) -> Option<ConnectionId> {
+    pub(crate) fn pop(&self) -> Option<ConnectionId> {
         self.look.pop()
     }
 
     /// Queues a connection that cannot wake anybody, for this wait's look.
-    pub(super) fn push_polled(&self, id: ConnectionId) {
+    pub(crate) fn push_polled(&self, id: ConnectionId) {
         self.look.queue_awake(id);
     }
 
@@ -220,7 +218,7 @@ impl ReadySet {
     /// # Errors
     ///
     /// The operating system's, when it cannot make them (its limit of open files).
-    pub(super) fn descriptors(&self) -> std::io::Result<bool> {
+    pub(crate) fn descriptors(&self) -> std::io::Result<bool> {
         if self.descriptors.get().is_some() {
             return Ok(false);
         }
@@ -240,7 +238,7 @@ impl ReadySet {
 
     /// Registers a connection's wake descriptor, if the set exists yet (otherwise the
     /// first wait registers every connection).
-    pub(super) fn register(&self, id: ConnectionId, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    pub(crate) fn register(&self, id: ConnectionId, fd: BorrowedFd<'_>) -> std::io::Result<()> {
         let Some(descriptors) = self.descriptors.get() else {
             return Ok(());
         };
@@ -261,7 +259,7 @@ impl ReadySet {
     }
 
     /// Takes a connection's wake descriptor out of the set, before it is closed.
-    pub(super) fn deregister(&self, fd: BorrowedFd<'_>) {
+    pub(crate) fn deregister(&self, fd: BorrowedFd<'_>) {
         if let Some(descriptors) = self.descriptors.get() {
             // Not registered (the set was made after) is the only failure: nothing to undo.
             let _ = epoll::delete(&descriptors.epoll, fd);
@@ -269,11 +267,11 @@ impl ReadySet {
     }
 
     /// Keeps `at` as a time to look at `id` again; a time already past (a timer the
-    /// look just made did not move) counts as [`POLLING_SLEEP`] from `now`, so that such
+    /// look just made did not move) counts as [`LONGEST_SLEEP`] from `now`, so that such
     /// a connection is polled, not spun on.
     /// Kept only if it falls before the connection's pending timer (module invariants).
-    pub(super) fn add_timer(&self, at: Instant, now: Instant, id: ConnectionId) {
-        let at = if at <= now { now + POLLING_SLEEP } else { at };
+    pub(crate) fn add_timer(&self, at: Instant, now: Instant, id: ConnectionId) {
+        let at = if at <= now { now + LONGEST_SLEEP } else { at };
         let mut timers = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
         if timers
             .pending
@@ -321,7 +319,7 @@ impl ReadySet {
     /// # Errors
     ///
     /// The operating system's, from `epoll_wait`.
-    pub(super) fn sleep(
+    pub(crate) fn sleep(
         &self,
         until: Instant,
         poll_within: Option<Duration>,
