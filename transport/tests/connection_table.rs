@@ -3,6 +3,7 @@
 //! progress through the table's thread when their users never call `progress`; the
 //! thread stops when asked and never waits on a user that holds a connection.
 
+mod pairs;
 mod traffic;
 
 use std::sync::Arc;
@@ -12,13 +13,12 @@ use traffic::pattern;
 
 use crossbeam_utils::Backoff;
 use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionTable, Message, ProgressConfig,
-    SendError, SharedConnection, TableError,
+    Connection, ConnectionConfig, ConnectionTable, Message, ProgressConfig, SendError,
+    SharedConnection, TableError,
 };
-use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider};
 
 type Shared = SharedConnection<LoopbackEndpoint>;
 
@@ -40,24 +40,9 @@ fn pair(
     provider: &LoopbackProvider,
     config: &Arc<ConnectionConfig>,
 ) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
+    let shared = pairs::Shared::with_config(provider, Arc::clone(config));
     let (a, b) = provider.pair(32, 32).unwrap();
-    (
-        Connection::new(core(), a).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+    (shared.connection(a), shared.connection(b))
 }
 
 /// Inserts `count` connected pairs into `table`.

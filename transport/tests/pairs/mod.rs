@@ -1,6 +1,5 @@
-//! Connected pairs for the tests of waiting (`readiness`, `senders`, `tokio_connection`)
-//! and of a peer's close (`peer_close`):
-//! providers whose endpoints come in pairs, and connections over them on a ladder.
+//! Connected pairs for the connection tests: providers whose endpoints come in pairs, and
+//! connections over them on a ladder, sharing a configuration and a reservoir.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,9 +10,50 @@ use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{Endpoint, LoopbackProvider, Provider, ShmProvider};
 
+/// What the connections of a test share, as a transport's do: the configuration for
+/// their ladder, and one reservoir on the provider's registrar that every core draws
+/// its tiers from.
+pub(crate) struct Shared {
+    pub(crate) config: Arc<ConnectionConfig>,
+    pub(crate) reservoir: Arc<Reservoir>,
+}
+
+impl Shared {
+    /// The configuration for `ladder`, and a reservoir for it on `provider`.
+    pub(crate) fn new(provider: &impl Provider, ladder: Arc<TierLadder>) -> Shared {
+        Shared::with_config(provider, Arc::new(ConnectionConfig::new(ladder).unwrap()))
+    }
+
+    /// `config`, and a reservoir of its own for it on `provider`.
+    pub(crate) fn with_config(provider: &impl Provider, config: Arc<ConnectionConfig>) -> Shared {
+        let reservoir = Arc::new(Reservoir::new(
+            provider.registrar(),
+            Arc::clone(config.ladder()),
+        ));
+        Shared { config, reservoir }
+    }
+
+    /// A core on the configuration, sending and receiving from the reservoir.
+    pub(crate) fn core(&self) -> ConnectionCore {
+        ConnectionCore::new(
+            Arc::clone(&self.config),
+            Arc::clone(&self.reservoir),
+            Arc::clone(&self.reservoir),
+            Instant::now(),
+        )
+        .unwrap()
+    }
+
+    /// A connection over `endpoint`.
+    pub(crate) fn connection<E: Endpoint>(&self, endpoint: E) -> Connection<E> {
+        Connection::new(self.core(), endpoint).unwrap()
+    }
+}
+
 /// A provider whose endpoints come in connected pairs.
 pub(crate) trait PairProvider: Provider<Endpoint: 'static + Unpin> {
     /// A provider charging a budget of 1 GiB.
+    #[allow(dead_code)] // Not every test binary leaves its provider's budget to this.
     fn make() -> Self;
     /// Two connected endpoints, both queues `depth` deep.
     fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
@@ -107,25 +147,9 @@ pub(crate) fn connections_wrapping<P: PairProvider, W: Endpoint>(
     ladder: TierLadder,
     wrap: impl FnOnce(P::Endpoint) -> W,
 ) -> (Connection<W>, Connection<P::Endpoint>) {
-    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let (a, b) = provider.connect_pair(config.queue_depth());
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
-    (
-        Connection::new(core(), wrap(a)).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+    let shared = Shared::new(provider, Arc::new(ladder));
+    let (a, b) = provider.connect_pair(shared.config.queue_depth());
+    (shared.connection(wrap(a)), shared.connection(b))
 }
 
 /// The preset ladder `name`, demoting only after `demote_after`: a test that stalls until
