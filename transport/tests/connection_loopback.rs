@@ -16,15 +16,7 @@ use tierbuf_transport::connection::{ConfigError, Connection, ConnectionError, Fa
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider};
 
 fn ladder() -> Arc<TierLadder> {
-    Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
-            .reservoir_regions(1)
-            .build()
-            .unwrap(),
-    )
+    Arc::new(pairs::three_tiers().reservoir_regions(1).build().unwrap())
 }
 
 fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {

@@ -13,7 +13,6 @@ use traffic::pattern;
 
 use crossbeam_utils::Backoff;
 use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
     Connection, ConnectionConfig, ConnectionTable, Message, ProgressConfig, SendError,
     SharedConnection, TableError,
@@ -22,16 +21,9 @@ use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider};
 
 type Shared = SharedConnection<LoopbackEndpoint>;
 
-/// Tier 0 carries 240 bytes whole, tier 1 4080, tier 2 65520; longer messages are
-/// segmented.
+/// The three tiers ([`pairs::three_tiers`]), one spare region of each kept.
 fn config() -> Arc<ConnectionConfig> {
-    let ladder = TierLadder::builder()
-        .tier(256, 8, 240)
-        .tier(4096, 8, 4080)
-        .tier(65536, 4, 65520)
-        .reservoir_regions(1)
-        .build()
-        .unwrap();
+    let ladder = pairs::three_tiers().reservoir_regions(1).build().unwrap();
     Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap())
 }
 

@@ -124,10 +124,7 @@ const SMALL_BUDGET: u64 = 2 * 4096;
 
 fn ladder() -> Arc<TierLadder> {
     Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
+        pairs::three_tiers()
             .reservoir_regions(1)
             .demote_after(Duration::from_millis(5))
             .hysteresis(Duration::from_millis(1))

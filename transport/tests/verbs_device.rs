@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
-use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::verbs::{
     EndpointOptions, Exposures, MAX_QUEUE_DEPTH, VerbsConfig, VerbsEndpoint, VerbsError,
     VerbsProvider, ibv_wc_status,
@@ -610,14 +609,7 @@ fn a_connection_promotes_and_segments_over_verbs() {
     let Some(provider) = provider(&budget) else {
         return;
     };
-    let ladder = Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
-            .build()
-            .unwrap(),
-    );
+    let ladder = Arc::new(pairs::three_tiers().build().unwrap());
     let shared = Shared::new(&provider, ladder);
     let (a, b) = provider
         .pair(&EndpointOptions {

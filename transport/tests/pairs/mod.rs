@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::ladder::{TierLadder, TierLadderBuilder};
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{Endpoint, LoopbackProvider, Provider, ShmProvider};
 
@@ -118,6 +118,16 @@ impl PairProvider for tierbuf_transport::verbs::VerbsProvider {
 #[allow(dead_code)] // Not every test binary takes a preset.
 pub(crate) fn preset(name: &str) -> TierLadder {
     TierLadder::preset(name).unwrap()
+}
+
+/// The three tiers most connection tests run on, for each to add its own policy: tier 0
+/// carries 240 bytes whole, tier 1 4080, tier 2 65520; longer messages are segmented.
+#[allow(dead_code)] // Not every test binary runs on them.
+pub(crate) fn three_tiers() -> TierLadderBuilder {
+    TierLadder::builder()
+        .tier(256, 8, 240)
+        .tier(4096, 8, 4080)
+        .tier(65536, 4, 65520)
 }
 
 /// The `two-tier` ladder's tiers (512 B and 8 KiB), demoting after `demote_after`.
