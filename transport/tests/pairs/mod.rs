@@ -179,3 +179,36 @@ pub(crate) fn preset_demoting_after(name: &str, demote_after: Duration) -> TierL
     }
     builder.build().unwrap()
 }
+
+/// Each of the generic async tests named as a `#[tokio::test]` on two worker threads, in
+/// a module per provider (`loopback`, `shm`, and with `verbs;` first also `verbs`, where
+/// `TIERBUF_VERBS_DEVICE` names a device), failing if it runs longer than `bound`.
+#[allow(unused_macros)] // Not every test binary is async.
+macro_rules! tokio_on_each_provider {
+    (verbs; within $bound:expr; $($test:ident),* $(,)?) => {
+        pairs::tokio_on_each_provider!(within $bound; $($test),*);
+        #[cfg(feature = "verbs")]
+        pairs::tokio_on_each_provider!(
+            @over verbs, tierbuf_transport::verbs::VerbsProvider, pairs::skipped_without_a_verbs_device(), $bound;
+            $($test),*
+        );
+    };
+    (within $bound:expr; $($test:ident),* $(,)?) => {
+        pairs::tokio_on_each_provider!(@over loopback, tierbuf_transport::LoopbackProvider, false, $bound; $($test),*);
+        pairs::tokio_on_each_provider!(@over shm, tierbuf_transport::ShmProvider, false, $bound; $($test),*);
+    };
+    (@over $module:ident, $provider:ty, $skipped:expr, $bound:expr; $($test:ident),*) => {
+        mod $module {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                if $skipped {
+                    return;
+                }
+                tokio::time::timeout($bound, super::$test::<$provider>()).await.unwrap();
+            })*
+        }
+    };
+}
+#[allow(unused_imports)] // Not every test binary is async.
+pub(crate) use tokio_on_each_provider;
