@@ -31,7 +31,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use tierbuf_transport::connection::{AsyncConnection, ByteStream, ConnectionError};
-use tierbuf_transport::{Endpoint, LoopbackProvider, ShmProvider, Transport};
+use tierbuf_transport::{Endpoint, ShmProvider, Transport};
 
 use pairs::{PairProvider, connections, preset};
 
@@ -624,26 +624,8 @@ fn ended_or_found_the_peer_gone(ended: Result<(), hyper::Error>) {
     }
 }
 
-macro_rules! on_each_provider {
-    ($($test:ident),* $(,)?) => {
-        mod loopback {
-            use super::*;
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                tokio::time::timeout(BOUND, super::$test::<LoopbackProvider>()).await.unwrap();
-            })*
-        }
-        mod shm {
-            use super::*;
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                tokio::time::timeout(BOUND, super::$test::<ShmProvider>()).await.unwrap();
-            })*
-        }
-    };
-}
-
-on_each_provider!(
+pairs::tokio_on_each_provider!(
+    within BOUND;
     a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force,
     an_element_past_the_top_tier_is_written_in_parts,
     a_writer_ahead_of_its_reader_waits_then_goes_on,

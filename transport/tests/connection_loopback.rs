@@ -2,53 +2,28 @@
 //! random sizes across promotions and segmentation arrive once, in order, byte for byte;
 //! every registered byte comes back; a peer that vanishes mid-promotion is reported.
 
+mod pairs;
 mod traffic;
 
+use pairs::Shared;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use traffic::{pattern, sizes};
 
 use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    ConfigError, Connection, ConnectionConfig, ConnectionCore, ConnectionError, Fault, SendError,
-};
-use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+use tierbuf_transport::connection::{ConfigError, Connection, ConnectionError, Fault, SendError};
+use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider};
 
 fn ladder() -> Arc<TierLadder> {
-    Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
-            .reservoir_regions(1)
-            .build()
-            .unwrap(),
-    )
+    Arc::new(pairs::three_tiers().reservoir_regions(1).build().unwrap())
 }
 
 fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
     let provider = LoopbackProvider::new(budget.clone());
-    let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
+    let shared = Shared::new(&provider, ladder());
     let (a, b) = provider.pair(32, 32).unwrap();
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
-    (
-        Connection::new(core(), a).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+    (shared.connection(a), shared.connection(b))
 }
 
 /// Receives on a thread of its own a message of each of `sizes`, in order, and checks
@@ -186,25 +161,14 @@ fn a_buffer_dropped_unsent_sends_nothing_and_one_past_the_top_frame_is_refused()
 #[test]
 fn an_endpoint_shallower_than_the_ladder_needs_is_refused_with_the_depth_needed() {
     let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
+    let shared = Shared::new(&provider, ladder());
     assert_eq!(
-        config.queue_depth(),
+        shared.config.queue_depth(),
         16,
         "8 + 8: the two largest slot counts"
     );
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
     let (shallow, _peer) = provider.pair(32, 8).unwrap();
-    let core = ConnectionCore::new(
-        Arc::clone(&config),
-        Arc::clone(&reservoir),
-        reservoir,
-        Instant::now(),
-    )
-    .unwrap();
-    let error = Connection::new(core, shallow).unwrap_err();
+    let error = Connection::new(shared.core(), shallow).unwrap_err();
     assert!(
         matches!(
             error,

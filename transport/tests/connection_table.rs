@@ -3,6 +3,7 @@
 //! progress through the table's thread when their users never call `progress`; the
 //! thread stops when asked and never waits on a user that holds a connection.
 
+mod pairs;
 mod traffic;
 
 use std::sync::Arc;
@@ -12,26 +13,17 @@ use traffic::pattern;
 
 use crossbeam_utils::Backoff;
 use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionTable, Message, ProgressConfig,
-    SendError, SharedConnection, TableError,
+    Connection, ConnectionConfig, ConnectionTable, Message, ProgressConfig, SendError,
+    SharedConnection, TableError,
 };
-use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider, Provider};
+use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider};
 
 type Shared = SharedConnection<LoopbackEndpoint>;
 
-/// Tier 0 carries 240 bytes whole, tier 1 4080, tier 2 65520; longer messages are
-/// segmented.
+/// The three tiers ([`pairs::three_tiers`]), one spare region of each kept.
 fn config() -> Arc<ConnectionConfig> {
-    let ladder = TierLadder::builder()
-        .tier(256, 8, 240)
-        .tier(4096, 8, 4080)
-        .tier(65536, 4, 65520)
-        .reservoir_regions(1)
-        .build()
-        .unwrap();
+    let ladder = pairs::three_tiers().reservoir_regions(1).build().unwrap();
     Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap())
 }
 
@@ -40,24 +32,9 @@ fn pair(
     provider: &LoopbackProvider,
     config: &Arc<ConnectionConfig>,
 ) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
+    let shared = pairs::Shared::with_config(provider, Arc::clone(config));
     let (a, b) = provider.pair(32, 32).unwrap();
-    (
-        Connection::new(core(), a).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+    (shared.connection(a), shared.connection(b))
 }
 
 /// Inserts `count` connected pairs into `table`.

@@ -4,19 +4,19 @@
 //! the sender is promoted (and its first large message segmented meanwhile), every byte
 //! checked on arrival.
 
+mod pairs;
 mod traffic;
 
+use pairs::Shared;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tierbuf_pool::MemoryBudget;
-use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::negotiator::Negotiator;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
-use tierbuf_transport::{LoopbackProvider, Provider};
+use tierbuf_transport::LoopbackProvider;
+use tierbuf_transport::connection::{Connection, ConnectionCore};
 use traffic::pattern;
 
 /// Control frames over a TCP stream, each behind its length as two bytes.
@@ -80,20 +80,9 @@ impl Negotiator for TcpNegotiator {
 
 #[test]
 fn tiers_are_negotiated_over_a_tcp_side_channel_and_every_message_arrives() {
-    let ladder = Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
-            .build()
-            .unwrap(),
-    );
+    let ladder = Arc::new(pairs::three_tiers().build().unwrap());
     let provider = LoopbackProvider::new(MemoryBudget::with_cap(64 << 20));
-    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
+    let Shared { config, reservoir } = Shared::new(&provider, ladder);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let side_channel = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (accepted, _) = listener.accept().unwrap();

@@ -4,13 +4,15 @@
 //! never kept in the shared reservoir for the next connection (`docs/transport.md`,
 //! "Registration" of the shm provider).
 
+mod pairs;
+
+use pairs::Shared;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_tiers::{Reservoir, TierIndex};
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, SendError};
+use tierbuf_transport::connection::{Connection, SendError};
 use tierbuf_transport::{Provider, ShmEndpoint, ShmProvider};
 
 /// Spares a shelf keeps: more than a pair of connections takes from one tier.
@@ -27,26 +29,14 @@ fn ladder() -> Arc<TierLadder> {
     )
 }
 
+/// A connected pair over `provider`, both connections on what `shared` holds.
 fn connected_pair(
     provider: &ShmProvider,
-    config: &Arc<ConnectionConfig>,
-    reservoir: &Arc<Reservoir>,
+    shared: &Shared,
 ) -> (Connection<ShmEndpoint>, Connection<ShmEndpoint>) {
-    let depth = config.queue_depth();
+    let depth = shared.config.queue_depth();
     let (a, b) = provider.pair(depth, depth).unwrap();
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(config),
-            Arc::clone(reservoir),
-            Arc::clone(reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
-    (
-        Connection::new(core(), a).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+    (shared.connection(a), shared.connection(b))
 }
 
 /// Sends `len` bytes from `a` to `b` and waits, driving both, until `b` has them and `a`
@@ -80,15 +70,12 @@ fn promote_with(a: &mut Connection<ShmEndpoint>, b: &mut Connection<ShmEndpoint>
 #[test]
 fn regions_announced_to_a_peer_never_go_back_to_the_shared_reservoir() {
     let provider = ShmProvider::new(MemoryBudget::with_cap(64 << 20));
-    let config = Arc::new(ConnectionConfig::new(ladder()).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
+    let shared = Shared::new(&provider, ladder());
+    let reservoir = &shared.reservoir;
     reservoir.fill().unwrap();
     let (small, large) = (TierIndex::new(0), TierIndex::new(1));
 
-    let (mut a, mut b) = connected_pair(&provider, &config, &reservoir);
+    let (mut a, mut b) = connected_pair(&provider, &shared);
     promote_with(&mut a, &mut b, 3000);
     assert_eq!((a.stats().send_tier, b.stats().recv_tier), (1, 1));
     // Each side took a send and a receive region of tier 0, `a` a send region of tier 1
@@ -114,7 +101,7 @@ fn regions_announced_to_a_peer_never_go_back_to_the_shared_reservoir() {
 
     // A second pair, as a service's next connection with another peer, gets fresh
     // receive regions and still works.
-    let (mut c, mut d) = connected_pair(&provider, &config, &reservoir);
+    let (mut c, mut d) = connected_pair(&provider, &shared);
     promote_with(&mut c, &mut d, 3000);
     assert_eq!((c.stats().send_tier, d.stats().recv_tier), (1, 1));
 }

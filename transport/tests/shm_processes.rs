@@ -25,9 +25,11 @@
 //!   protocol violation of the peer.
 
 mod errors;
+mod pairs;
 mod traffic;
 
 use errors::chain;
+use pairs::Shared;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -37,11 +39,8 @@ use traffic::{pattern, sizes};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use tierbuf_pool::{MemoryBudget, SlotPool};
-use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionCore, ConnectionTable, ProgressConfig, SendError,
-};
+use tierbuf_transport::connection::{Connection, ConnectionTable, ProgressConfig, SendError};
 use tierbuf_transport::{
     Access, BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, Opcode, Provider,
     RemoteBuffer, ShmEndpoint, ShmProvider, TransportError,
@@ -125,10 +124,7 @@ const SMALL_BUDGET: u64 = 2 * 4096;
 
 fn ladder() -> Arc<TierLadder> {
     Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
+        pairs::three_tiers()
             .reservoir_regions(1)
             .demote_after(Duration::from_millis(5))
             .hysteresis(Duration::from_millis(1))
@@ -138,14 +134,7 @@ fn ladder() -> Arc<TierLadder> {
 }
 
 fn connection(provider: &ShmProvider, endpoint: ShmEndpoint) -> Connection<ShmEndpoint> {
-    let config = Arc::new(ConnectionConfig::new(ladder()).expect("a config"));
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let core = ConnectionCore::new(config, Arc::clone(&reservoir), reservoir, Instant::now())
-        .expect("a core");
-    Connection::new(core, endpoint).expect("a connection")
+    Shared::new(provider, ladder()).connection(endpoint)
 }
 
 /// A listener at a fresh path and the peer process started against it.

@@ -10,10 +10,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use tierbuf_transport::ShmProvider;
 use tierbuf_transport::connection::{
     AsyncConnection, ByteStream, ConnectionError, SendError, WouldBlock,
 };
-use tierbuf_transport::{LoopbackProvider, ShmProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use pairs::{PairProvider, connections, preset};
@@ -214,44 +214,6 @@ async fn the_sink_packs_what_waits_for_credit<P: PairProvider>() {
         stats.messages_packed >= 40,
         "what waited shared frames: {stats:?}"
     );
-}
-
-/// Each test over loopback and shm, and over verbs where `TIERBUF_VERBS_DEVICE` names a
-/// device (`.ci/verbs-rxe` runs them on soft-RoCE: the tasks are woken through the
-/// endpoints' completion channels).
-macro_rules! on_each_provider {
-    ($($test:ident),* $(,)?) => {
-        mod loopback {
-            use super::*;
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                tokio::time::timeout(BOUND, super::$test::<LoopbackProvider>()).await.unwrap();
-            })*
-        }
-        mod shm {
-            use super::*;
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                tokio::time::timeout(BOUND, super::$test::<ShmProvider>()).await.unwrap();
-            })*
-        }
-        #[cfg(feature = "verbs")]
-        mod verbs {
-            use super::*;
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                if pairs::skipped_without_a_verbs_device() {
-                    return;
-                }
-                tokio::time::timeout(
-                    BOUND,
-                    super::$test::<tierbuf_transport::verbs::VerbsProvider>(),
-                )
-                .await
-                .unwrap();
-            })*
-        }
-    };
 }
 
 /// One task reads and then flushes in the same poll, as tarpc's dispatch does: the
@@ -715,7 +677,12 @@ async fn the_send_vocabulary<P: PairProvider>() {
     assert_eq!(&last[..], b"kept", "the timed-out message was never sent");
 }
 
-on_each_provider!(
+// Each test over loopback and shm, and over verbs where `TIERBUF_VERBS_DEVICE` names a
+// device (`.ci/verbs-rxe` runs them on soft-RoCE: the tasks are woken through the
+// endpoints' completion channels).
+pairs::tokio_on_each_provider!(
+    verbs;
+    within BOUND;
     the_send_vocabulary,
     reading_then_flushing_in_one_poll_keeps_the_read_wake,
     reading_then_writing_replies_from_other_tasks,

@@ -10,15 +10,15 @@
 //! why it skips and passes.
 #![cfg(feature = "verbs")]
 
+mod pairs;
+
+use pairs::Shared;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use tierbuf_pool::{MemoryBudget, OwnedSlot, SlotPool};
-use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::verbs::{
     EndpointOptions, Exposures, MAX_QUEUE_DEPTH, VerbsConfig, VerbsEndpoint, VerbsError,
     VerbsProvider, ibv_wc_status,
@@ -609,28 +609,8 @@ fn a_connection_promotes_and_segments_over_verbs() {
     let Some(provider) = provider(&budget) else {
         return;
     };
-    let ladder = Arc::new(
-        TierLadder::builder()
-            .tier(256, 8, 240)
-            .tier(4096, 8, 4080)
-            .tier(65536, 4, 65520)
-            .build()
-            .unwrap(),
-    );
-    let config = Arc::new(ConnectionConfig::new(ladder).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
+    let ladder = Arc::new(pairs::three_tiers().build().unwrap());
+    let shared = Shared::new(&provider, ladder);
     let (a, b) = provider
         .pair(&EndpointOptions {
             send_depth: 32,
@@ -638,8 +618,8 @@ fn a_connection_promotes_and_segments_over_verbs() {
             ..EndpointOptions::default()
         })
         .unwrap();
-    let mut sender = Connection::new(core(), a).unwrap();
-    let mut receiver = Connection::new(core(), b).unwrap();
+    let mut sender = shared.connection(a);
+    let mut receiver = shared.connection(b);
     let messages: Vec<Vec<u8>> = [10usize, 200, 3000, 60_000, 200_000, 5]
         .iter()
         .enumerate()
@@ -662,7 +642,7 @@ fn a_connection_promotes_and_segments_over_verbs() {
     assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, messages.len() as u64);
     assert_eq!(receiver.stats().messages_received, messages.len() as u64);
-    drop((sender, receiver, reservoir));
+    drop((sender, receiver, shared));
     assert_eq!(budget.in_use(), 0, "every registered byte comes back");
 }
 

@@ -1,19 +1,59 @@
-//! Connected pairs for the tests of waiting (`readiness`, `senders`, `tokio_connection`)
-//! and of a peer's close (`peer_close`):
-//! providers whose endpoints come in pairs, and connections over them on a ladder.
+//! Connected pairs for the connection tests: providers whose endpoints come in pairs, and
+//! connections over them on a ladder, sharing a configuration and a reservoir.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
-use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::ladder::{TierLadder, TierLadderBuilder};
 use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
 use tierbuf_transport::{Endpoint, LoopbackProvider, Provider, ShmProvider};
+
+/// What the connections of a test share, as a transport's do: the configuration for
+/// their ladder, and one reservoir on the provider's registrar that every core draws
+/// its tiers from.
+pub(crate) struct Shared {
+    pub(crate) config: Arc<ConnectionConfig>,
+    pub(crate) reservoir: Arc<Reservoir>,
+}
+
+impl Shared {
+    /// The configuration for `ladder`, and a reservoir for it on `provider`.
+    pub(crate) fn new(provider: &impl Provider, ladder: Arc<TierLadder>) -> Shared {
+        Shared::with_config(provider, Arc::new(ConnectionConfig::new(ladder).unwrap()))
+    }
+
+    /// `config`, and a reservoir of its own for it on `provider`.
+    pub(crate) fn with_config(provider: &impl Provider, config: Arc<ConnectionConfig>) -> Shared {
+        let reservoir = Arc::new(Reservoir::new(
+            provider.registrar(),
+            Arc::clone(config.ladder()),
+        ));
+        Shared { config, reservoir }
+    }
+
+    /// A core on the configuration, sending and receiving from the reservoir.
+    pub(crate) fn core(&self) -> ConnectionCore {
+        ConnectionCore::new(
+            Arc::clone(&self.config),
+            Arc::clone(&self.reservoir),
+            Arc::clone(&self.reservoir),
+            Instant::now(),
+        )
+        .unwrap()
+    }
+
+    /// A connection over `endpoint`.
+    pub(crate) fn connection<E: Endpoint>(&self, endpoint: E) -> Connection<E> {
+        Connection::new(self.core(), endpoint).unwrap()
+    }
+}
 
 /// A provider whose endpoints come in connected pairs.
 pub(crate) trait PairProvider: Provider<Endpoint: 'static + Unpin> {
     /// A provider charging a budget of 1 GiB.
+    #[allow(dead_code)] // Not every test binary leaves its provider's budget to this.
     fn make() -> Self;
     /// Two connected endpoints, both queues `depth` deep.
     fn connect_pair(&self, depth: u32) -> (Self::Endpoint, Self::Endpoint);
@@ -80,6 +120,16 @@ pub(crate) fn preset(name: &str) -> TierLadder {
     TierLadder::preset(name).unwrap()
 }
 
+/// The three tiers most connection tests run on, for each to add its own policy: tier 0
+/// carries 240 bytes whole, tier 1 4080, tier 2 65520; longer messages are segmented.
+#[allow(dead_code)] // Not every test binary runs on them.
+pub(crate) fn three_tiers() -> TierLadderBuilder {
+    TierLadder::builder()
+        .tier(256, 8, 240)
+        .tier(4096, 8, 4080)
+        .tier(65536, 4, 65520)
+}
+
 /// The `two-tier` ladder's tiers (512 B and 8 KiB), demoting after `demote_after`.
 #[allow(dead_code)] // Not every test binary demotes.
 pub(crate) fn demoting_ladder(demote_after: Duration) -> TierLadder {
@@ -107,25 +157,9 @@ pub(crate) fn connections_wrapping<P: PairProvider, W: Endpoint>(
     ladder: TierLadder,
     wrap: impl FnOnce(P::Endpoint) -> W,
 ) -> (Connection<W>, Connection<P::Endpoint>) {
-    let config = Arc::new(ConnectionConfig::new(Arc::new(ladder)).unwrap());
-    let reservoir = Arc::new(Reservoir::new(
-        provider.registrar(),
-        Arc::clone(config.ladder()),
-    ));
-    let (a, b) = provider.connect_pair(config.queue_depth());
-    let core = || {
-        ConnectionCore::new(
-            Arc::clone(&config),
-            Arc::clone(&reservoir),
-            Arc::clone(&reservoir),
-            Instant::now(),
-        )
-        .unwrap()
-    };
-    (
-        Connection::new(core(), wrap(a)).unwrap(),
-        Connection::new(core(), b).unwrap(),
-    )
+    let shared = Shared::new(provider, Arc::new(ladder));
+    let (a, b) = provider.connect_pair(shared.config.queue_depth());
+    (shared.connection(wrap(a)), shared.connection(b))
 }
 
 /// The preset ladder `name`, demoting only after `demote_after`: a test that stalls until
@@ -145,3 +179,36 @@ pub(crate) fn preset_demoting_after(name: &str, demote_after: Duration) -> TierL
     }
     builder.build().unwrap()
 }
+
+/// Each of the generic async tests named as a `#[tokio::test]` on two worker threads, in
+/// a module per provider (`loopback`, `shm`, and with `verbs;` first also `verbs`, where
+/// `TIERBUF_VERBS_DEVICE` names a device), failing if it runs longer than `bound`.
+#[allow(unused_macros)] // Not every test binary is async.
+macro_rules! tokio_on_each_provider {
+    (verbs; within $bound:expr; $($test:ident),* $(,)?) => {
+        pairs::tokio_on_each_provider!(within $bound; $($test),*);
+        #[cfg(feature = "verbs")]
+        pairs::tokio_on_each_provider!(
+            @over verbs, tierbuf_transport::verbs::VerbsProvider, pairs::skipped_without_a_verbs_device(), $bound;
+            $($test),*
+        );
+    };
+    (within $bound:expr; $($test:ident),* $(,)?) => {
+        pairs::tokio_on_each_provider!(@over loopback, tierbuf_transport::LoopbackProvider, false, $bound; $($test),*);
+        pairs::tokio_on_each_provider!(@over shm, tierbuf_transport::ShmProvider, false, $bound; $($test),*);
+    };
+    (@over $module:ident, $provider:ty, $skipped:expr, $bound:expr; $($test:ident),*) => {
+        mod $module {
+            use super::*;
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                if $skipped {
+                    return;
+                }
+                tokio::time::timeout($bound, super::$test::<$provider>()).await.unwrap();
+            })*
+        }
+    };
+}
+#[allow(unused_imports)] // Not every test binary is async.
+pub(crate) use tokio_on_each_provider;
