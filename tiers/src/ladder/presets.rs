@@ -16,8 +16,10 @@
 //! - `storage`: block I/O up to 1 MiB. 4 KiB slots for metadata and small I/O, 64 KiB for
 //!   medium I/O, and 1 MiB slots so a whole block never needs segmenting. Streams last, so
 //!   connections stay promoted longer (60 s idle, 10 s hysteresis); the 1 MiB tier is large, so
-//!   replaced tiers are freed; registering a 4 MiB region costs about a quarter millisecond, so
-//!   2 regions per tier are kept in reserve.
+//!   replaced tiers are freed; a promotion that registers and pins its region is slow next
+//!   to one that takes a spare (`benches/benches/tiers.rs`, `tiers/promote`:
+//!   `register_and_pin` against `from_reservoir`), the more so for a 4 MiB region, so 2
+//!   regions per tier are kept in reserve.
 
 use std::time::Duration;
 
