@@ -210,8 +210,8 @@ impl TierSpec {
 
 /// When a connection steps back down the ladder, and what a process keeps registered.
 ///
-/// Defaults: `demote_after` 30 s, `hysteresis` 5 s, `retain_replaced` false (free the old
-/// tier as the patent does), `reservoir_regions` 0 (register nothing nobody asked for).
+/// Defaults: `demote_after` 30 s, `hysteresis` 5 s, `retain_replaced` false (free the
+/// regions a promotion replaces), `reservoir_regions` 0 (register nothing nobody asked for).
 ///
 /// ```
 /// use std::time::Duration;
@@ -272,7 +272,7 @@ impl LadderPolicy {
     }
 
     /// Whether a promoted connection keeps the regions of the tiers below registered (demotion
-    /// is then free) instead of freeing them as the patent does (less memory per connection).
+    /// is then free) instead of freeing them on promotion (less memory per connection).
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;

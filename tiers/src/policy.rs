@@ -6,8 +6,8 @@
 //! with every input instead of reading a clock. The owner, a connection's
 //! [`TierController`](crate::controller::TierController), applies the plans: it asks the
 //! negotiation for the tier a plan names, sends the message meanwhile in segments on the tier
-//! in force (where the patent's send routine reports "0 bytes transferred" until the
-//! promotion lands), and arms a timer at `DemotionTracker::next_deadline`.
+//! in force (it never reports "0 bytes transferred" while a promotion is pending;
+//! `docs/policy.md`), and arms a timer at `DemotionTracker::next_deadline`.
 //!
 //! # Invariants kept here
 //!

@@ -4,7 +4,7 @@
 //! `slot_count` slots of the tier's size and [`SLOT_HEADROOM`](super::SLOT_HEADROOM) bytes
 //! for the frame header ([`TierSpec::region_len`]). With
 //! [`LadderPolicy::retain_replaced`](super::LadderPolicy::retain_replaced) it also still
-//! holds the send and receive regions of every tier below k; without it (the patent's choice)
+//! holds the send and receive regions of every tier below k; without it (the default)
 //! those were freed on promotion. The comparison is a static configuration that registers the
 //! top tier's send and receive regions up front for every connection. Reserve regions
 //! ([`LadderPolicy::reservoir_regions`](super::LadderPolicy::reservoir_regions) of each tier)
