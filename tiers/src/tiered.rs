@@ -349,7 +349,7 @@ impl TieredRegion {
     /// let region = TieredRegion::new(reservoir)?;
     /// region.begin_change(TierIndex::new(1))?.install(false)?;
     /// let (tier_0, tier_1) = (4 * (512 + 64), 4 * (4096 + 64)); // slots with their headroom
-/// assert_eq!(region.registered_bytes(), tier_0 + tier_1, "tier 0 retained below tier 1");
+    /// assert_eq!(region.registered_bytes(), tier_0 + tier_1, "tier 0 retained below tier 1");
     /// region.begin_change(TierIndex::SMALLEST)?.install(false)?;
     /// assert_eq!(region.reclaim(), 1, "tier 1 is above the tier in force: it retires");
     /// assert_eq!(region.registered_bytes(), tier_0);

@@ -198,13 +198,22 @@ async fn copies_in_8_kib_writes_stay_on_the_8_kib_tier<P: PairProvider>() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let promoted = writer.stats();
-    assert_eq!(promoted.send_tier, 1, "8 KiB writes fit the 8 KiB tier: {promoted:?}");
+    assert_eq!(
+        promoted.send_tier, 1,
+        "8 KiB writes fit the 8 KiB tier: {promoted:?}"
+    );
 
     let second = pattern(256 << 10, 7);
-    tokio::io::copy(&mut &second[..], &mut writer).await.unwrap();
+    tokio::io::copy(&mut &second[..], &mut writer)
+        .await
+        .unwrap();
     writer.shutdown().await.unwrap();
     let stats = writer.stats();
-    assert_eq!((stats.send_tier, stats.tiers.promotions), (1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.send_tier, stats.tiers.promotions),
+        (1, 1),
+        "{stats:?}"
+    );
     assert_eq!(
         stats.messages_segmented, promoted.messages_segmented,
         "on the 8 KiB tier every 8 KiB write goes whole"
@@ -212,7 +221,10 @@ async fn copies_in_8_kib_writes_stay_on_the_8_kib_tier<P: PairProvider>() {
     drop(writer);
     let (received, reader_stats) = reading.await.unwrap();
     assert!(received == [first, second].concat(), "every byte, in order");
-    assert_eq!(reader_stats.recv_tier, 1, "the reader posts receives of the 8 KiB tier");
+    assert_eq!(
+        reader_stats.recv_tier, 1,
+        "the reader posts receives of the 8 KiB tier"
+    );
 }
 
 /// The peer reads nothing: the writer runs out of credits and its write waits; once the

@@ -577,7 +577,11 @@ fn a_message_the_size_of_the_top_tier_goes_whole_in_one_frame() {
             _ => None,
         })
         .collect();
-    assert_eq!(data, [(FrameKind::Whole as u8, 16 + 8192)], "one data frame");
+    assert_eq!(
+        data,
+        [(FrameKind::Whole as u8, 16 + 8192)],
+        "one data frame"
+    );
 
     pair.try_reserve(0, 8192).expect("8 KiB fits one frame");
     pair.cancel_reserved(0);
