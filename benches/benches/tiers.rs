@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tierbuf_benches::pin_to_core;
 use tierbuf_pool::{HostRegistrar, MemoryBudget, SlotPool};
-use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::ladder::{SLOT_HEADROOM, TierLadder};
 use tierbuf_tiers::{Provenance, Reservoir, TierIndex, TieredRegion};
 
 const SMALL: TierIndex = TierIndex::SMALLEST;
@@ -53,7 +53,8 @@ fn acquire(c: &mut Criterion) {
     });
 
     let registrar = HostRegistrar::new(MemoryBudget::with_cap(1 << 30));
-    let pool = SlotPool::new(&registrar, 8192, 16).expect("register the pool");
+    // The shape of the 8 KiB tier: 16 slots of 8 KiB and the headroom for a frame header.
+    let pool = SlotPool::new(&registrar, 8192 + SLOT_HEADROOM, 16).expect("register the pool");
     group.bench_function("slot_pool", |b| {
         b.iter(|| {
             let slot = pool.try_acquire().expect("a free slot");

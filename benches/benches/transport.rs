@@ -193,12 +193,13 @@ type Loopback = Connection<LoopbackEndpoint>;
 type Shm = Connection<ShmEndpoint>;
 
 fn ladder() -> Arc<TierLadder> {
-    // Slot sizes leave room for the 16-byte frame header (and stay multiples of 64).
+    // Every slot registers 64 bytes past its tier's size for the 16-byte frame header, so
+    // the 8 KiB and 64 KiB tiers carry messages of 8 KiB and 64 KiB whole.
     Arc::new(
         TierLadder::builder()
             .tier(512, 16, 480)
-            .tier(8192 + 64, 16, 8192 + 48)
-            .tier(65536 + 64, 8, 65536 + 48)
+            .tier(8192, 16, 8192)
+            .tier(65536, 8, 65536)
             // Four spares a tier: enough for a pair's tier-0 regions to come back to the
             // shelf when it is dropped, so `transport/promotion` reuses warm regions.
             .reservoir_regions(4)

@@ -52,8 +52,8 @@ fn main() {
         builder = builder.tier(512, 16, 480);
     }
     let ladder = builder
-        .tier(8192 + 64, 16, 8192 + 48)
-        .tier(65536 + 64, 8, 65536 + 48)
+        .tier(8192, 16, 8192)
+        .tier(65536, 8, 65536)
         .reservoir_regions(4)
         .build()
         .expect("a valid ladder");

@@ -125,9 +125,7 @@ fn connection_pair_over<E: Endpoint>(
 ) -> (Connection<E>, Connection<E>) {
     let mut ladder = TierLadder::builder().tier(512, 16, 480);
     if !tier_0_alone {
-        ladder = ladder
-            .tier(8192 + 64, 16, 8192 + 48)
-            .tier(65536 + 64, 8, 65536 + 48);
+        ladder = ladder.tier(8192, 16, 8192).tier(65536, 8, 65536);
     }
     let ladder = Arc::new(ladder.build().expect("a ladder"));
     let config = Arc::new(ConnectionConfig::new(ladder).expect("a config"));

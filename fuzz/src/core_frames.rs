@@ -525,7 +525,7 @@ impl Harness {
         self.ladder()
             .tiers()
             .iter()
-            .position(|t| t.slot_size() == buffer.len as usize)
+            .position(|t| t.slot_len() == buffer.len as usize)
             .unwrap_or_else(|| panic!("a receive of {} bytes is no tier's slot", buffer.len))
             as u8
     }
@@ -551,7 +551,7 @@ impl Harness {
             .peer_receives
             .front_mut()
             .expect("the core sent a frame with no credit");
-        let slot = self.config.ladder().tiers()[usize::from(*tier)].slot_size();
+        let slot = self.config.ladder().tiers()[usize::from(*tier)].slot_len();
         assert!(
             frame.len() <= slot,
             "a {}-byte frame into a {slot}-byte receive of tier {tier}",
@@ -619,7 +619,7 @@ fn ack(epoch: u64, tier: u8) -> ControlMessage {
         epoch: Epoch::new(epoch),
         tier: TierIndex::new(tier),
         shape: TierShape {
-            slot_size: spec.slot_size() as u32,
+            slot_size: spec.slot_len() as u32,
             slot_count: spec.slot_count() as u32,
         },
         region: RegionDescriptor {

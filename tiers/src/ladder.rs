@@ -8,9 +8,16 @@
 //! # Threshold semantics
 //!
 //! A message (or one element of an I/O vector) of `len` bytes *fits* tier `k` when
-//! `len <= promote_threshold(k)`. The threshold never exceeds the slot size; a threshold below
-//! the slot size promotes early, leaving `slot_size - promote_threshold` bytes of every slot
-//! for a transport header or trailer (the patent's "fits with a certain tolerance").
+//! `len <= promote_threshold(k)`. The threshold never exceeds the tier's size; a threshold
+//! below the size promotes early, a tolerance margin (`docs/ladders.md`).
+//!
+//! # Tier sizes
+//!
+//! A tier's size ([`TierSpec::slot_size`]) is the message bytes one of its slots carries: a
+//! tier of 8 KiB carries an 8 KiB message in one frame. The transport's per-frame header
+//! does not come out of it: every registered slot is [`SLOT_HEADROOM`] bytes longer than the
+//! size ([`TierSpec::slot_len`]), and a region, the registered memory and every figure of a
+//! [`MemoryTable`] count those registered slots.
 //!
 //! # Invariants kept here
 //!
@@ -26,7 +33,7 @@
 //!   credit grants of a frame header;
 //! - thresholds are non-zero, at most their tier's slot size, and strictly increase up the
 //!   ladder, so every tier is the smallest fit for some message length;
-//! - every region (`slot_size * slot_count`) is at most [`MAX_REGION_LEN`], so it fits the
+//! - every region (`slot_len * slot_count`) is at most [`MAX_REGION_LEN`], so it fits the
 //!   32-bit lengths of the wire and of verbs, and the send and receive regions of all tiers
 //!   added together fit a `u64` (so [`TierSpec::region_len`] and the [`MemoryTable`] never
 //!   overflow);
@@ -54,6 +61,21 @@ pub const MAX_TIERS: usize = u8::MAX as usize;
 /// one region never share a cache line and every slot starts suitably aligned for a registrar.
 pub const SLOT_ALIGN: usize = 64;
 
+/// The bytes every registered slot holds past its tier's size, for the header a transport
+/// writes ahead of each frame's payload: a tier whose size is `N` registers slots of
+/// `N + SLOT_HEADROOM` bytes and so carries an `N`-byte message whole. One cache line, so
+/// that registered slots stay [`SLOT_ALIGN`]-aligned; the connection layer's 16-byte frame
+/// header takes the first 16 of them, and a transport whose header would not fit is refused
+/// ([`FrameCapacity::new`](crate::policy::FrameCapacity::new)).
+///
+/// ```
+/// use tierbuf_tiers::ladder::{SLOT_HEADROOM, TierLadder};
+/// let ladder = TierLadder::builder().tier(8192, 4, 8192).build()?;
+/// assert_eq!(ladder.tiers()[0].slot_len(), 8192 + SLOT_HEADROOM);
+/// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+/// ```
+pub const SLOT_HEADROOM: usize = SLOT_ALIGN;
+
 /// The fewest slots a tier may have: the receives a connection keeps posted however many
 /// messages its user holds. One is the credit data frames leave for credit and control
 /// frames, one carries data, and a third lets a credit frame sent to a peer left one credit
@@ -68,11 +90,12 @@ pub const MIN_SLOT_COUNT: usize = 3;
 /// requests), and keeps a tier's count within the 16-bit credit grant of a frame header.
 pub const MAX_SLOT_COUNT: usize = 1 << 14;
 
-/// The largest slot: 1 GiB. A slot is one receive buffer, whose length travels in 32 bits
-/// (a verbs scatter-gather element, a frame's payload length).
+/// The largest tier size: 1 GiB. A slot is one receive buffer, whose length (the size and
+/// [`SLOT_HEADROOM`]) travels in 32 bits (a verbs scatter-gather element, a frame's payload
+/// length).
 pub const MAX_SLOT_SIZE: usize = 1 << 30;
 
-/// The longest region, `slot_size * slot_count`: the largest multiple of [`SLOT_ALIGN`]
+/// The longest region, `slot_len * slot_count`: the largest multiple of [`SLOT_ALIGN`]
 /// below 4 GiB, so that a region's length and every offset in it fit 32 bits, as verbs
 /// lengths and the negotiation's wire fields are.
 pub const MAX_REGION_LEN: usize = u32::MAX as usize & !(SLOT_ALIGN - 1);
@@ -84,7 +107,8 @@ pub const MAX_RESERVOIR_REGIONS: usize = 1024;
 /// of these, which then never overflows an `Instant`.
 pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// One rung of a ladder: a registered region of `slot_count` slots of `slot_size` bytes.
+/// One rung of a ladder: a registered region of `slot_count` slots, each carrying
+/// `slot_size` bytes of message and registering [`SLOT_HEADROOM`] more for the frame header.
 ///
 /// Only a validated [`TierLadder`] hands out a `TierSpec`.
 ///
@@ -93,9 +117,10 @@ pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 /// let ladder = TierLadder::builder().tier(512, 16, 480).build()?;
 /// let tier = &ladder.tiers()[0];
 /// assert_eq!(tier.slot_size(), 512);
+/// assert_eq!(tier.slot_len(), 576);
 /// assert_eq!(tier.slot_count(), 16);
 /// assert_eq!(tier.promote_threshold(), 480);
-/// assert_eq!(tier.region_len(), 8192);
+/// assert_eq!(tier.region_len(), 16 * 576);
 /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,7 +131,8 @@ pub struct TierSpec {
 }
 
 impl TierSpec {
-    /// The size of one slot in bytes.
+    /// The tier's size: the bytes of message one slot carries in one frame (the ladder
+    /// file's `slot_size`).
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
@@ -116,6 +142,19 @@ impl TierSpec {
     /// ```
     pub fn slot_size(&self) -> usize {
         self.slot_size
+    }
+
+    /// The bytes one slot registers: the tier's size and [`SLOT_HEADROOM`] for the frame
+    /// header. A receive posted at this tier is this long.
+    ///
+    /// ```
+    /// # use tierbuf_tiers::ladder::TierLadder;
+    /// let ladder = TierLadder::builder().tier(8192, 4, 8192).build()?;
+    /// assert_eq!(ladder.tiers()[0].slot_len(), 8192 + 64);
+    /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
+    /// ```
+    pub fn slot_len(&self) -> usize {
+        self.slot_size + SLOT_HEADROOM
     }
 
     /// How many slots the tier's region holds (one region for sending, one for receiving).
@@ -142,17 +181,17 @@ impl TierSpec {
         self.promote_threshold
     }
 
-    /// The length of one of the tier's regions: `slot_size * slot_count`.
+    /// The length of one of the tier's regions, what it registers: `slot_len * slot_count`.
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
     /// let ladder = TierLadder::builder().tier(8192, 4, 8192).build()?;
-    /// assert_eq!(ladder.tiers()[0].region_len(), 32768);
+    /// assert_eq!(ladder.tiers()[0].region_len(), 4 * (8192 + 64));
     /// # Ok::<(), tierbuf_tiers::ladder::LadderError>(())
     /// ```
     pub fn region_len(&self) -> usize {
         // Validation checked this product (and more) fits.
-        self.slot_size * self.slot_count
+        self.slot_len() * self.slot_count
     }
 
     /// Whether a message of `len` bytes fits this tier: `len <= promote_threshold`.
@@ -171,8 +210,8 @@ impl TierSpec {
 
 /// When a connection steps back down the ladder, and what a process keeps registered.
 ///
-/// Defaults: `demote_after` 30 s, `hysteresis` 5 s, `retain_replaced` false (free the old
-/// tier as the patent does), `reservoir_regions` 0 (register nothing nobody asked for).
+/// Defaults: `demote_after` 30 s, `hysteresis` 5 s, `retain_replaced` false (free the
+/// regions a promotion replaces), `reservoir_regions` 0 (register nothing nobody asked for).
 ///
 /// ```
 /// use std::time::Duration;
@@ -233,7 +272,7 @@ impl LadderPolicy {
     }
 
     /// Whether a promoted connection keeps the regions of the tiers below registered (demotion
-    /// is then free) instead of freeing them as the patent does (less memory per connection).
+    /// is then free) instead of freeing them on promotion (less memory per connection).
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
@@ -399,9 +438,9 @@ pub enum LadderError {
         /// The threshold of the tier below.
         below: usize,
     },
-    /// The tier's region, `slot_size * slot_count`, is past [`MAX_REGION_LEN`].
+    /// The tier's region, `slot_len * slot_count`, is past [`MAX_REGION_LEN`].
     #[error(
-        "{tier}: slot_count {slot_count} of slot_size {slot_size} makes a region past the maximum of {MAX_REGION_LEN} bytes"
+        "{tier}: slot_count {slot_count} of slot_size {slot_size} (each registering {SLOT_HEADROOM} bytes more) makes a region past the maximum of {MAX_REGION_LEN} bytes"
     )]
     RegionTooLarge {
         /// The offending tier.
@@ -610,7 +649,8 @@ impl TierLadder {
             }
             // With every region within 32 bits, the send and receive regions of at most
             // `MAX_TIERS` tiers together stay far within a `u64`.
-            if slot_size
+            // `slot_size` is at most `MAX_SLOT_SIZE`, so adding the headroom cannot overflow.
+            if (slot_size + SLOT_HEADROOM)
                 .checked_mul(slot_count)
                 .is_none_or(|region_len| region_len > MAX_REGION_LEN)
             {
@@ -754,8 +794,8 @@ impl TierLadder {
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
     /// let table = TierLadder::preset("two-tier")?.memory_table(1);
-    /// assert_eq!(table.rows()[0].per_connection(), 16 * 1024);
-    /// assert_eq!(table.static_per_connection(), 256 * 1024);
+    /// assert_eq!(table.rows()[0].per_connection(), 2 * 16 * (512 + 64)); // 18 KiB
+    /// assert_eq!(table.static_per_connection(), 2 * 16 * (8192 + 64)); // 258 KiB
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
     /// ```
     pub fn memory_table(&self, connections: usize) -> MemoryTable {
@@ -901,8 +941,8 @@ mod tests {
             .unwrap();
         assert_eq!(ladder.len(), 2);
         assert_eq!(ladder.top(), tier(1));
-        assert_eq!(ladder.tier(tier(0)).unwrap().region_len(), 512 * 64);
-        assert_eq!(ladder.tier(tier(1)).unwrap().region_len(), 8192 * 32);
+        assert_eq!(ladder.tier(tier(0)).unwrap().region_len(), (512 + 64) * 64);
+        assert_eq!(ladder.tier(tier(1)).unwrap().region_len(), (8192 + 64) * 32);
         assert_eq!(ladder.policy().demote_after(), Duration::from_millis(250));
         assert_eq!(ladder.policy().hysteresis(), Duration::from_secs(1));
         assert!(ladder.policy().retain_replaced());
@@ -1039,13 +1079,14 @@ mod tests {
                 },
             ),
             (
-                // 16 slots of 256 MiB: 4 GiB, one cache line past the largest region.
+                // 16 slots of 256 MiB less 64 B would fit, but each registers 64 B of
+                // headroom: 4 GiB, one cache line past the largest region.
                 TierLadder::builder()
                     .tier(512, 3, 512)
-                    .tier(256 << 20, 16, 1024),
+                    .tier((256 << 20) - SLOT_HEADROOM, 16, 1024),
                 LadderError::RegionTooLarge {
                     tier: tier(1),
-                    slot_size: 256 << 20,
+                    slot_size: (256 << 20) - SLOT_HEADROOM,
                     slot_count: 16,
                 },
             ),
@@ -1056,14 +1097,14 @@ mod tests {
         // Every bound is reachable: a ladder at all of them is valid.
         let at_the_limits = TierLadder::builder()
             .tier(64, MAX_SLOT_COUNT, 64)
-            .tier(MAX_REGION_LEN / 4 / 64 * 64, 4, 128)
+            .tier(MAX_REGION_LEN / 4 / 64 * 64 - SLOT_HEADROOM, 4, 128)
             .tier(MAX_SLOT_SIZE, MIN_SLOT_COUNT, MAX_SLOT_SIZE)
             .demote_after(MAX_POLICY_DURATION)
             .hysteresis(MAX_POLICY_DURATION)
             .reservoir_regions(MAX_RESERVOIR_REGIONS)
             .build()
             .unwrap();
-        assert_eq!(at_the_limits.tiers()[0].region_len(), 1 << 20);
+        assert_eq!(at_the_limits.tiers()[0].region_len(), 2 << 20);
         assert!(at_the_limits.tiers()[1].region_len() <= MAX_REGION_LEN);
     }
 

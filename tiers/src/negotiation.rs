@@ -66,7 +66,9 @@ use crate::{RegionDescriptor, TierIndex};
 use inbound::Inbound;
 use outbound::Outbound;
 
-/// The shape of one tier's receive buffers: `slot_count` slots of `slot_size` bytes.
+/// The shape of one tier's receive buffers: `slot_count` registered slots of `slot_size`
+/// bytes each (for a ladder's tier, [`TierSpec::slot_len`](crate::ladder::TierSpec::slot_len):
+/// the tier's size and the headroom for the frame header).
 ///
 /// ```
 /// use tierbuf_tiers::negotiation::TierShape;
@@ -75,7 +77,7 @@ use outbound::Outbound;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TierShape {
-    /// The size of one slot in bytes.
+    /// The length of one registered slot in bytes.
     pub slot_size: u32,
     /// How many slots the tier has.
     pub slot_count: u32,
@@ -156,7 +158,7 @@ pub enum NegotiationConfigError {
     TierTooLarge {
         /// The tier.
         tier: TierIndex,
-        /// Its slot size.
+        /// The length of its registered slots.
         slot_size: usize,
         /// Its slot count.
         slot_count: usize,
@@ -214,7 +216,7 @@ impl NegotiationConfig {
     /// let ladder = TierLadder::preset("two-tier")?;
     /// let config = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(50), 5)?;
     /// assert_eq!(config.tiers().len(), ladder.len());
-    /// assert_eq!(config.tiers()[1].slot_size as usize, ladder.tiers()[1].slot_size());
+    /// assert_eq!(config.tiers()[1].slot_size as usize, ladder.tiers()[1].slot_len());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn for_ladder(
@@ -227,11 +229,11 @@ impl NegotiationConfig {
             .map(|(tier, spec)| {
                 let too_large = || NegotiationConfigError::TierTooLarge {
                     tier,
-                    slot_size: spec.slot_size(),
+                    slot_size: spec.slot_len(),
                     slot_count: spec.slot_count(),
                 };
                 Ok(TierShape {
-                    slot_size: u32::try_from(spec.slot_size()).map_err(|_| too_large())?,
+                    slot_size: u32::try_from(spec.slot_len()).map_err(|_| too_large())?,
                     slot_count: u32::try_from(spec.slot_count()).map_err(|_| too_large())?,
                 })
             })

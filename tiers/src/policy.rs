@@ -6,8 +6,8 @@
 //! with every input instead of reading a clock. The owner, a connection's
 //! [`TierController`](crate::controller::TierController), applies the plans: it asks the
 //! negotiation for the tier a plan names, sends the message meanwhile in segments on the tier
-//! in force (where the patent's send routine reports "0 bytes transferred" until the
-//! promotion lands), and arms a timer at `DemotionTracker::next_deadline`.
+//! in force (it never reports "0 bytes transferred" while a promotion is pending;
+//! `docs/policy.md`), and arms a timer at `DemotionTracker::next_deadline`.
 //!
 //! # Invariants kept here
 //!
@@ -1055,10 +1055,10 @@ mod tests {
 
     // ---- properties ----
 
-    /// Ladders of 1 to 5 tiers: slot sizes grow by at least 64 bytes, thresholds sit up to
-    /// 63 bytes under them (so they grow too); measured with a frame overhead of 0 to 32
-    /// bytes, so a tier's whole capacity is sometimes its threshold, sometimes its slot less
-    /// the overhead.
+    /// Ladders of 1 to 5 tiers: tier sizes grow by at least 64 bytes, thresholds sit up to
+    /// 63 bytes under them (so they grow too), so a tier's whole capacity is sometimes its
+    /// size and sometimes less; measured with a frame overhead of 0 to 32 bytes, which the
+    /// slots' headroom holds.
     fn ladders() -> impl Strategy<Value = FrameCapacity> {
         (
             prop::collection::vec((1usize..64, 0usize..64), 1..=5),
@@ -1072,7 +1072,7 @@ mod tests {
                     builder = builder.tier(slot_size, 3, slot_size - slack);
                 }
                 let ladder = builder.build().expect("generated ladders are valid");
-                FrameCapacity::new(Arc::new(ladder), overhead).expect("slots pass 32 bytes")
+                FrameCapacity::new(Arc::new(ladder), overhead).expect("the headroom holds 32 bytes")
             })
     }
 

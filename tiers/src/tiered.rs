@@ -348,10 +348,11 @@ impl TieredRegion {
     ///     Arc::new(Reservoir::new(Arc::new(HostRegistrar::new(budget)), Arc::new(ladder)));
     /// let region = TieredRegion::new(reservoir)?;
     /// region.begin_change(TierIndex::new(1))?.install(false)?;
-    /// assert_eq!(region.registered_bytes(), 2048 + 16384, "tier 0 retained below tier 1");
+    /// let (tier_0, tier_1) = (4 * (512 + 64), 4 * (4096 + 64)); // slots with their headroom
+    /// assert_eq!(region.registered_bytes(), tier_0 + tier_1, "tier 0 retained below tier 1");
     /// region.begin_change(TierIndex::SMALLEST)?.install(false)?;
     /// assert_eq!(region.reclaim(), 1, "tier 1 is above the tier in force: it retires");
-    /// assert_eq!(region.registered_bytes(), 2048);
+    /// assert_eq!(region.registered_bytes(), tier_0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn registered_bytes(&self) -> u64 {
@@ -452,7 +453,7 @@ fn provision_tier(
         })?;
     let (region, provenance) = reservoir.take(index)?;
     let pool =
-        SlotPool::from_region(region, spec.slot_size()).map_err(|source| TierError::Register {
+        SlotPool::from_region(region, spec.slot_len()).map_err(|source| TierError::Register {
             tier: index,
             source,
         })?;

@@ -14,7 +14,7 @@
 //! # Invariants
 //!
 //! - A frame is taken for a whole message only if its head flag *and* its tail flag are
-//!   present and right (the patent's head and tail flags). A receive slot is zeroed before it
+//!   present and right (their origin is in `docs/protocol.md`). A receive slot is zeroed before it
 //!   is reused and written front to back, so a frame whose head is written but whose tail is
 //!   not yet (wholly) written is a torn write in progress: [`try_decode`] reports it as [`FrameStatus::Incomplete`], distinct from
 //!   a malformed frame, and never hands out its fields.

@@ -101,9 +101,10 @@ fn settle(
 }
 
 #[test]
-fn a_stream_of_messages_the_size_of_a_slot_stays_promoted_once_the_header_is_counted() {
-    // Tier 0's threshold is its whole slot: a 4096-byte message fits the threshold but
-    // not the slot once the header is in it, so it needs tier 1, for the tracker too.
+fn a_stream_of_messages_the_size_of_a_tier_stays_on_it_and_one_past_it_stays_promoted() {
+    // Tier 0 is 4 KiB with its threshold at its size: the header goes in the slot's
+    // headroom, so a 4096-byte message fits tier 0, for the planner and the tracker alike,
+    // and a 4097-byte one needs tier 1 for both.
     let ladder = Arc::new(
         TierLadder::builder()
             .tier(4096, 8, 4096)
@@ -114,17 +115,27 @@ fn a_stream_of_messages_the_size_of_a_slot_stays_promoted_once_the_header_is_cou
             .unwrap(),
     );
     let start = Instant::now();
-    let (a_end, b_end) = InMemoryNegotiator::pair();
-    let mut sides = [
-        (controller(&ladder, start), a_end),
-        (controller(&ladder, start), b_end),
-    ];
-    let mut now = start;
-    for _ in 0..100 {
-        sides[0].0.plan_message(now, 4096).unwrap();
-        settle(&mut sides, now);
-        now += Duration::from_millis(100);
-    }
+    let stream = |len: usize| {
+        let (a_end, b_end) = InMemoryNegotiator::pair();
+        let mut sides = [
+            (controller(&ladder, start), a_end),
+            (controller(&ladder, start), b_end),
+        ];
+        let mut now = start;
+        for _ in 0..100 {
+            sides[0].0.plan_message(now, len).unwrap();
+            settle(&mut sides, now);
+            now += Duration::from_millis(100);
+        }
+        (sides, now)
+    };
+
+    let (sides, _) = stream(4096);
+    let stats = sides[0].0.stats();
+    assert_eq!((stats.promotions, stats.demotions), (0, 0), "{stats:?}");
+    assert_eq!(sides[0].0.send_tier(), TierIndex::SMALLEST);
+
+    let (mut sides, now) = stream(4097);
     let stats = sides[0].0.stats();
     assert_eq!((stats.promotions, stats.demotions), (1, 0), "{stats:?}");
     assert_eq!(sides[0].0.send_tier(), TierIndex::new(1));
@@ -139,13 +150,13 @@ fn a_stream_of_messages_the_size_of_a_slot_stays_promoted_once_the_header_is_cou
     )));
 }
 
-/// 512 B, 4 KiB and 64 KiB slots, demoted after a second idle.
+/// Tiers of 512 B, 4 KiB and 64 KiB, demoted after a second idle.
 fn three_tiers() -> Arc<TierLadder> {
     Arc::new(
         TierLadder::builder()
-            .tier(512, 4, 496)
-            .tier(4096 + 64, 4, 4096)
-            .tier(65_536 + 64, 4, 65_536)
+            .tier(512, 4, 512)
+            .tier(4096, 4, 4096)
+            .tier(65_536, 4, 65_536)
             .demote_after(Duration::from_secs(1))
             .hysteresis(Duration::from_millis(100))
             .build()
@@ -351,7 +362,7 @@ mod properties {
 
     use super::*;
 
-    /// Ladders of 2 to 4 tiers (slot sizes 64 B to 1 MiB), measured with the 16-byte header.
+    /// Ladders of 2 to 4 tiers (sizes 128 B to 1 MiB), measured with the 16-byte header.
     fn ladders() -> impl Strategy<Value = Arc<TierLadder>> {
         (prop::collection::vec(1usize..=3, 1..=3), 1u64..50, 0u64..20).prop_map(
             |(steps, demote_ms, hysteresis_ms)| {
@@ -425,7 +436,7 @@ mod properties {
                 controller.reclaim();
                 let in_force = |tier: TierIndex| {
                     let spec = ladder.tier(tier).unwrap();
-                    (spec.slot_size() * spec.slot_count()) as u64
+                    spec.region_len() as u64
                 };
                 let bound = in_force(controller.send_tier()) + in_force(controller.recv_tier());
                 prop_assert!(controller.registered_bytes() <= bound, "{} > {bound}", controller.registered_bytes());

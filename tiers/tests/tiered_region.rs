@@ -13,9 +13,16 @@ const T0: TierIndex = TierIndex::SMALLEST;
 const T1: TierIndex = TierIndex::new(1);
 const T2: TierIndex = TierIndex::new(2);
 
-/// What tier 0's region (4 slots of 512 bytes, 2048 bytes) is charged to the budget: the
-/// whole page it maps.
+/// The regions' lengths: 4 slots of each tier's size and 64 bytes of headroom.
+const T0_REGION: u64 = 4 * (512 + 64);
+const T1_REGION: u64 = 4 * (4096 + 64);
+const T2_REGION: u64 = 4 * (8192 + 64);
+
+/// What each region is charged to the budget: the whole pages it maps (2304 bytes in one
+/// page, 16 640 in five, 33 024 in nine).
 const T0_CHARGED: u64 = 4096;
+const T1_CHARGED: u64 = 5 * 4096;
+const T2_CHARGED: u64 = 9 * 4096;
 
 fn ladder(spares: usize, retain: bool) -> Arc<TierLadder> {
     Arc::new(
@@ -44,22 +51,22 @@ fn promotion_switches_new_acquisitions_and_retires_only_after_slots_and_peer() {
     let (budget, reservoir) = setup(1 << 20, 0, false);
     let region = TieredRegion::new(Arc::clone(&reservoir)).unwrap();
     assert_eq!(region.tier(), T0);
-    assert_eq!(region.registered_bytes(), 2048);
+    assert_eq!(region.registered_bytes(), T0_REGION);
 
     let mut cache = region.cache();
     let mut small = cache.try_acquire().unwrap();
     small.fill(0xAB);
-    assert_eq!((small.tier(), small.len()), (T0, 512));
+    assert_eq!((small.tier(), small.len()), (T0, 512 + 64));
 
     let mut change = region.begin_change(T2).unwrap();
     let descriptor = change.provision().unwrap();
-    assert_eq!(descriptor.len, 8192 * 4);
+    assert_eq!(descriptor.len, T2_REGION);
     assert_eq!(change.provenance(), Some(Provenance::Registered));
     assert_eq!(change.install(true).unwrap(), T0);
     assert_eq!(region.tier(), T2);
 
     let big = cache.try_acquire().unwrap();
-    assert_eq!((big.tier(), big.len()), (T2, 8192));
+    assert_eq!((big.tier(), big.len()), (T2, 8192 + 64));
     assert_eq!(region.current().descriptor(), descriptor);
 
     // The small tier waits for the peer and for its slot.
@@ -72,7 +79,7 @@ fn promotion_switches_new_acquisitions_and_retires_only_after_slots_and_peer() {
     assert_eq!(region.replaced_tiers(), 0);
     drop(big);
     drop(cache);
-    assert_eq!(budget.in_use(), 8192 * 4, "tier 0 deregistered");
+    assert_eq!(budget.in_use(), T2_CHARGED, "tier 0 deregistered");
     drop(region);
     assert_eq!(budget.in_use(), 0, "every byte back");
 }
@@ -108,7 +115,7 @@ fn one_change_at_a_time_and_only_within_the_ladder() {
         Err(TierError::ChangePending { pending: T1 })
     ));
     first.provision().unwrap();
-    assert_eq!(budget.in_use(), T0_CHARGED + 16384);
+    assert_eq!(budget.in_use(), T0_CHARGED + T1_CHARGED);
     drop(first); // abandoned: the claim and the provisioned region are given back
     assert_eq!(budget.in_use(), T0_CHARGED);
     assert_eq!(region.tier(), T0);
@@ -120,7 +127,7 @@ fn one_change_at_a_time_and_only_within_the_ladder() {
 fn promotion_takes_a_spare_from_the_reservoir_and_returns_it_after_retirement() {
     let (budget, reservoir) = setup(1 << 20, 1, false);
     assert_eq!(reservoir.fill().unwrap(), 3);
-    let spare_bytes = T0_CHARGED + 16384 + 32768;
+    let spare_bytes = T0_CHARGED + T1_CHARGED + T2_CHARGED;
     assert_eq!(budget.in_use(), spare_bytes);
     let region = TieredRegion::new(Arc::clone(&reservoir)).unwrap();
     assert_eq!(reservoir.spare(T0), 0);
@@ -140,7 +147,7 @@ fn promotion_takes_a_spare_from_the_reservoir_and_returns_it_after_retirement() 
 
 #[test]
 fn over_budget_promotion_is_refused_and_loses_nothing() {
-    let (budget, reservoir) = setup(T0_CHARGED + 16384, 0, false);
+    let (budget, reservoir) = setup(T0_CHARGED + T1_CHARGED, 0, false);
     let region = TieredRegion::new(reservoir).unwrap();
     let mut change = region.begin_change(T2).unwrap();
     let err = change.provision().unwrap_err();
@@ -160,7 +167,7 @@ fn retained_tiers_come_back_without_registering() {
     region.begin_change(T2).unwrap().install(false).unwrap();
     assert_eq!(region.reclaim(), 0, "retained, not replaced");
     let held = budget.in_use();
-    assert_eq!(held, T0_CHARGED + 32768);
+    assert_eq!(held, T0_CHARGED + T2_CHARGED);
     let mut demote = region.begin_change(T0).unwrap();
     demote.provision().unwrap();
     assert_eq!(budget.in_use(), held, "tier 0 was kept registered");
@@ -168,7 +175,7 @@ fn retained_tiers_come_back_without_registering() {
     assert_eq!(region.tier(), T0);
     assert_eq!(
         region.registered_bytes(),
-        2048 + 32768,
+        T0_REGION + T2_REGION,
         "the two regions' lengths"
     );
 }
@@ -187,7 +194,7 @@ fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
         0,
         "tiers 0 and 1 are retained below tier 2"
     );
-    assert_eq!(region.registered_bytes(), 2048 + 16384 + 32768);
+    assert_eq!(region.registered_bytes(), T0_REGION + T1_REGION + T2_REGION);
     let top_slot = cache.try_acquire().unwrap();
     assert_eq!(top_slot.tier(), T2);
 
@@ -208,7 +215,7 @@ fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
     drop(top_slot);
     assert_eq!(region.reclaim(), 1);
     assert_eq!(region.replaced_tiers(), 0);
-    assert_eq!(region.registered_bytes(), 2048, "tier 0's region only");
+    assert_eq!(region.registered_bytes(), T0_REGION, "tier 0's region only");
     assert_eq!(cache.tier(), T0);
     assert_eq!(budget.in_use(), T0_CHARGED, "tiers 1 and 2 deregistered");
 
@@ -218,7 +225,7 @@ fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
     assert_eq!(region.replaced_tiers(), 0);
     region.begin_change(T1).unwrap().install(false).unwrap();
     assert_eq!(region.reclaim(), 1);
-    assert_eq!(region.registered_bytes(), 2048 + 16384);
+    assert_eq!(region.registered_bytes(), T0_REGION + T1_REGION);
     let mut demote = region.begin_change(T0).unwrap();
     demote.provision().unwrap();
     assert_eq!(
@@ -228,7 +235,7 @@ fn retained_tiers_above_the_tier_in_force_retire_after_a_demotion() {
     );
     demote.install(false).unwrap();
     assert_eq!(region.reclaim(), 1);
-    assert_eq!(region.registered_bytes(), 2048);
+    assert_eq!(region.registered_bytes(), T0_REGION);
     assert_eq!(budget.in_use(), T0_CHARGED);
 }
 
@@ -270,7 +277,7 @@ fn owned_slots_cross_threads_and_hold_their_tier() {
     });
     worker.join().unwrap();
     assert_eq!(region.reclaim(), 1);
-    assert_eq!(budget.in_use(), 16384);
+    assert_eq!(budget.in_use(), T1_CHARGED);
 }
 
 #[test]

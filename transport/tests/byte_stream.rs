@@ -1,5 +1,6 @@
 //! `ByteStream` (feature `tokio`) over loopback and shared memory: the prefix
-//! rule seen at `write_vectored`, a writer ahead of its reader, random writes of up to
+//! rule seen at `write_vectored`, `tokio::io::copy`'s 8 KiB writes on an 8 KiB tier, a
+//! writer ahead of its reader, random writes of up to
 //! 5 MiB read back byte for byte, zero-copy reads, the end of the stream and the half
 //! close (in one process and across two), a peer process that dies, the halves of
 //! `tokio::io::split` in two tasks, and HTTP/1 and HTTP/2 (hyper) carried through it
@@ -171,6 +172,59 @@ async fn an_element_past_the_top_tier_is_written_in_parts<P: PairProvider>() {
     writer.shutdown().await.unwrap();
     drop(writer);
     assert!(reading.await.unwrap() == huge);
+}
+
+/// `tokio::io::copy` writes 8 KiB at a time; on the rpc ladder (512 B, 8 KiB, 64 KiB) each
+/// of those writes is a message of the 8 KiB tier's size, which that tier carries whole
+/// (issue #40): the connection is promoted to it, not past it, and once there nothing is
+/// segmented.
+async fn copies_in_8_kib_writes_stay_on_the_8_kib_tier<P: PairProvider>() {
+    let provider = P::make();
+    let ladder = pairs::preset_demoting_after("rpc", Duration::from_secs(3600));
+    assert_eq!(ladder.tiers()[1].slot_size(), 8192);
+    let (a, b) = connections(&provider, ladder);
+    let (mut writer, mut reader) = (ByteStream::new(a).unwrap(), ByteStream::new(b).unwrap());
+    let reading = tokio::spawn(async move {
+        let mut received = Vec::new();
+        reader.read_to_end(&mut received).await.unwrap();
+        (received, reader.stats())
+    });
+    let first = pattern(256 << 10, 6);
+    let copied = tokio::io::copy(&mut &first[..], &mut writer).await.unwrap();
+    assert_eq!(copied, first.len() as u64);
+    // The first write asked for the tier its 8 KiB need; wait for the answer.
+    while writer.stats().tiers.promotions == 0 {
+        writer.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let promoted = writer.stats();
+    assert_eq!(
+        promoted.send_tier, 1,
+        "8 KiB writes fit the 8 KiB tier: {promoted:?}"
+    );
+
+    let second = pattern(256 << 10, 7);
+    tokio::io::copy(&mut &second[..], &mut writer)
+        .await
+        .unwrap();
+    writer.shutdown().await.unwrap();
+    let stats = writer.stats();
+    assert_eq!(
+        (stats.send_tier, stats.tiers.promotions),
+        (1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.messages_segmented, promoted.messages_segmented,
+        "on the 8 KiB tier every 8 KiB write goes whole"
+    );
+    drop(writer);
+    let (received, reader_stats) = reading.await.unwrap();
+    assert!(received == [first, second].concat(), "every byte, in order");
+    assert_eq!(
+        reader_stats.recv_tier, 1,
+        "the reader posts receives of the 8 KiB tier"
+    );
 }
 
 /// The peer reads nothing: the writer runs out of credits and its write waits; once the
@@ -628,6 +682,7 @@ pairs::tokio_on_each_provider!(
     within BOUND;
     a_vectored_write_sends_the_prefix_that_fits_the_tier_in_force,
     an_element_past_the_top_tier_is_written_in_parts,
+    copies_in_8_kib_writes_stay_on_the_8_kib_tier,
     a_writer_ahead_of_its_reader_waits_then_goes_on,
     random_writes_on_the_two_tier_ladder,
     random_writes_on_the_storage_ladder,

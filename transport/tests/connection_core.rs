@@ -13,7 +13,7 @@ use tierbuf_transport::CallerCopies;
 use tierbuf_transport::connection::{
     ConnectionConfig, ConnectionError, Fault, FrameKind, Message, SendError, WouldBlock,
 };
-use tierbuf_transport::test_pair::{Pair, Reading};
+use tierbuf_transport::test_pair::{Pair, Posted, Reading};
 
 /// What the budget charges a region of `len` bytes: the whole pages it maps.
 fn charged(len: u64) -> u64 {
@@ -101,8 +101,11 @@ fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole()
     assert_eq!(stats.messages_segmented, 1, "only the first: {stats:?}");
     assert_eq!(pair.stats(1).recv_tier, 2);
     // The receiver's tier-0 receives were drained and retired: it holds tier 2 receives
-    // and tier 0 send buffers only.
-    assert_eq!(pair.budget(1).in_use(), 8192 * 4 + charged(128 * 4));
+    // and tier 0 send buffers only, each slot with its 64 bytes of headroom.
+    assert_eq!(
+        pair.budget(1).in_use(),
+        charged(4 * (8192 + 64)) + charged(4 * (128 + 64))
+    );
 }
 
 /// A first oversize message whose rest the receives posted can take is delivered
@@ -468,7 +471,7 @@ fn a_tier_replaced_while_a_message_holds_one_of_its_slots_comes_back_in_force() 
     assert_eq!(receiver.posted_receives, 4, "{receiver:?}");
     assert_eq!(
         receiver.registered_bytes,
-        8192 * 4 + 128 * 4,
+        4 * (8192 + 64) + 4 * (128 + 64),
         "tier-2 receives and tier-0 send buffers only: {receiver:?}"
     );
     assert_eq!(pair.users[1].received.last().unwrap(), &pattern(5000, 2));
@@ -538,6 +541,64 @@ fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
     assert!(pair.core(0).reserved().is_none());
     pair.settle();
     assert_eq!(pair.users[1].received.len(), 4);
+}
+
+/// A tier carries a message of its size whole (issue #40): on the two-tier preset, whose
+/// top tier is 8 KiB, an 8192-byte message promotes the connection to that tier (going in
+/// segments on tier 0 meanwhile), and the next one goes in one frame of a 16-byte header
+/// and its 8192 bytes; a reservation of 8 KiB fits one frame; one byte more is segmented.
+#[test]
+fn a_message_the_size_of_the_top_tier_goes_whole_in_one_frame() {
+    let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
+    assert_eq!(ladder.tiers()[1].slot_size(), 8192);
+    let mut pair = Pair::new(ConnectionConfig::new(ladder).unwrap(), [1 << 20, 1 << 20]);
+    pair.send(0, &pattern(8192, 2));
+    pair.settle();
+    let promoted = pair.stats(0);
+    assert_eq!((promoted.send_tier, promoted.tiers.promotions), (1, 1));
+    pair.record_posts(0);
+    let message = pattern(8192, 3);
+    pair.send(0, &message);
+    pair.settle();
+    assert_eq!(pair.users[1].received, vec![pattern(8192, 2), message]);
+    let stats = pair.stats(0);
+    assert_eq!((stats.send_tier, stats.tiers.promotions), (1, 1));
+    assert_eq!(
+        stats.messages_segmented, promoted.messages_segmented,
+        "sent whole"
+    );
+    let data: Vec<(u8, usize)> = pair
+        .take_posts(0)
+        .into_iter()
+        .filter_map(|posted| match posted {
+            Posted::Send(frame) if frame[0] <= FrameKind::Last as u8 => {
+                Some((frame[0], frame.len()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        data,
+        [(FrameKind::Whole as u8, 16 + 8192)],
+        "one data frame"
+    );
+
+    pair.try_reserve(0, 8192).expect("8 KiB fits one frame");
+    pair.cancel_reserved(0);
+    assert!(matches!(
+        pair.try_reserve(0, 8193),
+        Err(SendError::BeyondOneFrame {
+            len: 8193,
+            max: 8192
+        })
+    ));
+    pair.send(0, &pattern(8193, 4));
+    pair.settle();
+    assert_eq!(
+        pair.stats(0).messages_segmented,
+        promoted.messages_segmented + 1,
+        "one byte past the top"
+    );
 }
 
 #[test]

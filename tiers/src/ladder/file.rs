@@ -226,7 +226,7 @@ impl TierLadder {
     ///     "#,
     ///     "inline.toml",
     /// )?;
-    /// assert_eq!(ladder.tiers()[1].region_len(), 256 * 1024);
+    /// assert_eq!(ladder.tiers()[1].region_len(), 32 * (8192 + 64)); // 8 KiB and headroom
     ///
     /// let err = TierLadder::from_toml_str("[[tier]]\nslot_size = \"8KB\"\n", "bad.toml").unwrap_err();
     /// assert!(err.to_string().starts_with("bad.toml:2:13: invalid size \"8KB\""));

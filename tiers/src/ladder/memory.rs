@@ -1,8 +1,10 @@
 //! What a ladder costs in registered memory, per connection and for many connections.
 //!
-//! A connection *at tier k* registers one send and one receive region of tier k. With
+//! A connection *at tier k* registers one send and one receive region of tier k, each of
+//! `slot_count` slots of the tier's size and [`SLOT_HEADROOM`](super::SLOT_HEADROOM) bytes
+//! for the frame header ([`TierSpec::region_len`]). With
 //! [`LadderPolicy::retain_replaced`](super::LadderPolicy::retain_replaced) it also still
-//! holds the send and receive regions of every tier below k; without it (the patent's choice)
+//! holds the send and receive regions of every tier below k; without it (the default)
 //! those were freed on promotion. The comparison is a static configuration that registers the
 //! top tier's send and receive regions up front for every connection. Reserve regions
 //! ([`LadderPolicy::reservoir_regions`](super::LadderPolicy::reservoir_regions) of each tier)
@@ -14,7 +16,7 @@
 use std::fmt;
 
 use super::size::format_size_readable;
-use super::{TierLadder, TierSpec};
+use super::{SLOT_HEADROOM, TierLadder, TierSpec};
 use crate::TierIndex;
 
 /// One tier's line of a [`MemoryTable`].
@@ -24,9 +26,9 @@ use crate::TierIndex;
 /// let table = TierLadder::preset("two-tier")?.memory_table(10_000);
 /// let top = &table.rows()[1];
 /// assert_eq!(top.tier(), TierIndex::new(1));
-/// assert_eq!(top.spec().region_len(), 128 * 1024);
-/// assert_eq!(top.per_connection(), 256 * 1024);
-/// assert_eq!(top.all_connections(), 10_000 * 256 * 1024);
+/// assert_eq!(top.spec().region_len(), 16 * (8192 + 64)); // 129 KiB
+/// assert_eq!(top.per_connection(), 2 * 16 * (8192 + 64)); // 258 KiB
+/// assert_eq!(top.all_connections(), 10_000 * 2 * 16 * (8192 + 64));
 /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +45,7 @@ impl MemoryRow {
         self.tier
     }
 
-    /// The tier's shape: slot size, slot count, threshold and region length.
+    /// The tier's shape: size, slot count, threshold and region length.
     pub fn spec(&self) -> &TierSpec {
         &self.spec
     }
@@ -65,10 +67,10 @@ impl MemoryRow {
 /// ```
 /// use tierbuf_tiers::ladder::TierLadder;
 /// let table = TierLadder::preset("two-tier")?.memory_table(10_000);
-/// assert_eq!(table.static_total(), 10_000 * 256 * 1024);
+/// assert_eq!(table.static_total(), 10_000 * 2 * 16 * (8192 + 64));
 /// let text = table.to_string();
-/// assert!(text.contains("156.3 MiB"), "{text}"); // 10,000 connections at tier 0
-/// assert!(text.contains("2.4 GiB"), "{text}");   // 10,000 connections at 256 KiB
+/// assert!(text.contains("175.8 MiB"), "{text}"); // 10,000 connections at 18 KiB (tier 0)
+/// assert!(text.contains("2.5 GiB"), "{text}");   // 10,000 connections at 258 KiB
 /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +136,7 @@ impl MemoryTable {
     /// # use tierbuf_tiers::ladder::TierLadder;
     /// // rpc retains replaced tiers: at tier 1 a connection holds tiers 0 and 1.
     /// let table = TierLadder::preset("rpc")?.memory_table(1);
-    /// assert_eq!(table.rows()[1].per_connection(), 2 * (16 + 128) * 1024);
+    /// assert_eq!(table.rows()[1].per_connection(), 2 * (32 * (512 + 64) + 16 * (8192 + 64)));
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
     /// ```
     pub fn rows(&self) -> &[MemoryRow] {
@@ -146,7 +148,7 @@ impl MemoryTable {
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
     /// let table = TierLadder::preset("storage")?.memory_table(1);
-    /// assert_eq!(table.static_per_connection(), 2 * 4 * 1024 * 1024);
+    /// assert_eq!(table.static_per_connection(), 2 * 4 * (1024 * 1024 + 64));
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
     /// ```
     pub fn static_per_connection(&self) -> u64 {
@@ -158,7 +160,7 @@ impl MemoryTable {
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
     /// let table = TierLadder::preset("storage")?.memory_table(3);
-    /// assert_eq!(table.static_total(), 3 * 8 * 1024 * 1024);
+    /// assert_eq!(table.static_total(), 3 * 2 * 4 * (1024 * 1024 + 64));
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
     /// ```
     pub fn static_total(&self) -> u128 {
@@ -169,9 +171,13 @@ impl MemoryTable {
     ///
     /// ```
     /// # use tierbuf_tiers::ladder::TierLadder;
-    /// // storage: 2 regions each of 128 KiB, 1 MiB and 4 MiB.
+    /// // storage: 2 regions each of 32 x 4 KiB, 16 x 64 KiB and 4 x 1 MiB slots, each
+    /// // slot with its 64 bytes of headroom.
     /// let table = TierLadder::preset("storage")?.memory_table(1);
-    /// assert_eq!(table.reservoir_bytes(), 2 * (128 + 1024 + 4096) * 1024);
+    /// assert_eq!(
+    ///     table.reservoir_bytes(),
+    ///     2 * (32 * (4096 + 64) + 16 * (65_536 + 64) + 4 * (1024 * 1024 + 64))
+    /// );
     /// # Ok::<(), tierbuf_tiers::ladder::LoadError>(())
     /// ```
     pub fn reservoir_bytes(&self) -> u128 {
@@ -207,6 +213,11 @@ impl fmt::Display for MemoryTable {
         writeln!(
             f,
             "A connection at tier k registers one send and one receive region of tier k {held}."
+        )?;
+        writeln!(
+            f,
+            "Every slot registers {} past its size, for the frame header.",
+            format_size_readable(SLOT_HEADROOM as u128)
         )?;
         let size = |bytes: u128| format_size_readable(bytes);
         let mut lines = vec![[
@@ -255,7 +266,8 @@ mod tests {
 
     #[test]
     fn freeing_replaced_tiers_holds_one_tier_at_a_time() {
-        // Regions: 64 B x 4 = 256 B, 1 KiB x 3 = 3 KiB, 4 KiB x 3 = 12 KiB.
+        // Regions, each slot with 64 B of headroom: (64 + 64) B x 4 = 512 B,
+        // (1 KiB + 64) x 3 = 3264 B, (4 KiB + 64) x 3 = 12 480 B.
         let ladder = TierLadder::builder()
             .tier(64, 4, 64)
             .tier(1024, 3, 1024)
@@ -264,15 +276,15 @@ mod tests {
             .unwrap();
         let table = ladder.memory_table(10);
         let per_connection: Vec<u64> = table.rows().iter().map(MemoryRow::per_connection).collect();
-        assert_eq!(per_connection, [512, 6144, 24_576]);
+        assert_eq!(per_connection, [1024, 6528, 24_960]);
         let totals: Vec<u128> = table
             .rows()
             .iter()
             .map(MemoryRow::all_connections)
             .collect();
-        assert_eq!(totals, [5120, 61_440, 245_760]);
-        assert_eq!(table.static_per_connection(), 24_576);
-        assert_eq!(table.static_total(), 245_760);
+        assert_eq!(totals, [10_240, 65_280, 249_600]);
+        assert_eq!(table.static_per_connection(), 24_960);
+        assert_eq!(table.static_total(), 249_600);
         assert_eq!(table.reservoir_bytes(), 0);
     }
 
@@ -288,10 +300,10 @@ mod tests {
             .unwrap();
         let table = ladder.memory_table(10);
         let per_connection: Vec<u64> = table.rows().iter().map(MemoryRow::per_connection).collect();
-        assert_eq!(per_connection, [512, 512 + 6144, 512 + 6144 + 24_576]);
-        assert_eq!(table.static_per_connection(), 24_576);
-        // Two regions (not pairs) of every tier: 2 x (256 + 3072 + 12288).
-        assert_eq!(table.reservoir_bytes(), 31_232);
+        assert_eq!(per_connection, [1024, 1024 + 6528, 1024 + 6528 + 24_960]);
+        assert_eq!(table.static_per_connection(), 24_960);
+        // Two regions (not pairs) of every tier: 2 x (512 + 3264 + 12480).
+        assert_eq!(table.reservoir_bytes(), 32_512);
     }
 
     #[test]
@@ -316,10 +328,11 @@ mod tests {
             .to_string();
         let expected = "\
 A connection at tier k registers one send and one receive region of tier k only (tiers below are freed on promotion).
+Every slot registers 64 B past its size, for the frame header.
 tier                      slot size  slots  threshold   region  per connection  10000 connections
-0                             512 B     16      480 B    8 KiB          16 KiB          156.3 MiB
-1                             8 KiB     16      8 KiB  128 KiB         256 KiB            2.4 GiB
-static (tier 1 up front)                                               256 KiB            2.4 GiB
+0                             512 B     16      480 B    9 KiB          18 KiB          175.8 MiB
+1                             8 KiB     16      8 KiB  129 KiB         258 KiB            2.5 GiB
+static (tier 1 up front)                                               258 KiB            2.5 GiB
 Reserve, shared by the process: 0 region(s) of every tier = 0 B.
 ";
         assert_eq!(text, expected);

@@ -1,19 +1,22 @@
 //! [`FrameCapacity`]: how many bytes of a message one frame carries on each tier of a
-//! ladder, once the transport's per-frame overhead (its frame header) is taken from the
-//! slot. It is the one measure of "does it fit": the planners decide promotion and
+//! ladder. It is the one measure of "does it fit": the planners decide promotion and
 //! segmentation with it, and the [`DemotionTracker`](super::DemotionTracker) decides which
 //! tier a message needed with it, so the two can never disagree.
 //!
+//! A tier's size is its frames' payload: the transport's per-frame overhead (its frame
+//! header) goes in the [`SLOT_HEADROOM`] every registered slot holds past the size, not in
+//! the size (`docs/ladders.md`, "Tier sizes").
+//!
 //! # Invariants
 //!
-//! - Every tier's slot is longer than the overhead, so every tier carries at least one
-//!   byte per frame ([`FrameCapacity::new`] refuses a ladder where one does not).
+//! - The overhead fits the headroom ([`FrameCapacity::new`] refuses a transport whose
+//!   header does not), so `frame(tier)` is the tier's size, never less.
 //! - `whole(tier) <= frame(tier)`: a message sent whole on a tier fits one frame of it.
 
 use std::sync::Arc;
 
 use crate::TierIndex;
-use crate::ladder::TierLadder;
+use crate::ladder::{SLOT_HEADROOM, TierLadder};
 
 /// Why a ladder cannot carry the transport's frames.
 ///
@@ -22,45 +25,45 @@ use crate::ladder::TierLadder;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::{CapacityError, FrameCapacity};
 /// let ladder = Arc::new(TierLadder::builder().tier(64, 4, 64).build()?);
-/// let err = FrameCapacity::new(ladder, 64).unwrap_err();
-/// assert!(matches!(err, CapacityError::NoRoomAfterOverhead { slot_size: 64, overhead: 64, .. }));
+/// let err = FrameCapacity::new(ladder, 65).unwrap_err();
+/// assert_eq!(err, CapacityError::OverheadPastHeadroom { overhead: 65, headroom: 64 });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CapacityError {
-    /// A tier's slot holds nothing beyond the per-frame overhead: a configuration error.
+    /// The transport's per-frame overhead is longer than the headroom every slot registers
+    /// past its tier's size, so a frame would not carry the size it is labelled.
     #[error(
-        "{tier} slots of {slot_size} bytes leave no room after the {overhead}-byte frame overhead"
+        "a {overhead}-byte frame overhead does not fit the {headroom} bytes each slot holds past its tier's size"
     )]
-    NoRoomAfterOverhead {
-        /// The tier.
-        tier: TierIndex,
-        /// Its slot size.
-        slot_size: usize,
+    OverheadPastHeadroom {
         /// The transport's bytes per frame.
         overhead: usize,
+        /// The headroom, [`SLOT_HEADROOM`].
+        headroom: usize,
     },
 }
 
 /// The bytes of a message one frame carries on each tier of a ladder.
 ///
-/// - [`whole`](FrameCapacity::whole): the longest message sent whole on the tier: its slot
-///   less the overhead, and no more than its promotion threshold.
+/// - [`whole`](FrameCapacity::whole): the longest message sent whole on the tier: its
+///   promotion threshold.
 /// - [`frame`](FrameCapacity::frame): the most payload one frame carries into a receive of
-///   the tier (a segment's bound): the slot less the overhead.
+///   the tier (a segment's bound): the tier's size.
 ///
 /// ```
 /// use std::sync::Arc;
 /// use tierbuf_tiers::TierIndex;
 /// use tierbuf_tiers::ladder::TierLadder;
 /// use tierbuf_tiers::policy::FrameCapacity;
-/// // A 4 KiB slot whose threshold is the whole slot: a 16-byte header leaves 4080 bytes.
+/// // A 4 KiB tier carries a 4 KiB message whole: the 16-byte header is in the slot's headroom.
 /// let ladder = TierLadder::builder().tier(4096, 8, 4096).tier(65_536, 4, 65_536).build()?;
 /// let capacity = FrameCapacity::new(Arc::new(ladder), 16)?;
-/// assert_eq!(capacity.whole(TierIndex::SMALLEST), Some(4080));
-/// assert_eq!(capacity.tier_for(4096), Some(TierIndex::new(1)), "4 KiB needs tier 1");
-/// assert_eq!(capacity.tier_for(65_536), None, "past the top: segmented");
+/// assert_eq!(capacity.whole(TierIndex::SMALLEST), Some(4096));
+/// assert_eq!(capacity.tier_for(4096), Some(TierIndex::SMALLEST));
+/// assert_eq!(capacity.tier_for(4097), Some(TierIndex::new(1)), "past 4 KiB needs tier 1");
+/// assert_eq!(capacity.tier_for(65_537), None, "past the top: segmented");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,28 +76,25 @@ pub struct FrameCapacity {
 
 impl FrameCapacity {
     /// The capacities of `ladder`'s tiers when every frame spends `overhead` bytes of its
-    /// slot on the transport's header.
+    /// slot on the transport's header, ahead of the payload.
     ///
     /// # Errors
     ///
-    /// [`CapacityError::NoRoomAfterOverhead`] when a tier's slot is no longer than
-    /// `overhead`.
+    /// [`CapacityError::OverheadPastHeadroom`] when `overhead` is longer than
+    /// [`SLOT_HEADROOM`].
     pub fn new(ladder: Arc<TierLadder>, overhead: usize) -> Result<FrameCapacity, CapacityError> {
+        if overhead > SLOT_HEADROOM {
+            return Err(CapacityError::OverheadPastHeadroom {
+                overhead,
+                headroom: SLOT_HEADROOM,
+            });
+        }
+        // Validation keeps every threshold within its tier's size.
         let tiers = ladder
+            .tiers()
             .iter()
-            .map(|(tier, spec)| {
-                let frame = spec
-                    .slot_size()
-                    .checked_sub(overhead)
-                    .filter(|&room| room > 0);
-                let frame = frame.ok_or(CapacityError::NoRoomAfterOverhead {
-                    tier,
-                    slot_size: spec.slot_size(),
-                    overhead,
-                })?;
-                Ok((frame.min(spec.promote_threshold()), frame))
-            })
-            .collect::<Result<Vec<_>, CapacityError>>()?;
+            .map(|spec| (spec.promote_threshold(), spec.slot_size()))
+            .collect();
         Ok(FrameCapacity {
             ladder,
             overhead,

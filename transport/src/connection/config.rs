@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tierbuf_tiers::ladder::TierLadder;
+use tierbuf_tiers::ladder::{SLOT_ALIGN, SLOT_HEADROOM, TierLadder};
 use tierbuf_tiers::negotiation::NegotiationConfig;
 use tierbuf_tiers::policy::FrameCapacity;
 use tierbuf_tiers::wire;
@@ -22,6 +22,12 @@ pub struct ConnectionConfig {
     unread_copy_limit: usize,
     max_send_credits: u32,
 }
+
+// Every slot registers `SLOT_HEADROOM` bytes past its tier's size for the frame header, so
+// a tier's size is what one of its frames carries (`docs/ladders.md`, "Tier sizes"); and a
+// tier is at least `SLOT_ALIGN` bytes, so even tier 0 carries the largest control frame.
+const _: () = assert!(HEADER_LEN <= SLOT_HEADROOM);
+const _: () = assert!(wire::MAX_FRAME_LEN <= SLOT_ALIGN);
 
 /// [`ConnectionConfig::unread_copy_limit`] unless set.
 const DEFAULT_UNREAD_COPY_LIMIT: usize = 4 << 20;
@@ -44,26 +50,19 @@ impl ConnectionConfig {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] of the caller's configuration: tier 0 cannot carry a control
-    /// frame, or the ladder cannot be negotiated. Every bound on the ladder itself (at
-    /// least three slots a tier, slot, region and policy maxima) is the ladder's own
-    /// validation ([`TierLadder::builder`], and so the ladder loader and `tierbuf ladder
-    /// check`): a `TierLadder` that exists has passed it.
+    /// [`ConfigError::Negotiation`] when the ladder cannot be negotiated. Every bound on
+    /// the ladder itself (at least three slots a tier, slot, region and policy maxima) is
+    /// the ladder's own validation ([`TierLadder::builder`], and so the ladder loader and
+    /// `tierbuf ladder check`): a `TierLadder` that exists has passed it, and every tier of
+    /// it carries a control frame and, in one frame, a message of its size.
     pub fn new(ladder: Arc<TierLadder>) -> Result<ConnectionConfig, ConfigError> {
-        let needed = HEADER_LEN + wire::MAX_FRAME_LEN;
-        let smallest = ladder.tiers()[0].slot_size();
-        if smallest < needed {
-            return Err(ConfigError::SmallestTierTooSmall {
-                slot_size: smallest,
-                needed,
-            });
-        }
         let negotiation = NegotiationConfig::for_ladder(&ladder, Duration::from_millis(100), 5)
             .map_err(ConfigError::Negotiation)?;
         // The ladder bounds every tier's slots, so the sum fits easily.
         let every_slot: usize = ladder.tiers().iter().map(|spec| spec.slot_count()).sum();
         let max_send_credits = u32::try_from(every_slot.saturating_mul(2)).unwrap_or(u32::MAX);
-        let capacity = FrameCapacity::new(ladder, HEADER_LEN).map_err(ConfigError::Capacity)?;
+        let capacity = FrameCapacity::new(ladder, HEADER_LEN)
+            .expect("the frame header fits the slots' headroom (asserted above)");
         Ok(ConnectionConfig {
             capacity: Arc::new(capacity),
             negotiation,
@@ -154,7 +153,8 @@ impl ConnectionConfig {
         self.capacity.ladder()
     }
 
-    /// What one frame of each tier carries, after the frame header.
+    /// What one frame of each tier carries: the tier's size, the frame header being in the
+    /// slot's headroom.
     pub fn capacity(&self) -> &Arc<FrameCapacity> {
         &self.capacity
     }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use tierbuf_tiers::controller::ControllerError;
-use tierbuf_tiers::policy::CapacityError;
 use tierbuf_tiers::{TierError, negotiation::NegotiationConfigError};
 
 use super::header::HeaderError;
@@ -60,21 +59,10 @@ pub enum WorkKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The smallest tier cannot carry a control frame and its header (the caller's ladder).
-    #[error("tier 0 slots of {slot_size} bytes cannot carry a {needed}-byte control frame")]
-    SmallestTierTooSmall {
-        /// Tier 0's slot size.
-        slot_size: usize,
-        /// Header plus the largest control frame.
-        needed: usize,
-    },
     /// The ladder, or the request timeout and attempts given, cannot be negotiated (the
     /// caller's).
     #[error("the ladder cannot be negotiated")]
     Negotiation(#[source] NegotiationConfigError),
-    /// A tier's slots hold nothing after the frame header (the caller's ladder).
-    #[error("the ladder cannot carry frames")]
-    Capacity(#[source] CapacityError),
     /// The endpoint's queue is shallower than the ladder needs
     /// ([`ConnectionConfig::queue_depth`](super::ConnectionConfig::queue_depth)): the
     /// caller made the endpoint.
@@ -96,10 +84,7 @@ impl ConfigError {
     /// Whose doing the error was: the caller's configuration, or this side's memory.
     pub fn fault(&self) -> Fault {
         match self {
-            ConfigError::SmallestTierTooSmall { .. }
-            | ConfigError::Negotiation(_)
-            | ConfigError::Capacity(_)
-            | ConfigError::QueueTooShallow { .. } => Fault::Caller,
+            ConfigError::Negotiation(_) | ConfigError::QueueTooShallow { .. } => Fault::Caller,
             ConfigError::Register(_) => Fault::Local,
         }
     }

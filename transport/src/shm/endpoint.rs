@@ -93,13 +93,12 @@ pub(crate) const MAX_GATHER: usize = 4;
 /// ([`Endpoint::caller_copies`]). A send carried inline (at most [`INLINE_CAPACITY`]
 /// bytes) is always better copied from the caller: its bytes go into the ring entry
 /// either way, and from the caller's memory the send skips the copy into a registered
-/// buffer, the buffer's lookup and the queued request (the connection's 64 B
-/// `transport/pingpong/shm`, three runs interleaved with three through a send slot:
-/// 327, 331 and 377 ns one-way against 349–353 ns; between two threads of one process,
-/// 315–326 against 363–376 ns). Between the two bounds, a copy into the peer's buffer
-/// straight from the caller's memory measured slower (1 KiB stream 399–401 ns per message
-/// against 342–345 ns through a send slot), and faster from 8 KiB (stream 489 against
-/// 657 ns; 64 KiB 1.81 against 3.31 µs).
+/// buffer, the buffer's lookup and the queued request. Between the two bounds a send
+/// through a registered send slot was the faster (at 1 KiB), and from 8 KiB up the copy
+/// straight from the caller's memory into the peer's buffer was, so the bound lies
+/// between them. The benches that decide both bounds are in `benches/benches/transport.rs`:
+/// the connection's `transport/pingpong/shm` at 64 B and `transport/stream/shm` at 1 KiB,
+/// 8 KiB and 64 KiB, each run with and without the caller's copy.
 const LARGE_CALLER_COPIES: usize = 4096;
 
 /// Polls that find nothing to do between two looks at the bootstrap socket (for a peer

@@ -794,13 +794,14 @@ pub(crate) fn prefetch(address: *const u8) {
 /// the instruction runs it as a no-op (its encoding lies in the reserved no-op space), and
 /// where the target has no such hint, it does nothing.
 ///
-/// A sender that demotes the entry it has just delivered into cut the connection's 64 B
-/// shm pingpong from 340–423 ns (median 345) to 325–333 ns one-way (six runs each,
-/// interleaved, one binary switched by an environment variable). The receiver demoting
-/// the entry it has read cost 60 ns instead. With rings sized by the queue depth the
-/// entries are reused sooner, while the other core still holds them: the demotion makes
-/// up most of what that cost (64-deep queues: 306–404 ns, median 326, against 313–326
-/// with rings of 1024 entries, ten interleaved runs).
+/// The sender demotes the entry it has just delivered into, so that the receiver's next
+/// read of it is served from the shared cache instead of a snoop of the sender's core;
+/// the receiver does not demote the entry it has read, which made the round trip slower
+/// rather than faster. With rings sized by the queue depth the entries are reused
+/// sooner, while the other core still holds them, and the demotion makes up most of that
+/// (`docs/transport.md`, "Data path"). The bench that decides it is the connection's 64 B
+/// `transport/pingpong/shm` (`benches/benches/transport.rs`), run with and without the
+/// demotion.
 #[cfg(not(loom))]
 #[inline]
 fn demote(address: *const u8) {
