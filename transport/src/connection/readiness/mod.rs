@@ -12,7 +12,7 @@
 //!    where answers come that soon and burns a core where they do not, so it is adaptive:
 //!    a connection's waits spin only while its last wait ended soon (`Pace`); a task
 //!    also spins only while no other task of the process does (a claim on a
-//!    [`SpinWord`]). A table's waits do not spin: their looks are their passes.
+//!    `SpinWord`). A table's waits do not spin: their looks are their passes.
 //! 3. **Arm.** It asks the connection to wake it at its next event (`Parkable::arm`):
 //!    the core (a receive slot given back), the senders' queue (a message queued) and the
 //!    endpoint each arm a wake, or say [`Armed::Pending`] when such an event is there
