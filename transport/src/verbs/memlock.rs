@@ -118,6 +118,7 @@ pub fn ladder_pinned_bytes(ladder: &TierLadder, connections: usize, page_size: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tierbuf_tiers::ladder::SLOT_HEADROOM;
 
     const MIB: u64 = 1 << 20;
 
@@ -186,7 +187,8 @@ mod tests {
 
     #[test]
     fn ladder_figures_follow_the_memory_table_with_verbs_rounding() {
-        // Regions: 256 B, 3 KiB, 12 KiB; each pins its length in whole pages.
+        // Regions of slots of the tier's size and the ladder's headroom (64 B): 512 B,
+        // 3264 B, 12 480 B; each pins its length in whole pages.
         let pages = |count: u128| count * 4096;
         let ladder = TierLadder::builder()
             .tier(64, 4, 64)
@@ -194,7 +196,7 @@ mod tests {
             .tier(4096, 3, 4096)
             .build()
             .unwrap();
-        let region = [pages(1), pages(1), pages(3)];
+        let region = [pages(1), pages(1), pages(4)];
         assert_eq!(ladder_pinned_bytes(&ladder, 10, 4096), 10 * 2 * region[2]);
 
         let retaining = TierLadder::builder()
@@ -217,14 +219,14 @@ mod tests {
 
     #[test]
     fn the_worst_connection_is_at_the_tier_with_the_longest_region() {
-        // Tier 0's region (64 KiB) is longer than tier 1's (12 KiB): the worst connection
-        // is one at tier 0.
+        // Tier 0's region (64 slots of 1 KiB and the headroom) is longer than tier 1's
+        // (3 of 4 KiB and the headroom): the worst connection is one at tier 0.
         let ladder = TierLadder::builder()
             .tier(1024, 64, 1024)
             .tier(4096, 3, 4096)
             .build()
             .unwrap();
-        let tier0 = region_pinned_bytes(64 << 10, 4096);
+        let tier0 = region_pinned_bytes(64 * (1024 + SLOT_HEADROOM), 4096);
         assert_eq!(ladder_pinned_bytes(&ladder, 3, 4096), 3 * 2 * tier0);
     }
 
