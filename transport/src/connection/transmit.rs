@@ -12,7 +12,8 @@
 //!   for the one call, and is neither `Clone` nor kept: a transmitter cannot post a
 //!   buffer twice, nor after the core let it go.
 //! - A frame whose payload lies in the caller's message ([`Post::SendFrom`]) exists only
-//!   during the call that has the message ([`ConnectionCore::try_send_some`]): offered to
+//!   during the call that has the message ([`ConnectionCore::try_send`],
+//!   [`ConnectionCore::try_send_some`]): offered to
 //!   the transmitter from the message, and if it is not taken by the time the call
 //!   returns, written into the send slot reserved for it and queued as a
 //!   [`Post::Send`]. So the compiler checks that nothing refers to the message after it:
@@ -253,11 +254,10 @@ impl ConnectionCore {
                 }
             }
         }
-        if !message.is_empty()
-            && self
-                .work
-                .iter()
-                .any(|queued| matches!(queued, Queued::SendFrom { .. }))
+        if self
+            .work
+            .iter()
+            .any(|queued| matches!(queued, Queued::SendFrom { .. }))
         {
             let queued = std::mem::take(&mut self.work);
             self.work = queued
