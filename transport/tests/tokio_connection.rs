@@ -257,17 +257,19 @@ fn call_message(index: u64) -> Vec<u8> {
 /// poll. The server hands each request to a task of its own and takes the replies back
 /// through a channel, so it is woken by other threads at any moment, and replies leave
 /// out of order. A message that arrives while a flush makes progress, after the read of
-/// the same poll returned `Pending`, must wake the task: the read is owed it. No reply
-/// may take `STALL`: a call takes microseconds; a lost wake waits for a timer of the
-/// connection, or for ever.
+/// the same poll returned `Pending`, must wake the task: the read is owed it. The
+/// ladder's timers are an hour away, so a lost wake is not rescued by one: it waits for
+/// ever, and `BOUND` catches it.
 async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
     use std::collections::HashSet;
     use std::future::poll_fn;
 
     const CALLS: u64 = 10_000;
-    const STALL: Duration = Duration::from_secs(1);
     let provider = P::make();
-    let (mut client, mut server) = pair(&provider, "rpc");
+    let ladder = pairs::preset_demoting_after("rpc", Duration::from_secs(3600));
+    let (client, server) = connections(&provider, ladder);
+    let mut client = AsyncConnection::new(client).unwrap();
+    let mut server = AsyncConnection::new(server).unwrap();
     let serving = tokio::spawn(async move {
         let (replies_tx, mut replies) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
         poll_fn(|cx| {
@@ -343,9 +345,9 @@ async fn reading_then_writing_replies_from_other_tasks<P: PairProvider>() {
                 }
             }
         });
-        tokio::time::timeout(STALL, step)
+        tokio::time::timeout(BOUND, step)
             .await
-            .unwrap_or_else(|_| panic!("no reply for {STALL:?}: {received} of {CALLS} came"));
+            .unwrap_or_else(|_| panic!("no reply for {BOUND:?}: {received} of {CALLS} came"));
     }
     drop(client);
     serving.await.unwrap();
