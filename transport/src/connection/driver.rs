@@ -884,6 +884,13 @@ impl<E: Endpoint> Connection<E> {
         self.core.above_smallest_tier()
     }
 
+    /// The error the connection failed with, if it did (the async connection's deadline
+    /// sends read it after dropping a send).
+    #[cfg(all(feature = "tokio", not(loom)))]
+    pub(super) fn failure(&self) -> Option<&Arc<ConnectionError>> {
+        self.core.failure()
+    }
+
     /// Counters and state of this side.
     pub fn stats(&self) -> ConnectionStats {
         self.core.stats()

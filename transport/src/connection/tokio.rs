@@ -487,9 +487,9 @@ impl<E: Endpoint> AsyncConnection<E> {
             Ok(sent) => sent,
             // The send's future is dropped: a message of which nothing was posted is
             // withdrawn, one begun failed the connection (module invariants).
-            Err(_elapsed) => Err(self.with(|state| match state.connection.progress() {
-                Err(failure) => SendError::Failed(failure),
-                Ok(()) => SendError::TimedOut(state.blocked_by),
+            Err(_elapsed) => Err(self.with(|state| match state.connection.failure() {
+                Some(failure) => SendError::Failed(Arc::clone(failure)),
+                None => SendError::TimedOut(state.blocked_by),
             })),
         }
     }
