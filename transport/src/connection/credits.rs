@@ -197,6 +197,17 @@ impl PendingGrants {
         self.urgent
     }
 
+    /// What [`PendingGrants::take`] would return, taking nothing.
+    pub(super) fn peek(&self) -> Grant {
+        match self.runs.front() {
+            Some(&(tier, run)) => Grant {
+                tier,
+                count: run.min(u32::from(u16::MAX)) as u16,
+            },
+            None => Grant { tier: 0, count: 0 },
+        }
+    }
+
     /// The oldest run (at most `u16::MAX` of it) for the next frame's header; a zero grant
     /// when nothing is pending.
     pub(super) fn take(&mut self) -> Grant {

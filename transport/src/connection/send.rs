@@ -25,7 +25,8 @@ use tierbuf_tiers::{OwnedTierCache, OwnedTierSlot};
 use super::core::ConnectionCore;
 use super::errors::{ConnectionError, SendError, WouldBlock};
 use super::header::{FrameHeader, HEADER_LEN};
-use super::transmit::{Queued, Transmit};
+use super::transmit::{Post, Queued, Transmit};
+use crate::error::PostError;
 use crate::provider::{BufferRef, CallerCopies};
 
 /// A message in flight as segments.
@@ -118,6 +119,11 @@ impl ConnectionCore {
         to: &mut impl Transmit,
     ) -> Result<(), SendError> {
         let copies = to.takes_from_caller();
+        if let [one] = parts
+            && let Some(sent) = self.send_at_once(one, copies, to)
+        {
+            return sent;
+        }
         let accepted = self.offer(now, Source::Copy { parts, copies }, false);
         let lies_in = match parts {
             [one] => &one[..],
@@ -125,6 +131,61 @@ impl ConnectionCore {
         };
         self.transmit_from(to, lies_in);
         accepted.map(drop)
+    }
+
+    /// The small message's path: a message the smallest tier carries whole, offered with
+    /// nothing queued ahead of it and no negotiation to pump, to a transmitter that takes
+    /// its frame from the caller's memory, is offered at once as a [`Post::SendFrom`], and
+    /// its credit, grant and send id are taken only once it
+    /// is posted. Such a message plans nothing (it fits every tier and tells the demotion
+    /// tracker nothing: `TierController::needs_clock`), so it needs neither the tier
+    /// controller nor a send slot, and never meets the work queue. `None` leaves the
+    /// message, untouched, to the general path: no credit now, the transmitter declined or
+    /// is full, or the message is not such a message. Measured by
+    /// `benches/examples/message_instructions` (`docs/transport.md`).
+    fn send_at_once(
+        &mut self,
+        message: &[u8],
+        copies: CallerCopies,
+        to: &mut impl Transmit,
+    ) -> Option<Result<(), SendError>> {
+        let len = message.len();
+        if self.failed.is_some()
+            || self.outbox.is_some()
+            || !self.work.is_empty()
+            || self.tiers.needs_clock(len)
+            || self.tiers.has_transmit()
+            || !copies.takes(HEADER_LEN + len)
+            || len as u64 > self.config.max_message_len()
+        {
+            return None;
+        }
+        self.frame_credit(len, true)?;
+        let mut header = FrameHeader::whole(len);
+        header.grant = self.grants.peek();
+        let mut encoded = [0u8; HEADER_LEN];
+        header.encode(&mut encoded);
+        let wr_id = self.sending.vacant_key() as u64;
+        let post = Post::SendFrom {
+            wr_id,
+            header: &encoded,
+            payload: message,
+        };
+        match to.post(post) {
+            Ok(true) => {}
+            Ok(false) | Err(PostError::QueueFull { .. }) => return None,
+            Err(error) => {
+                let failure = to.refused(error);
+                return Some(Err(self.fail_send(failure)));
+            }
+        }
+        self.sending.insert(None);
+        self.credits.take();
+        self.grants.take();
+        self.stats.frames_sent += 1;
+        self.stats.messages_sent += 1;
+        self.stats.bytes_sent += len as u64;
+        Some(Ok(()))
     }
 
     /// Writes an I/O vector into the connection as a byte stream writes, without blocking,
