@@ -433,7 +433,7 @@ impl ConnectionCore {
         // A pass with no control work (most passes of a steady connection) costs one look.
         if self.control.has_work(&self.tiers, now) {
             self.pump_control(now);
-        } else {
+        } else if self.control.waiting() > 0 {
             self.send_control();
         }
         if self.foreign_drains_left > 0 && !self.credits.only_of(self.tiers.send_tier().get()) {
@@ -445,7 +445,9 @@ impl ConnectionCore {
             }
             self.drains_owed -= 1;
         }
-        self.send_segments();
+        if self.outbox.is_some() {
+            self.send_segments();
+        }
         while self.owes_credit() {
             if !self.post_frame(FrameHeader::credit(), Payload::Empty, false) {
                 break;

@@ -147,7 +147,7 @@ impl<E: Endpoint> Connection<E> {
             };
             taken += ready;
             for index in 0..ready {
-                let completion = self.completions[index];
+                let completion = &self.completions[index];
                 // A flush after the peer's close is the close: said before the core
                 // names the completion's status (module invariants).
                 if completion.status == CompletionStatus::Flushed
@@ -156,11 +156,14 @@ impl<E: Endpoint> Connection<E> {
                     self.core.fail(ConnectionError::PeerClosed);
                 }
                 // A failure is recorded in the core and reported by the caller.
-                let _ = self.core.handle_completion(now, &completion);
+                let _ = self.core.handle_completion(now, completion);
                 // Receives reposted while reassembling a large message are granted back
                 // at once, not after the whole batch: the peer goes on sending while this
                 // side copies.
-                if completion.status.is_success() && self.core.owes_credit() {
+                if completion.opcode.queue() == QueueKind::Recv
+                    && completion.status.is_success()
+                    && self.core.owes_credit()
+                {
                     self.core.progress(now);
                     posted += self.post_work();
                 }

@@ -155,45 +155,35 @@ impl ConnectionCore {
         now: Instant,
         completion: &Completion,
     ) -> Result<(), Arc<ConnectionError>> {
-        let kind = match completion.opcode.queue() {
-            QueueKind::Send => WorkKind::Send,
-            QueueKind::Recv => WorkKind::Recv,
-        };
-        let (wr_id, byte_len) = (completion.wr_id, completion.byte_len);
         if !completion.status.is_success() {
-            self.fail(ConnectionError::CompletionFailed {
-                kind,
-                wr_id,
-                status: completion.status,
-            });
-            self.take_back(kind, wr_id);
+            return Err(self.handle_unsuccessful(completion));
         }
         if let Some(error) = &self.failed {
             let error = Arc::clone(error);
-            if matches!(*error, ConnectionError::PeerClosed) && completion.status.is_success() {
-                match kind {
-                    WorkKind::Recv => self.receive_before_close(now, wr_id, byte_len as usize),
-                    // The frame reached the peer before its close: it is not outstanding,
-                    // so `is_idle` tells whether everything sent arrived.
-                    WorkKind::Send => drop(self.sending.try_remove(wr_id as usize)),
-                }
-            }
+            self.handle_after_failure(now, completion, &error);
             return Err(error);
         }
-        let outcome = match kind {
-            WorkKind::Send => match self.sending.try_remove(wr_id as usize) {
+        let wr_id = completion.wr_id;
+        let outcome = match completion.opcode.queue() {
+            QueueKind::Send => match self.sending.try_remove(wr_id as usize) {
                 Some(slot) => {
                     // A send copied from the caller's message holds no slot.
                     if let Some(slot) = slot {
                         self.keep_send_slot(slot);
                     }
-                    Ok(())
+                    return Ok(());
                 }
-                None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
+                None => Err(ConnectionError::UnknownWorkRequest {
+                    kind: WorkKind::Send,
+                    wr_id,
+                }),
             },
-            WorkKind::Recv => match self.posted.try_remove(wr_id as usize) {
-                Some(slot) => self.receive(now, slot, byte_len as usize),
-                None => Err(ConnectionError::UnknownWorkRequest { kind, wr_id }),
+            QueueKind::Recv => match self.posted.try_remove(wr_id as usize) {
+                Some(slot) => self.receive(now, slot, completion.byte_len as usize),
+                None => Err(ConnectionError::UnknownWorkRequest {
+                    kind: WorkKind::Recv,
+                    wr_id,
+                }),
             },
         };
         if let Err(error) = outcome {
@@ -202,6 +192,46 @@ impl ConnectionCore {
         match &self.failed {
             Some(error) => Err(Arc::clone(error)),
             None => Ok(()),
+        }
+    }
+
+    /// [`ConnectionCore::handle_completion`] of a completion with an error status: fails
+    /// the connection (unless it failed already) and takes the request back.
+    #[cold]
+    fn handle_unsuccessful(&mut self, completion: &Completion) -> Arc<ConnectionError> {
+        let kind = match completion.opcode.queue() {
+            QueueKind::Send => WorkKind::Send,
+            QueueKind::Recv => WorkKind::Recv,
+        };
+        let wr_id = completion.wr_id;
+        let error = Arc::clone(self.fail(ConnectionError::CompletionFailed {
+            kind,
+            wr_id,
+            status: completion.status,
+        }));
+        self.take_back(kind, wr_id);
+        error
+    }
+
+    /// [`ConnectionCore::handle_completion`] of a successful completion once the
+    /// connection has failed with `error`: after the peer's close, what reached its end
+    /// before it still counts.
+    #[cold]
+    fn handle_after_failure(
+        &mut self,
+        now: Instant,
+        completion: &Completion,
+        error: &ConnectionError,
+    ) {
+        if !matches!(error, ConnectionError::PeerClosed) {
+            return;
+        }
+        let wr_id = completion.wr_id;
+        match completion.opcode.queue() {
+            QueueKind::Recv => self.receive_before_close(now, wr_id, completion.byte_len as usize),
+            // The frame reached the peer before its close: it is not outstanding, so
+            // `is_idle` tells whether everything sent arrived.
+            QueueKind::Send => drop(self.sending.try_remove(wr_id as usize)),
         }
     }
 
