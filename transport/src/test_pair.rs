@@ -631,6 +631,28 @@ impl Pair {
         })
     }
 
+    /// [`ConnectionCore::try_send`] of one whole message through a transmitter that copies
+    /// frames of the lengths `copies` takes from the caller's memory when `takes` says so
+    /// (and declines them otherwise), as [`Pair::try_send_copied`] does; returns the
+    /// message's length once it is accepted.
+    pub fn try_send_whole_copied(
+        &mut self,
+        side: usize,
+        message: &[u8],
+        copies: CallerCopies,
+        takes: &mut impl FnMut() -> bool,
+    ) -> Result<usize, SendError> {
+        self.drive_posting(side, |core, now, endpoint| {
+            let mut copier = Copier {
+                endpoint,
+                copies,
+                takes,
+            };
+            core.try_send(now, &[IoSlice::new(message)], &mut copier)
+                .map(|()| message.len())
+        })
+    }
+
     /// Sends `message` from `side`, stepping until it is wholly accepted (panics if a send
     /// fails or 10 000 steps pass).
     pub fn send(&mut self, side: usize, message: &[u8]) {
@@ -650,6 +672,19 @@ impl Pair {
     ) {
         self.send_by(message, |pair, rest| {
             pair.try_send_copied(side, rest, copies, takes)
+        });
+    }
+
+    /// [`Pair::send`] through [`Pair::try_send_whole_copied`].
+    pub fn send_whole_copied(
+        &mut self,
+        side: usize,
+        message: &[u8],
+        copies: CallerCopies,
+        takes: &mut impl FnMut() -> bool,
+    ) {
+        self.send_by(message, |pair, rest| {
+            pair.try_send_whole_copied(side, rest, copies, takes)
         });
     }
 

@@ -270,20 +270,27 @@ proptest! {
 
     /// The same with the senders' data frames, at the lengths a "provider" takes from the
     /// caller's memory, copied from their messages by it or, as it decides frame by frame,
-    /// written into send slots after all: every message once, in order, byte for byte,
-    /// and every send slot comes back.
+    /// written into send slots after all, each message offered whole (`try_send`, whose
+    /// small messages may go at once) or resumably (`try_send_some`), as `whole` says:
+    /// every message once, in order, byte for byte, and every send slot comes back.
     #[test]
     fn copied_sends_arrive_once_in_order_whether_taken_or_not(
         sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40),
         small_up_to in prop::option::of(0usize..300),
         large_from in prop::option::of(0usize..3 * 8192),
         taken in prop::collection::vec(any::<bool>(), 1..16),
+        whole in prop::collection::vec(any::<bool>(), 1..8),
     ) {
         let copies = CallerCopies::new(small_up_to, large_from);
         let mut decisions = taken.iter().copied().cycle();
         let mut takes = || decisions.next().unwrap_or(true);
+        let mut calls = whole.iter().copied().cycle();
         let pair = exchange(&sizes, |pair, from, message| {
-            pair.send_copied(from, message, copies, &mut takes)
+            if calls.next().unwrap_or(false) {
+                pair.send_whole_copied(from, message, copies, &mut takes);
+            } else {
+                pair.send_copied(from, message, copies, &mut takes);
+            }
         })?;
         let budgets = [0, 1].map(|side| pair.budget(side).clone());
         drop(pair);
