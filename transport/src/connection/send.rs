@@ -133,8 +133,10 @@ impl ConnectionCore {
         accepted.map(drop)
     }
 
-    /// The small message's path: a message the smallest tier carries whole, offered with
-    /// nothing queued ahead of it and no negotiation to pump, to a transmitter that takes
+    /// The small message's path ([`ConnectionCore::try_send`], and
+    /// [`ConnectionCore::try_send_some`] of a new message): a message the smallest tier
+    /// carries whole, offered with nothing queued ahead of it and no negotiation to pump,
+    /// to a transmitter that takes
     /// its frame from the caller's memory, is offered at once as a [`Post::SendFrom`], and
     /// its credit, grant and send id are taken only once it
     /// is posted. Such a message plans nothing (it fits every tier and tells the demotion
@@ -377,6 +379,11 @@ impl ConnectionCore {
         to: &mut impl Transmit,
     ) -> Result<usize, SendError> {
         let copies = to.takes_from_caller();
+        if self.outbox.is_none()
+            && let Some(sent) = self.send_at_once(rest, copies, to)
+        {
+            return sent.map(|()| rest.len());
+        }
         let accepted = self.send_borrowed(now, rest, copies);
         self.transmit_from(to, rest);
         accepted
