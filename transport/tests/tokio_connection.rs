@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use tierbuf_transport::ShmProvider;
 use tierbuf_transport::connection::{
-    AsyncConnection, ByteStream, ConnectionError, SendError, WouldBlock,
+    AsyncConnection, ByteStream, ConnectionError, ConnectionStats, SendError, WouldBlock,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -457,6 +457,13 @@ async fn promoted_pair<P: PairProvider>(
 /// loopback and shm and seconds on soft-RoCE under an emulated CPU, so only a connection
 /// that never demotes waits that long.
 async fn back_at_rest<P: PairProvider>(provider: &P, at_rest: u64, what: &str) {
+    if let Err(in_use) = rested(provider, at_rest).await {
+        panic!("{what}: {in_use} bytes, {at_rest} at rest");
+    }
+}
+
+/// [`back_at_rest`]'s wait, `Err` with the bytes in use if the budget is not back by then.
+async fn rested<P: PairProvider>(provider: &P, at_rest: u64) -> Result<(), u64> {
     let budget = provider.registrar().budget().clone();
     tokio::time::timeout(BOUND / 2, async {
         while budget.in_use() > at_rest {
@@ -464,7 +471,14 @@ async fn back_at_rest<P: PairProvider>(provider: &P, at_rest: u64, what: &str) {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("{what}: {} bytes, {at_rest} at rest", budget.in_use()));
+    .map_err(|_| budget.in_use())
+}
+
+/// Fails a driver test whose pair did not come back to rest, saying which side kept its
+/// larger tier: each side's stats (tiers, promotions and demotions, credits).
+fn not_at_rest(what: &str, in_use: u64, at_rest: u64, sides: [(&str, ConnectionStats); 2]) -> ! {
+    let [(a, a_stats), (b, b_stats)] = sides;
+    panic!("{what}: {in_use} bytes, {at_rest} at rest\n{a}: {a_stats:#?}\n{b}: {b_stats:#?}");
 }
 
 /// A connection, given back by its task once its `recv` ends, and what that returned.
@@ -503,11 +517,13 @@ async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
 }
 
 /// Whether the tests of an unpolled connection's driver skip on `provider`, saying why:
-/// on verbs over soft-RoCE they passed in one run of `.ci/verbs-rxe` and, in each of two
-/// others, one of them found no demotion at all within its half minute (the driver task
-/// never demoted either side), a fault not yet understood. They run on loopback and shm.
+/// on verbs over soft-RoCE one of them now and then finds the pair not back at rest
+/// within its half minute (in three runs of `.ci/verbs-rxe`, twice; then once in 17 runs
+/// of this suite's verbs tests), a fault not yet understood. They run on loopback and shm,
+/// and on verbs with `TIERBUF_DRIVER_ON_VERBS` set, failing with both sides' stats.
 fn driver_unproven_on<P: PairProvider>(provider: &P) -> bool {
-    let unproven = provider.name() == "verbs";
+    let unproven =
+        provider.name() == "verbs" && std::env::var_os("TIERBUF_DRIVER_ON_VERBS").is_none();
     if unproven {
         println!(
             "skipped: the driver of an unpolled async connection is not yet shown to demote \
@@ -528,12 +544,19 @@ async fn an_unpolled_connection_demotes_while_its_peer_awaits_a_message<P: PairP
     }
     let (mut client, server, at_rest) = promoted_pair(&provider).await;
     let server = awaiting_a_message(server);
-    back_at_rest(
-        &provider,
-        at_rest,
-        "the client unpolled, the server awaiting",
-    )
-    .await;
+    if let Err(in_use) = rested(&provider, at_rest).await {
+        let client_stats = client.stats();
+        // The client's close ends the server's receive, and gives the server back.
+        drop(client);
+        let (server, _) = server.await.unwrap();
+        let sides = [("client", client_stats), ("server", server.stats())];
+        not_at_rest(
+            "the client unpolled, the server awaiting",
+            in_use,
+            at_rest,
+            sides,
+        );
+    }
     assert_eq!(client.stats().send_tier, 0, "demoted");
     // Still a connection: its user takes it up again.
     client.send(b"again").await.unwrap();
@@ -554,7 +577,13 @@ async fn a_receive_given_up_leaves_the_connection_to_its_driver<P: PairProvider>
     let server = awaiting_a_message(server);
     let given_up = tokio::time::timeout(DEMOTE_AFTER / 10, client.recv()).await;
     assert!(given_up.is_err(), "nothing was sent");
-    back_at_rest(&provider, at_rest, "the client's receive given up").await;
+    if let Err(in_use) = rested(&provider, at_rest).await {
+        let client_stats = client.stats();
+        drop(client);
+        let (server, _) = server.await.unwrap();
+        let sides = [("client", client_stats), ("server", server.stats())];
+        not_at_rest("the client's receive given up", in_use, at_rest, sides);
+    }
     drop(client);
     let (_server, ended) = server.await.unwrap();
     assert!(ended.is_err(), "the client closed");
@@ -567,7 +596,10 @@ async fn connections_no_task_polls_demote<P: PairProvider>() {
         return;
     }
     let (client, server, at_rest) = promoted_pair(&provider).await;
-    back_at_rest(&provider, at_rest, "neither side polled").await;
+    if let Err(in_use) = rested(&provider, at_rest).await {
+        let sides = [("client", client.stats()), ("server", server.stats())];
+        not_at_rest("neither side polled", in_use, at_rest, sides);
+    }
     assert_eq!(client.stats().send_tier, 0, "demoted");
     assert_eq!(server.stats().send_tier, 0, "demoted");
 }
