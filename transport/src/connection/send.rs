@@ -136,9 +136,8 @@ impl ConnectionCore {
     /// The small message's path ([`ConnectionCore::try_send`], and
     /// [`ConnectionCore::try_send_some`] of a new message): a message the smallest tier
     /// carries whole, offered with nothing queued ahead of it and no negotiation to pump,
-    /// to a transmitter that takes
-    /// its frame from the caller's memory, is offered at once as a [`Post::SendFrom`], and
-    /// its credit, grant and send id are taken only once it
+    /// to a transmitter that takes its frame from the caller's memory, is offered at once
+    /// as a [`Post::SendFrom`], and its credit, grant and send id are taken only once it
     /// is posted. Such a message plans nothing (it fits every tier and tells the demotion
     /// tracker nothing: `TierController::needs_clock`), so it needs neither the tier
     /// controller nor a send slot, and never meets the work queue. `None` leaves the
