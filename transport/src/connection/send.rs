@@ -7,13 +7,17 @@
 //!   offered message, a [`Payload`] for each frame. Nothing below a call guesses it.
 //! - Whether a message goes whole or in segments is the tier controller's plan; this side
 //!   only frames it. A frame is no longer than the receive its credit stands for, nor than
-//!   this side's send slot.
+//!   this side's send slot. The one exception is the small message's path
+//!   (`send_at_once`): a message the smallest tier carries whole is whole on every tier,
+//!   so it needs no plan; it takes a credit as any frame does.
 //! - A segmented message holds the send order: until its last segment is posted, nothing
 //!   else is accepted ([`WouldBlock::SegmentedInFlight`]). An owned one is posted by
 //!   progress as credits allow; a borrowed one only by the caller offering its rest.
-//! - A frame to be copied from the caller's message ([`Post::SendFrom`](super::Post::SendFrom)) is queued with
+//! - A frame to be copied from the caller's message ([`Post::SendFrom`]) is queued with
 //!   its send slot reserved and unwritten, and is posted or written into that slot before
-//!   the call that has the message returns (`transmit.rs`).
+//!   the call that has the message returns (`transmit.rs`); on the small message's path it
+//!   is offered before anything is taken for it, and is either posted or left whole to
+//!   the general path.
 
 use std::io::IoSlice;
 use std::sync::Arc;
