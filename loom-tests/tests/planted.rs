@@ -74,6 +74,16 @@ fn lent_count_load_then_store_is_caught() {
 }
 
 #[test]
+fn returned_push_relaxed_is_caught() {
+    let message = expect_caught_with(
+        Bug::ReturnedPushRelaxed,
+        connection_builder(),
+        returned_slots_across_threads,
+    );
+    assert!(message.contains("Causality violation"), "{message}");
+}
+
+#[test]
 fn shm_publish_relaxed_is_caught() {
     let message = expect_caught(
         Bug::ShmPublishRelaxed,

@@ -109,6 +109,10 @@ pub mod planted {
         /// in flight, so the owner may take the range back while the peer still copies
         /// into it (`tierbuf-transport`).
         ExposureRevokeWithoutWait = 19,
+        /// A delivered message's drop pushes the node that gives its receive slot back
+        /// with `Relaxed` instead of `Release`, so the connection's thread may read the
+        /// node before the slot's write reaches it (`tierbuf-transport`).
+        ReturnedPushRelaxed = 20,
     }
 
     static PLANTED: AtomicU32 = AtomicU32::new(0);

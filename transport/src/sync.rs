@@ -10,10 +10,8 @@
 //! operations, which models the queue as linearizable (what crossbeam documents) and lets
 //! loom explore the claim protocol around it.
 //!
-//! A connection's returned receive slots cross threads the same way: a delivered message
-//! dropped on any thread pushes its slot onto an [`UnboundedQueue`] (crossbeam's
-//! `SegQueue`) and the connection's thread drains it (`connection::returns`). Under loom
-//! that queue is the same kind of mutex-guarded stand-in.
+//! A connection's returned receive slots cross threads in nodes of a stack of its own
+//! (`connection::returns`), each slot in an [`UnsafeCell`], so loom checks each hand-over.
 
 #[cfg(all(loom, not(feature = "loom")))]
 compile_error!(
@@ -22,14 +20,14 @@ compile_error!(
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex};
@@ -38,6 +36,28 @@ pub(crate) use loom::sync::{Arc, Mutex};
 pub(crate) use crossbeam_queue::ArrayQueue as BoundedQueue;
 #[cfg(not(loom))]
 pub(crate) use crossbeam_queue::SegQueue as UnboundedQueue;
+
+/// A cell whose value a protocol of the caller's hands between threads: `std`'s
+/// `UnsafeCell` with loom's interface, and loom's own, which checks every access against
+/// the happens-before order, under `cfg(loom)`.
+#[cfg(not(loom))]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> UnsafeCell<T> {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    /// Calls `f` with a pointer to the value; the caller's protocol makes the access
+    /// exclusive.
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
 
 /// Lets another thread run while this one waits for a claim held by it.
 #[cfg(not(loom))]

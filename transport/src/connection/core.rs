@@ -52,12 +52,12 @@ use super::config::ConnectionConfig;
 use super::control::{
     ControlPath, HOLD_BEHIND_MESSAGE, InBand, MAX_HELD_CONTROL_FRAMES, MAX_WAITING_CONTROL_FRAMES,
 };
-use super::credits::{Credits, MIN_POSTED, PendingGrants, Urgency};
+use super::credits::{Credits, MIN_POSTED, PendingGrants};
 use super::errors::{ConfigError, ConnectionError, PeerViolation};
 use super::header::{FrameHeader, Grant};
 use super::reassembly::Reassembly;
 use super::receive::Message;
-use super::returns::ReturnedSlots;
+use super::returns::{Node, ReturnedSlots};
 use super::send::{Outbox, Payload};
 use super::transmit::Queued;
 use crate::sync;
@@ -181,6 +181,12 @@ pub struct ConnectionCore {
     pub(super) returns_to_lend: Vec<sync::Arc<ReturnedSlots>>,
     /// Receive slots lent to messages, ever.
     pub(super) lent: usize,
+    /// Nodes to lend slots with (`returns.rs`), kept from the slots given back.
+    #[expect(
+        clippy::vec_box,
+        reason = "a node is lent out and pushed by its address, so it lives in a box of its own"
+    )]
+    pub(super) spare_nodes: Vec<Box<Node>>,
     pub(super) outbox: Option<Outbox>,
     /// A finished outbox's buffer, empty, kept for the next segmented message.
     pub(super) spare_outbox: Vec<u8>,
@@ -324,6 +330,7 @@ impl ConnectionCore {
             returned: ReturnedSlots::new(spare_buffer_limit),
             returns_to_lend: Vec::new(),
             lent: 0,
+            spare_nodes: Vec::new(),
             outbox: None,
             spare_outbox: Vec::new(),
             segmented_at: None,
@@ -427,9 +434,7 @@ impl ConnectionCore {
         }
         // Free receive slots of the tier in force are posted when it is installed and
         // reposted as they come back, so nothing else needs posting here.
-        while let Some(slot) = self.returned.take_returned() {
-            self.recycle(slot, Urgency::Soon);
-        }
+        self.repost_returned();
         // A pass with no control work (most passes of a steady connection) costs one look.
         if self.control.has_work(&self.tiers, now) {
             self.pump_control(now);

@@ -13,7 +13,7 @@ use super::core::ConnectionCore;
 use super::credits::{MIN_POSTED, Urgency};
 use super::errors::{ConnectionError, PeerViolation, WorkKind};
 use super::header::{FrameHeader, FrameKind, HEADER_LEN};
-use super::returns::{LentBuffer, LentSlot, ReturnedSlots};
+use super::returns::{LentBuffer, LentSlot, Node, ReturnedSlots};
 use super::transmit::Queued;
 use crate::error::QueueKind;
 use crate::provider::{BufferRef, Completion};
@@ -102,7 +102,14 @@ impl ConnectionCore {
                 *message = Message::copy_of(message, &self.returned);
             }
         }
-        while let Some(slot) = self.returned.take_returned() {
+        self.repost_returned();
+    }
+
+    /// Reposts the receive slots that dropped messages gave back (those of the tier in
+    /// force; the others go back to their pools), keeping their nodes to lend again.
+    pub(super) fn repost_returned(&mut self) {
+        for (slot, node) in self.returned.take_returned() {
+            self.spare_nodes.push(node);
             self.recycle(slot, Urgency::Soon);
         }
     }
@@ -318,10 +325,11 @@ impl ConnectionCore {
                     .returns_to_lend
                     .pop()
                     .expect("a reference to lend for every posted receive");
+                let node = self.spare_nodes.pop().unwrap_or_else(Node::new);
                 self.lent += 1;
                 self.delivered.push_back(Message {
                     body: Body::Slot {
-                        slot: ReturnedSlots::lend(returns, slot),
+                        slot: ReturnedSlots::lend(returns, slot, node),
                         len: payload_len,
                     },
                 });
@@ -381,8 +389,9 @@ impl ConnectionCore {
             .returns_to_lend
             .pop()
             .expect("a reference to lend for every posted receive");
+        let node = self.spare_nodes.pop().unwrap_or_else(Node::new);
         self.lent += 1;
-        let shared = Arc::new(ReturnedSlots::lend(returns, slot));
+        let shared = Arc::new(ReturnedSlots::lend(returns, slot, node));
         let payload = &shared[HEADER_LEN..HEADER_LEN + header.payload_len as usize];
         let queued = self.delivered.len();
         let mut first = true;
