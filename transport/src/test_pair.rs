@@ -490,7 +490,7 @@ impl Pair {
 
     /// Runs `side`'s core's own work ([`ConnectionCore::progress`]).
     pub fn progress(&mut self, side: usize) {
-        self.drive(side, |core, now| core.progress(now));
+        self.drive_posting(side, |core, now, endpoint| core.progress(now, endpoint));
     }
 
     /// A progress pass of `side` as `Connection` makes one: progress; the completions

@@ -59,7 +59,7 @@ use super::reassembly::Reassembly;
 use super::receive::Message;
 use super::returns::{Node, ReturnedSlots};
 use super::send::{Outbox, Payload};
-use super::transmit::Queued;
+use super::transmit::{Queued, Transmit};
 use crate::sync;
 
 /// Counters and the state of one side of a connection; what its tier negotiation did is
@@ -137,19 +137,21 @@ pub struct ConnectionStats {
 ///   [`commit_reserved`](ConnectionCore::commit_reserved)),
 ///   [`withdraw_unsent`](ConnectionCore::withdraw_unsent),
 ///   [`try_recv`](ConnectionCore::try_recv) and [`fail`](ConnectionCore::fail).
-/// - **`poll_*` and [`transmit`](ConnectionCore::transmit)**, the outputs:
-///   [`transmit`](ConnectionCore::transmit) hands the queued work to a [`Transmit`](super::Transmit)
-///   (every [`Endpoint`](crate::Endpoint) is one), in order;
-///   [`poll_timeout`](ConnectionCore::poll_timeout) says when
-///   [`progress`](ConnectionCore::progress) must run if nothing arrives; and
-///   [`arm`](ConnectionCore::arm) asks to be woken for work no endpoint event announces
-///   (a message dropped on another thread gave its receive back).
+/// - **[`progress`](ConnectionCore::progress), `poll_*` and
+///   [`transmit`](ConnectionCore::transmit)**, the outputs: `progress` runs the core's
+///   own work (reposts, timers, credit and control frames) and hands it to a
+///   [`Transmit`](super::Transmit) (every [`Endpoint`](crate::Endpoint) is one);
+///   `transmit` hands it the work queued, in order;
+///   [`poll_timeout`](ConnectionCore::poll_timeout) says when `progress` must run if
+///   nothing arrives; and [`arm`](ConnectionCore::arm) asks to be woken for work no
+///   endpoint event announces (a message dropped on another thread gave its receive
+///   back).
 ///
 /// A driver's pass, in this order: hand every completion to `handle_completion` (and,
 /// when [`owes_credit`](ConnectionCore::owes_credit) says so between completions, run
-/// `progress` and `transmit`, so a peer sending a long message is granted receives as they
-/// free); run [`progress`](ConnectionCore::progress) with the time; `transmit`. After
-/// every command, `transmit` (the sends whose frames may lie in the caller's message,
+/// `progress`, so a peer sending a long message is granted receives as they free); run
+/// [`progress`](ConnectionCore::progress) with the time and the transmitter. After every
+/// command, `transmit` (the sends whose frames may lie in the caller's message,
 /// `try_send` and `try_send_some`, take the transmitter and post before they return).
 /// Then wait for the endpoint's next event, a wake of `arm`, or `poll_timeout`, whichever
 /// comes first. Time is only what the driver passes: the core reads no clock, and a
@@ -425,16 +427,18 @@ impl ConnectionCore {
         self.tiers.needs_clock(len)
     }
 
-    /// Runs the connection's own work: reposts returned receive slots, pumps the
-    /// negotiation (timers, a demotion the policy suggests), and sends control, drain,
-    /// segment and credit frames.
-    pub fn progress(&mut self, now: Instant) {
+    /// Runs the connection's own work and hands it to `to`: reposts returned receive
+    /// slots, pumps the negotiation (timers, a demotion the policy suggests), and sends
+    /// control, drain, segment and credit frames; then [`ConnectionCore::transmit`]s what
+    /// is queued. A returned slot is posted straight through `to` while nothing is queued
+    /// ahead of it. Returns how many requests it posted.
+    pub fn progress(&mut self, now: Instant, to: &mut impl Transmit) -> usize {
         if self.failed.is_some() {
-            return;
+            return self.transmit(to);
         }
         // Free receive slots of the tier in force are posted when it is installed and
         // reposted as they come back, so nothing else needs posting here.
-        self.repost_returned();
+        let reposted = self.repost_returned_through(to);
         // A pass with no control work (most passes of a steady connection) costs one look.
         if self.control.has_work(&self.tiers, now) {
             self.pump_control(now);
@@ -468,6 +472,7 @@ impl ConnectionCore {
             self.spare_outbox = Vec::new();
             self.returned.drop_spare_buffer();
         }
+        reposted + self.transmit(to)
     }
 
     /// Asks for `waker` to be woken when the core has work no endpoint event announces: a

@@ -116,8 +116,7 @@ impl<E: Endpoint> Connection<E> {
         let (taken, posted) = self.take_completions(now);
         // One pass of the core's own work, after the completions: it reposts what they
         // and the messages given back since the last pass freed, and sends what is owed.
-        self.core.progress(now);
-        let mut done = taken + posted + self.post_work();
+        let mut done = taken + posted + self.core.progress(now, &mut self.endpoint);
         if self.senders.is_some() {
             done += self.post_queued(now);
         }
@@ -164,8 +163,7 @@ impl<E: Endpoint> Connection<E> {
                     && completion.status.is_success()
                     && self.core.owes_credit()
                 {
-                    self.core.progress(now);
-                    posted += self.post_work();
+                    posted += self.core.progress(now, &mut self.endpoint);
                 }
             }
             if ready < POLL_BATCH {

@@ -14,7 +14,10 @@ use super::credits::{MIN_POSTED, Urgency};
 use super::errors::{ConnectionError, PeerViolation, WorkKind};
 use super::header::{FrameHeader, FrameKind, HEADER_LEN};
 use super::returns::{LentBuffer, LentSlot, Node, ReturnedSlots};
-use super::transmit::Queued;
+use std::marker::PhantomData;
+
+use super::transmit::{Post, Queued, Transmit};
+use crate::error::PostError;
 use crate::error::QueueKind;
 use crate::provider::{BufferRef, Completion};
 use crate::sync;
@@ -114,6 +117,41 @@ impl ConnectionCore {
         }
     }
 
+    /// [`ConnectionCore::repost_returned`], each receive posted straight through `to`
+    /// while nothing is queued ahead of it (a steady connection's case, which so skips
+    /// the work queue) and queued otherwise. Returns how many it posted.
+    pub(super) fn repost_returned_through(&mut self, to: &mut impl Transmit) -> usize {
+        let mut posted = 0;
+        for (slot, node) in self.returned.take_returned() {
+            self.spare_nodes.push(node);
+            if !self.tiers.holds_recv_slot(&slot) {
+                continue;
+            }
+            let (wr_id, buffer) = self.enlist_receive(slot, Urgency::Soon);
+            if self.work.is_empty() && self.failed.is_none() {
+                let post = Post::Recv {
+                    wr_id,
+                    buffer,
+                    held: PhantomData,
+                };
+                match to.post(post) {
+                    Ok(_) => {
+                        posted += 1;
+                        continue;
+                    }
+                    Err(PostError::QueueFull { .. }) => {}
+                    Err(error) => {
+                        self.work.push_back(Queued::Recv { wr_id, buffer });
+                        self.refused(to, error);
+                        continue;
+                    }
+                }
+            }
+            self.work.push_back(Queued::Recv { wr_id, buffer });
+        }
+        posted
+    }
+
     /// Posts every free slot of the receive tier in force as a receive.
     pub(super) fn post_receives(&mut self) {
         while let Some(slot) = self.tiers.recv_slot() {
@@ -122,6 +160,13 @@ impl ConnectionCore {
     }
 
     fn post_receive(&mut self, slot: OwnedTierSlot, urgency: Urgency) {
+        let (wr_id, buffer) = self.enlist_receive(slot, urgency);
+        self.work.push_back(Queued::Recv { wr_id, buffer });
+    }
+
+    /// Takes `slot` on as a receive to post: holds it in `posted` and counts it for the
+    /// peer's next grant; returns the request to post.
+    fn enlist_receive(&mut self, slot: OwnedTierSlot, urgency: Urgency) -> (u64, BufferRef) {
         let tier = slot.tier().get();
         let buffer = BufferRef {
             remote_key: slot.keys().remote_key,
@@ -132,8 +177,8 @@ impl ConnectionCore {
         if self.returns_to_lend.len() < self.posted.len() {
             self.returns_to_lend.push(sync::Arc::clone(&self.returned));
         }
-        self.work.push_back(Queued::Recv { wr_id, buffer });
         self.grants.posted(tier, 1, urgency);
+        (wr_id, buffer)
     }
 
     /// Reposts a receive slot that came back, unless its tier was replaced (even by a

@@ -247,9 +247,7 @@ impl ConnectionCore {
                 }
                 Err(PostError::QueueFull { .. }) => break,
                 Err(error) => {
-                    let failure = to.refused(error);
-                    self.fail(failure);
-                    self.take_back_queued();
+                    self.refused(to, error);
                     break;
                 }
             }
@@ -292,6 +290,14 @@ impl ConnectionCore {
         };
         self.sending[wr_id as usize] = Some(slot);
         Queued::Send { wr_id, buffer }
+    }
+
+    /// Fails the connection after `to` refused a post with `error` (not for a full
+    /// queue), and takes back every request still queued, as flushed.
+    pub(super) fn refused(&mut self, to: &mut impl Transmit, error: PostError) {
+        let failure = to.refused(error);
+        self.fail(failure);
+        self.take_back_queued();
     }
 
     /// Takes back every request still queued, as flushed: the connection failed and none
