@@ -518,8 +518,8 @@ async fn a_pending_receive_demotes_at_its_timer<P: PairProvider>() {
 
 /// Whether the tests of an unpolled connection's driver skip on `provider`, saying why:
 /// on verbs over soft-RoCE one of them now and then finds the pair not back at rest
-/// within its half minute (in three runs of `.ci/verbs-rxe`, twice; then once in 29 runs
-/// of this suite's verbs tests), a fault not yet understood. They run on loopback and shm,
+/// within its half minute (in three runs of `.ci/verbs-rxe`, twice; then 3 times in 49
+/// runs of this suite's verbs tests), a fault not yet understood. They run on loopback and shm,
 /// and on verbs with `TIERBUF_DRIVER_ON_VERBS` set, failing with both sides' stats.
 fn driver_unproven_on<P: PairProvider>(provider: &P) -> bool {
     let unproven =
