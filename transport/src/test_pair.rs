@@ -610,16 +610,18 @@ impl Pair {
         })
     }
 
-    /// [`ConnectionCore::try_send_some`], over an endpoint that copies frames of the
-    /// lengths `copies` takes from the caller's memory: `takes` says, frame by frame,
-    /// whether it took one (its bytes are copied out of the message) or left it to its
-    /// send slot.
+    /// [`ConnectionCore::try_send_some`] (or, when `whole`, [`ConnectionCore::try_send`]
+    /// of the whole of `rest`), over an endpoint that copies frames of the lengths
+    /// `copies` takes from the caller's memory: `takes` says, frame by frame, whether it
+    /// took one (its bytes are copied out of the message) or left it to its send slot.
+    /// Returns the bytes accepted.
     pub fn try_send_copied(
         &mut self,
         side: usize,
         rest: &[u8],
         copies: CallerCopies,
         takes: &mut impl FnMut() -> bool,
+        whole: bool,
     ) -> Result<usize, SendError> {
         self.drive_posting(side, |core, now, endpoint| {
             let mut copier = Copier {
@@ -627,29 +629,12 @@ impl Pair {
                 copies,
                 takes,
             };
-            core.try_send_some(now, rest, &mut copier)
-        })
-    }
-
-    /// [`ConnectionCore::try_send`] of one whole message through a transmitter that copies
-    /// frames of the lengths `copies` takes from the caller's memory when `takes` says so
-    /// (and declines them otherwise), as [`Pair::try_send_copied`] does; returns the
-    /// message's length once it is accepted.
-    pub fn try_send_whole_copied(
-        &mut self,
-        side: usize,
-        message: &[u8],
-        copies: CallerCopies,
-        takes: &mut impl FnMut() -> bool,
-    ) -> Result<usize, SendError> {
-        self.drive_posting(side, |core, now, endpoint| {
-            let mut copier = Copier {
-                endpoint,
-                copies,
-                takes,
-            };
-            core.try_send(now, &[IoSlice::new(message)], &mut copier)
-                .map(|()| message.len())
+            if whole {
+                core.try_send(now, &[IoSlice::new(rest)], &mut copier)
+                    .map(|()| rest.len())
+            } else {
+                core.try_send_some(now, rest, &mut copier)
+            }
         })
     }
 
@@ -669,22 +654,10 @@ impl Pair {
         message: &[u8],
         copies: CallerCopies,
         takes: &mut impl FnMut() -> bool,
+        whole: bool,
     ) {
         self.send_by(message, |pair, rest| {
-            pair.try_send_copied(side, rest, copies, takes)
-        });
-    }
-
-    /// [`Pair::send`] through [`Pair::try_send_whole_copied`].
-    pub fn send_whole_copied(
-        &mut self,
-        side: usize,
-        message: &[u8],
-        copies: CallerCopies,
-        takes: &mut impl FnMut() -> bool,
-    ) {
-        self.send_by(message, |pair, rest| {
-            pair.try_send_whole_copied(side, rest, copies, takes)
+            pair.try_send_copied(side, rest, copies, takes, whole)
         });
     }
 

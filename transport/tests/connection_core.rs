@@ -286,11 +286,8 @@ proptest! {
         let mut takes = || decisions.next().unwrap_or(true);
         let mut calls = whole.iter().copied().cycle();
         let pair = exchange(&sizes, |pair, from, message| {
-            if calls.next().unwrap_or(false) {
-                pair.send_whole_copied(from, message, copies, &mut takes);
-            } else {
-                pair.send_copied(from, message, copies, &mut takes);
-            }
+            let whole = calls.next().unwrap_or(false);
+            pair.send_copied(from, message, copies, &mut takes, whole);
         })?;
         let budgets = [0, 1].map(|side| pair.budget(side).clone());
         drop(pair);
@@ -310,10 +307,11 @@ fn only_frames_of_the_lengths_the_provider_takes_are_handed_out_to_be_copied() {
     let sent = [(64, 1), (65, 0), (999, 0), (1000, 1), (0, 1), (8000, 1)];
     for (seq, &(len, handed_out)) in sent.iter().enumerate() {
         let mut count = 0;
-        pair.send_copied(0, &pattern(len, seq as u8), copies, &mut || {
+        let mut takes = || {
             count += 1;
             true
-        });
+        };
+        pair.send_copied(0, &pattern(len, seq as u8), copies, &mut takes, false);
         pair.settle();
         assert_eq!(count, handed_out, "frames of a {len}-byte message copied");
     }
@@ -943,7 +941,7 @@ fn last_credits_crossing_in_frames_that_grant_nothing_leave_no_side_stranded() {
     let sizes = [(113, true), (1009, false), (8177, false), (1009, true)];
     let copies = CallerCopies::new(None, None);
     exchange(&sizes, |pair, from, message| {
-        pair.send_copied(from, message, copies, &mut || true)
+        pair.send_copied(from, message, copies, &mut || true, false)
     })
     .unwrap();
 }
