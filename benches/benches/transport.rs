@@ -55,9 +55,10 @@
 //!   lines may never reach the receiving core there.
 //! - `transport/promotion`: from the first `send` of an 8 KiB message on a fresh tier-0
 //!   connection to its delivery, against the same message on an already-promoted
-//!   connection, over loopback and over shm within one process. The first message goes
-//!   out in segments on tier 0 while the promotion is negotiated in band beside it (the
-//!   new receives posted from the reservoir); the promotion's landing is waited for
+//!   connection, over loopback and over shm within one process. The first message is
+//!   exposed for the receiver to read (the one-sided data path's rendezvous: one frame,
+//!   one read) while the promotion is negotiated in band beside it (the new receives
+//!   posted from the reservoir); the promotion's landing is waited for
 //!   outside the timed part. One thread drives both sides in both functions, so the ratio
 //!   is the protocol's cost, not a cross-core one; a fresh pair is built for every
 //!   `first_oversize` message, outside the timed part, from one provider and reservoir
@@ -71,8 +72,8 @@
 //!   promotion has landed (the peer provisioned the tier and the sender installed it), so
 //!   what waiting for the promotion before sending would have cost at the least.
 //!
-//! The ladder's top tier holds 64 KiB whole, so 1 MiB travels as 16+ frames and is
-//! reassembled (segmentation). Every connection is warmed first, so the measured messages
+//! The ladder's top tier holds 64 KiB whole, so 1 MiB is exposed by its sender and read by
+//! the receiver (the one-sided data path's rendezvous). Every connection is warmed first, so the measured messages
 //! run on the tier their size needs; that the tiers of both sides did not change while
 //! measuring is checked after each size. Every delivered message is checked (length, a
 //! sequence number stamped into its first 8 bytes, its middle and last bytes), so a
@@ -111,7 +112,7 @@ use tierbuf_pool::{MemoryBudget, OwnedSlot, Registrar, SlotPool};
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::connection::{
-    Connection, ConnectionConfig, ConnectionError, ConnectionStats, HEADER_LEN, SendError,
+    Connection, ConnectionConfig, ConnectionError, ConnectionStats, DataPath, HEADER_LEN, SendError,
 };
 use tierbuf_transport::{
     BufferRef, Completion, CompletionStatus, Endpoint, EndpointState, LoopbackEndpoint,
@@ -640,10 +641,12 @@ fn tier_alone(index: usize) -> Arc<TierLadder> {
 }
 
 /// `first_oversize/PROVIDER`, `promotion_lands/PROVIDER`, `already_promoted/PROVIDER`,
-/// `segmented/PROVIDER` and `first_fitting/PROVIDER` over pairs from `connect_pair`, all drawn from one provider
-/// and reservoir per ladder, as a service's connections are: the first two on the bench
-/// ladder (`configs[0]`), `segmented` on its smallest tier alone (`configs[1]`), which
-/// sends the message in segments every time, and `first_fitting` on its 8 KiB tier alone
+/// `read/PROVIDER`, `segmented/PROVIDER` and `first_fitting/PROVIDER` over pairs from
+/// `connect_pair`, all drawn from one provider and reservoir per ladder, as a service's
+/// connections are: the first two on the bench ladder (`configs[0]`), `read` and
+/// `segmented` on its smallest tier alone (`configs[1]`), which the message never fits:
+/// `read` exposes it for the peer to read every time (the one-sided data path), `segmented`
+/// sends it in segments every time (the two-sided one); and `first_fitting` on its 8 KiB tier alone
 /// (`configs[2]`): the first message of a fresh connection that needs no promotion, the
 /// like-for-like reference of `first_oversize`.
 fn promotion_over<E: Endpoint>(
@@ -733,20 +736,22 @@ fn promotion_over<E: Endpoint>(
         (1, 0),
         "already_promoted stayed on its tier"
     );
-    let (mut a, mut b) = connect_pair(one_tier, one_tier_reservoir);
-    steady(
-        group,
-        "segmented",
-        provider,
-        (&mut a, &mut b),
-        &mut bytes,
-        &mut seq,
-    );
-    let stats = a.stats();
-    assert_eq!(
-        stats.messages_segmented, stats.messages_sent,
-        "every message segmented"
-    );
+    let two_sided = Arc::new(ConnectionConfig::clone(one_tier).with_data_path(DataPath::TwoSided));
+    for (name, config) in [("read", one_tier), ("segmented", &two_sided)] {
+        let (mut a, mut b) = connect_pair(config, one_tier_reservoir);
+        steady(
+            group,
+            name,
+            provider,
+            (&mut a, &mut b),
+            &mut bytes,
+            &mut seq,
+        );
+        let stats = a.stats();
+        let (exposed, segmented) = (stats.messages_exposed, stats.messages_segmented);
+        let every = if name == "read" { exposed } else { segmented };
+        assert_eq!(every, stats.messages_sent, "{name}: {stats:?}");
+    }
 }
 
 /// `NAME/PROVIDER`: `bytes` delivered from `a` to `b` over and over, each restamped with the

@@ -19,7 +19,12 @@
 //!   each data, credit and drain frame whether the core takes it or fails, and the core
 //!   does as predicted; every message it delivers is, byte for byte and in order, the one
 //!   the model made of the frames (control frames go to the negotiation, which the model
-//!   does not predict: they may fail the core, for the peer).
+//!   does not predict: they may fail the core, for the peer). An exposed message
+//!   (`docs/protocol.md`, "Rendezvous") is read by nobody here: the core takes a valid
+//!   one and holds every message after it behind it, unless its budget cannot land the
+//!   read and it asks for segments, when the next message reassembled must be of the
+//!   exposed length and comes first; answers to exposures are refused (the core's own
+//!   large messages go in segments: `DataPath::TwoSided`).
 //! - **Credits (rules 1 and 2).** Every frame the core posts decodes, carries a grant on
 //!   the ladder, is exactly its header and payload long, and lands in a receive of the
 //!   peer that the peer granted and that is at least as long (the peer's receives are
@@ -33,7 +38,8 @@
 //! - **Bounds.** At most `ConnectionConfig::queue_depth` receives are posted; registered
 //!   bytes stay within the two largest tiers per direction (`docs/policy.md`, "What a
 //!   peer can make this side hold"), both as the core counts them and as the budget
-//!   charges them.
+//!   charges them, and one region to read an exposed message into, of at most the
+//!   maximum message length.
 //! - **Nothing leaks.** Once the messages are dropped and the core with them, the budget
 //!   holds nothing.
 
@@ -48,7 +54,7 @@ use tierbuf_tiers::wire::{ControlMessage, Epoch};
 use tierbuf_tiers::{RegionDescriptor, TierIndex, ladder::TierLadder};
 use tierbuf_transport::BufferRef;
 use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionError, Fault, FrameKind, HEADER_LEN, Message, SendError,
+    ConnectionConfig, ConnectionError, DataPath, Fault, FrameKind, HEADER_LEN, Message, SendError,
 };
 use tierbuf_transport::fuzzing::{FrameHeaderFields, decode_frame_header, encode_frame_header};
 use tierbuf_transport::test_pair::{Pair, Posted};
@@ -222,6 +228,17 @@ enum Verdict {
     Control,
 }
 
+/// An exposed message the core took (module documentation).
+#[derive(Debug)]
+struct Exposed {
+    /// Its length.
+    len: u64,
+    /// Whether the core asked for it in segments (it could not land the read).
+    refused: bool,
+    /// Messages made after it, delivered only after it.
+    behind: Vec<Vec<u8>>,
+}
+
 /// The reference model of reception: the messages the frames received so far make.
 #[derive(Debug, Default)]
 struct Reception {
@@ -229,6 +246,8 @@ struct Reception {
     open: Option<(u64, Vec<u8>)>,
     /// Messages made and not yet taken by the user, oldest first.
     made: VecDeque<Vec<u8>>,
+    /// The exposed message taken and not delivered.
+    exposed: Option<Exposed>,
 }
 
 impl Reception {
@@ -255,7 +274,7 @@ impl Reception {
                 if self.open.is_some() || header.message_len > MAX_MESSAGE_LEN {
                     Verdict::Refused
                 } else {
-                    self.made.push_back(payload.to_vec());
+                    self.make(payload.to_vec());
                     Verdict::Taken
                 }
             }
@@ -278,7 +297,7 @@ impl Reception {
                         bytes.extend_from_slice(payload);
                         if last {
                             let (_, message) = self.open.take().expect("open");
-                            self.made.push_back(message);
+                            return (self.reassembled(message), grant);
                         }
                         Verdict::Taken
                     }
@@ -291,15 +310,59 @@ impl Reception {
                             .iter()
                             .all(|message| message.len() as u64 <= MAX_MESSAGE_LEN) =>
                 {
-                    self.made.extend(messages);
+                    for message in messages {
+                        self.make(message);
+                    }
                     Verdict::Taken
                 }
                 _ => Verdict::Refused,
             },
+            FrameKind::Exposed => {
+                let range = u32::from_le_bytes(payload[4..8].try_into().expect("4 bytes"));
+                if self.open.is_some()
+                    || header.message_len > MAX_MESSAGE_LEN
+                    || self.exposed.is_some()
+                    || u64::from(range) != header.message_len
+                {
+                    Verdict::Refused
+                } else {
+                    self.exposed = Some(Exposed {
+                        len: header.message_len,
+                        refused: false,
+                        behind: Vec::new(),
+                    });
+                    Verdict::Taken
+                }
+            }
+            // The core sends in segments: it exposes nothing to be answered.
+            FrameKind::ReadDone | FrameKind::ReadRefused => Verdict::Refused,
             FrameKind::Control => Verdict::Control,
             FrameKind::Credit | FrameKind::Drain => Verdict::Taken,
         };
         (verdict, grant)
+    }
+
+    /// A message made of frames: the user's next, unless it waits behind an exposed one.
+    fn make(&mut self, message: Vec<u8>) {
+        match &mut self.exposed {
+            Some(exposed) => exposed.behind.push(message),
+            None => self.made.push_back(message),
+        }
+    }
+
+    /// A segmented message reassembled: the exposed message the core asked for in
+    /// segments, which must be as long, or any other.
+    fn reassembled(&mut self, message: Vec<u8>) -> Verdict {
+        let Some(exposed) = self.exposed.take_if(|exposed| exposed.refused) else {
+            self.make(message);
+            return Verdict::Taken;
+        };
+        if message.len() as u64 != exposed.len {
+            return Verdict::Refused;
+        }
+        self.made.push_back(message);
+        self.made.extend(exposed.behind);
+        Verdict::Taken
     }
 }
 
@@ -346,6 +409,8 @@ struct Harness {
     registered_bound: u64,
     /// The same bound, as the budget charges it.
     charged_bound: u64,
+    /// The core's count of exposed messages it could not read.
+    reads_refused: u64,
 }
 
 impl Harness {
@@ -354,7 +419,8 @@ impl Harness {
         let config = Arc::new(
             ConnectionConfig::new(Arc::clone(&ladder))
                 .expect("the fuzz ladder makes connections")
-                .with_max_message_len(MAX_MESSAGE_LEN),
+                .with_max_message_len(MAX_MESSAGE_LEN)
+                .with_data_path(DataPath::TwoSided),
         );
         let mut regions: Vec<usize> = ladder.tiers().iter().map(|t| t.region_len()).collect();
         regions.sort_unstable_by(|a, b| b.cmp(a));
@@ -384,6 +450,7 @@ impl Harness {
             held: VecDeque::new(),
             registered_bound,
             charged_bound,
+            reads_refused: 0,
         };
         assert_eq!(
             harness.pair.posted_recvs(0).len(),
@@ -456,6 +523,14 @@ impl Harness {
         let held: u64 = self.peer_receives.iter().map(|(_, run)| run).sum();
         let credit_room = u64::from(self.config.max_send_credits()).saturating_sub(held);
         let (verdict, grant) = self.reception.receive(&frame, tiers, credit_room);
+        // Whether the core could land an exposed message's read, it says by its count.
+        let refused_before = self.reads_refused;
+        self.reads_refused = self.pair.stats(0).reads_refused;
+        if self.reads_refused > refused_before
+            && let Some(exposed) = &mut self.reception.exposed
+        {
+            exposed.refused = true;
+        }
         if let Some((tier, count)) = grant
             && count > 0
         {
@@ -582,7 +657,11 @@ impl Harness {
             stats.registered_bytes,
             self.registered_bound
         );
-        assert!(self.budget.in_use() <= self.charged_bound);
+        // One region at most to read an exposed message into, which the harness never
+        // completes (so none is kept as a spare).
+        let landing = charged(MAX_MESSAGE_LEN as usize);
+        assert!(stats.rendezvous_bytes <= landing, "{stats:?}");
+        assert!(self.budget.in_use() <= self.charged_bound + landing);
         for (message, _) in self.held.iter().filter(|(m, _)| m.is_zero_copy()) {
             let held = BufferRef {
                 remote_key: 0,
@@ -692,6 +771,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     )
     .expect("a seed message encodes");
     let big_whole = frame(FrameKind::Whole, (2, 1), 2000, &[9; 2000]);
+    // A message exposed for reading (key 7, its length, an address never exposed): the
+    // read is carried out by nobody here, so the whole message after it waits behind it;
+    // one that the tight budget cannot land is asked for in segments instead.
+    let exposed = |len: u32| {
+        let mut descriptor = 7u32.to_le_bytes().to_vec();
+        descriptor.extend_from_slice(&len.to_le_bytes());
+        descriptor.extend_from_slice(&0x1000u64.to_le_bytes());
+        frame(FrameKind::Exposed, (0, 1), u64::from(len), &descriptor)
+    };
+    let (exposed_small, exposed_large) = (exposed(3000), exposed(60_000));
     let mut unknown_kind = frame(FrameKind::Credit, (0, 0), 0, &[]);
     unknown_kind[0] = 0;
     let beyond_ladder = frame(FrameKind::Credit, (3, 1), 0, &[]);
@@ -866,6 +955,29 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             input(0, &[deliver(&packed_past_frame)]),
         ),
         ("unknown_kind", input(0, &[deliver(&unknown_kind)])),
+        (
+            "exposed",
+            input(
+                0,
+                &[
+                    deliver(&exposed_small),
+                    deliver(&hello),
+                    Op::Recv { hold: false },
+                ],
+            ),
+        ),
+        (
+            "exposed_refused",
+            input(
+                1,
+                &[
+                    deliver(&exposed_large),
+                    deliver(&hello),
+                    Op::Recv { hold: false },
+                    deliver(&frame(FrameKind::First, (0, 1), 60_000, &[1; 100])),
+                ],
+            ),
+        ),
         ("grant_beyond_ladder", input(0, &[deliver(&beyond_ladder)])),
     ]
 }

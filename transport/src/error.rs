@@ -115,6 +115,17 @@ pub enum PostError {
         /// What it failed with.
         errno: i32,
     },
+    /// The transmitter does not do one-sided operations (a test's or driver's own
+    /// [`Transmit`](crate::connection::Transmit) that keeps the default); every provider
+    /// endpoint does. Nothing was posted.
+    #[error(
+        "this transmitter does not {operation}; a connection over it needs \
+         ConnectionConfig::with_data_path(DataPath::TwoSided) on both sides"
+    )]
+    Unsupported {
+        /// What was asked: `"expose"`, `"revoke"` or `"read"`.
+        operation: &'static str,
+    },
     /// This endpoint was closed.
     #[error("the endpoint is closed")]
     Closed,

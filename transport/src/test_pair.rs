@@ -43,10 +43,12 @@ use tierbuf_pool::{HostRegistrar, MemoryBudget};
 use tierbuf_tiers::Reservoir;
 
 use crate::connection::{
-    ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, Message, Post, SendError,
-    Transmit, WorkKind,
+    ConnectionConfig, ConnectionCore, ConnectionError, ConnectionStats, Exposure, Message, Post,
+    SendError, Transmit, WorkKind,
 };
-use crate::{BufferRef, CallerCopies, Completion, CompletionStatus, Opcode, PostError};
+use crate::{
+    Access, BufferRef, CallerCopies, Completion, CompletionStatus, Opcode, PostError, RemoteBuffer,
+};
 
 /// How frames move from one side to the other (module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,9 +164,13 @@ fn completed(kind: WorkKind, wr_id: u64, len: u32) -> Completion {
         opcode: match kind {
             WorkKind::Send => Opcode::Send,
             WorkKind::Recv => Opcode::Recv,
+            WorkKind::Read => Opcode::Read,
         },
     }
 }
+
+/// Keys of the ranges a pair's endpoint exposes start here, each one more, never reused.
+const FIRST_EXPOSURE_KEY: u32 = 0xe000_0000;
 
 /// One side's simulated endpoint.
 #[derive(Debug, Default)]
@@ -174,7 +180,15 @@ struct Endpoint {
     /// Frames sent and not landed, oldest first.
     wire: VecDeque<Frame>,
     held: bool,
-    completions: VecDeque<(WorkKind, u64, u32)>,
+    completions: VecDeque<Completion>,
+    /// Ranges exposed to the peer and not revoked, each a range of a region its core holds
+    /// until it revokes it (`connection/rendezvous.rs`); keys from [`FIRST_EXPOSURE_KEY`].
+    exposed: Vec<RemoteBuffer>,
+    /// Exposures made, ever.
+    exposures: u32,
+    /// Reads posted and not carried out, oldest first: each into a region its core holds
+    /// until the read's completion.
+    reads: VecDeque<(u64, BufferRef, RemoteBuffer)>,
     /// Work requests taken, ever.
     posts: u64,
     /// Whether the test changed what this side receives.
@@ -199,9 +213,53 @@ impl Transmit for Endpoint {
                 self.assert_apart(&buffer);
                 self.send(wr_id, FrameBytes::Slot(buffer));
             }
+            Post::Read {
+                wr_id,
+                buffer,
+                remote,
+                ..
+            } => {
+                self.assert_apart(&buffer);
+                assert_eq!(
+                    buffer.len, remote.len,
+                    "a read into a buffer of another length"
+                );
+                self.posts += 1;
+                self.reads.push_back((wr_id, buffer, remote));
+            }
             other => panic!("{other:?} offered to an endpoint that takes none"),
         }
         Ok(true)
+    }
+
+    fn expose(&mut self, exposure: Exposure<'_>) -> Result<RemoteBuffer, PostError> {
+        assert_eq!(
+            exposure.access(),
+            Access::Read,
+            "the connection exposes for reading"
+        );
+        let buffer = exposure.buffer();
+        self.assert_apart(&buffer);
+        let remote = RemoteBuffer {
+            key: FIRST_EXPOSURE_KEY + self.exposures,
+            addr: buffer.addr,
+            len: buffer.len,
+        };
+        self.exposures += 1;
+        self.exposed.push(remote);
+        Ok(remote)
+    }
+
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        let at = self
+            .exposed
+            .iter()
+            .position(|&remote| remote == exposed)
+            .ok_or(PostError::UnknownKey {
+                remote_key: exposed.key,
+            })?;
+        self.exposed.swap_remove(at);
+        Ok(())
     }
 }
 
@@ -238,6 +296,14 @@ impl<T: FnMut() -> bool> Transmit for Copier<'_, T> {
 
     fn takes_from_caller(&self) -> CallerCopies {
         self.copies
+    }
+
+    fn expose(&mut self, exposure: Exposure<'_>) -> Result<RemoteBuffer, PostError> {
+        self.endpoint.expose(exposure)
+    }
+
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        self.endpoint.revoke(exposed)
     }
 }
 
@@ -418,13 +484,44 @@ impl Pair {
         }
     }
 
-    /// Lands every frame that can land, both ways; returns how many did.
+    /// Lands every frame that can land, both ways, and carries out every read posted;
+    /// returns how many moved.
     fn transfer(&mut self) -> usize {
         let mut moved = 0;
         for from in 0..2 {
             let [a, b] = &mut self.sides;
             let (out, into) = if from == 0 { (a, b) } else { (b, a) };
             let (out, into) = (&mut out.endpoint, &mut into.endpoint);
+            while !out.held
+                && let Some((wr_id, buffer, remote)) = out.reads.pop_front()
+            {
+                // A read of a range the peer exposes now, whole, as a provider checks it.
+                let inside = into.exposed.iter().any(|exposed| {
+                    exposed.key == remote.key
+                        && remote.addr >= exposed.addr
+                        && remote.addr + u64::from(remote.len)
+                            <= exposed.addr + u64::from(exposed.len)
+                });
+                let mut completion = completed(WorkKind::Read, wr_id, remote.len);
+                if inside {
+                    // SAFETY: the range lies in a region the peer's core holds, and writes
+                    // none of, until it revokes the exposure; the buffer is a region this
+                    // side's core holds, untouched, until the completion queued below, as
+                    // long as the range.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            remote.addr as *const u8,
+                            buffer.addr as *mut u8,
+                            remote.len as usize,
+                        );
+                    }
+                } else {
+                    completion.status = CompletionStatus::RemoteAccessError;
+                    completion.byte_len = 0;
+                }
+                out.completions.push_back(completion);
+                moved += 1;
+            }
             while !out.held
                 && let Some(frame) = out.wire.front()
                 && let Some(&(recv_id, recv)) = into.recvs.front()
@@ -449,8 +546,10 @@ impl Pair {
                 let frame = out.wire.pop_front().expect("the frame landed");
                 into.recvs.pop_front();
                 into.tampered |= frame.forged;
-                out.completions.push_back((WorkKind::Send, frame.send, len));
-                into.completions.push_back((WorkKind::Recv, recv_id, len));
+                out.completions
+                    .push_back(completed(WorkKind::Send, frame.send, len));
+                into.completions
+                    .push_back(completed(WorkKind::Recv, recv_id, len));
                 moved += 1;
             }
         }
@@ -458,14 +557,15 @@ impl Pair {
     }
 
     /// Hands `side`'s core a completion (module invariants).
-    fn complete(&mut self, side: usize, (kind, wr_id, len): (WorkKind, u64, u32)) {
-        let result = self.drive(side, |core, now| {
-            core.handle_completion(now, &completed(kind, wr_id, len))
-        });
+    fn complete(&mut self, side: usize, completion: Completion) {
+        let result = self.drive(side, |core, now| core.handle_completion(now, &completion));
         if let Err(error) = result
             && !self.sides[side].endpoint.tampered
         {
-            panic!("side {side}: a {kind:?} completion failed the core: {error}");
+            panic!(
+                "side {side}: a {:?} completion failed the core: {error}",
+                completion.opcode
+            );
         }
     }
 

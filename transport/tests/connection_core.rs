@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use tierbuf_tiers::ladder::TierLadder;
 use tierbuf_transport::CallerCopies;
 use tierbuf_transport::connection::{
-    ConnectionConfig, ConnectionError, Fault, FrameKind, Message, SendError, WouldBlock,
+    ConnectionConfig, ConnectionError, DataPath, Fault, FrameKind, Message, SendError, WouldBlock,
 };
 use tierbuf_transport::test_pair::{Pair, Posted, Reading};
 
@@ -33,6 +33,11 @@ fn ladder() -> Arc<TierLadder> {
 
 fn config() -> ConnectionConfig {
     ConnectionConfig::new(ladder()).unwrap()
+}
+
+/// [`config`] with messages too large for the tier in force sent in segments.
+fn segmented() -> ConnectionConfig {
+    config().with_data_path(DataPath::TwoSided)
 }
 
 /// Sends `message` from side 0 while the frames of side `stalled` stay in flight, until
@@ -88,7 +93,7 @@ fn small_messages_both_ways_arrive_in_order() {
 
 #[test]
 fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     let big = pattern(5000, 7);
     let first = pair.try_send(0, &[IoSlice::new(&big)]);
     first.expect("taken at once, not held for the promotion");
@@ -112,7 +117,7 @@ fn a_first_large_message_goes_in_segments_while_the_promotion_lands_then_whole()
 /// before its promotion is provisioned (`docs/connection.md`, rule 9).
 #[test]
 fn a_first_large_message_is_delivered_before_the_peer_provisions_its_promotion() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     // The clock stands still: nothing is released by time.
     pair.tick = Duration::ZERO;
     // Six frames of tier 0: three go before the request, three after it.
@@ -152,7 +157,7 @@ fn recv_tier_at_delivery(pair: &mut Pair, message: &[u8]) -> u8 {
 
 #[test]
 fn control_held_behind_an_unread_message_is_answered_once_the_hold_is_up() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     pair.tick = Duration::ZERO;
     pair.users[1].reading = Reading::Nothing;
     pair.send(0, &pattern(600, 4));
@@ -193,7 +198,7 @@ fn the_io_vector_prefix_that_fits_goes_first() {
 
 #[test]
 fn messages_past_the_top_tier_are_segmented_and_arrive_as_one() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     let huge = pattern(100_000, 9);
     pair.send(0, &huge);
     pair.settle();
@@ -207,7 +212,7 @@ fn messages_past_the_top_tier_are_segmented_and_arrive_as_one() {
 #[test]
 fn a_refused_promotion_falls_back_to_segments_on_the_current_tier() {
     // The receiver's budget holds its tier-0 buffers and nothing larger.
-    let mut pair = Pair::new(config(), [1 << 20, charged(128 * 4) * 2]);
+    let mut pair = Pair::new(segmented(), [1 << 20, charged(128 * 4) * 2]);
     let big = pattern(3000, 4);
     pair.send(0, &big);
     pair.settle();
@@ -229,13 +234,15 @@ fn every_registered_byte_comes_back() {
 }
 
 /// Sends messages of `sizes` (each with its direction: `true` from side 1) through `send`
-/// on a fresh pair, and checks that each side received the other's once, in order, byte
-/// for byte. Returns the pair, settled.
+/// on a fresh pair whose messages too large for the tier in force go as `data_path`
+/// says, and checks that each side received the other's once, in order, byte for byte.
+/// Returns the pair, settled.
 fn exchange(
+    data_path: DataPath,
     sizes: &[(usize, bool)],
     mut send: impl FnMut(&mut Pair, usize, &[u8]),
 ) -> Result<Pair, TestCaseError> {
-    let mut pair = Pair::new(config(), [4 << 20, 4 << 20]);
+    let mut pair = Pair::new(config().with_data_path(data_path), [4 << 20, 4 << 20]);
     let mut expected: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
     for (i, &(len, backwards)) in sizes.iter().enumerate() {
         let from = usize::from(backwards);
@@ -258,14 +265,25 @@ fn exchange(
     Ok(pair)
 }
 
+fn data_path(two_sided: bool) -> DataPath {
+    if two_sided {
+        DataPath::TwoSided
+    } else {
+        DataPath::OneSided
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Random sizes from empty to three times the top tier, both ways, interleaved:
-    /// every message once, in order, byte for byte.
+    /// Random sizes from empty to three times the top tier, both ways, interleaved, on
+    /// either data path: every message once, in order, byte for byte.
     #[test]
-    fn random_sizes_arrive_once_in_order(sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40)) {
-        exchange(&sizes, Pair::send)?;
+    fn random_sizes_arrive_once_in_order(
+        sizes in prop::collection::vec((0usize..3 * 8192, any::<bool>()), 1..40),
+        two_sided in any::<bool>(),
+    ) {
+        exchange(data_path(two_sided), &sizes, Pair::send)?;
     }
 
     /// The same with the senders' data frames, at the lengths a "provider" takes from the
@@ -280,12 +298,13 @@ proptest! {
         large_from in prop::option::of(0usize..3 * 8192),
         taken in prop::collection::vec(any::<bool>(), 1..16),
         whole in prop::collection::vec(any::<bool>(), 1..8),
+        two_sided in any::<bool>(),
     ) {
         let copies = CallerCopies::new(small_up_to, large_from);
         let mut decisions = taken.iter().copied().cycle();
         let mut takes = || decisions.next().unwrap_or(true);
         let mut calls = whole.iter().copied().cycle();
-        let pair = exchange(&sizes, |pair, from, message| {
+        let pair = exchange(data_path(two_sided), &sizes, |pair, from, message| {
             let whole = calls.next().unwrap_or(false);
             pair.send_copied(from, message, copies, &mut takes, whole);
         })?;
@@ -325,7 +344,7 @@ fn only_frames_of_the_lengths_the_provider_takes_are_handed_out_to_be_copied() {
 
 #[test]
 fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(40, 1));
     pair.settle();
     let before = pair.budget(0).in_use();
@@ -350,7 +369,7 @@ fn a_peer_that_vanishes_mid_promotion_times_out_and_loses_nothing() {
 
 #[test]
 fn a_promotion_given_up_before_the_peer_answered_leaves_the_peer_on_the_senders_tier() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(40, 1));
     pair.settle();
     let registered = pair.in_use();
@@ -381,7 +400,9 @@ fn receives_posted_for_a_promotion_given_up_are_drained_on_an_idle_connection() 
         .tier(1024, 4, 1008)
         .build()
         .unwrap();
-    let config = ConnectionConfig::new(Arc::new(ladder)).unwrap();
+    let config = ConnectionConfig::new(Arc::new(ladder))
+        .unwrap()
+        .with_data_path(DataPath::TwoSided);
     let mut pair = Pair::new(config, [1 << 20, 1 << 20]);
     pair.send(0, &pattern(40, 1));
     pair.settle();
@@ -440,7 +461,7 @@ fn an_idle_connection_steps_down_and_the_receiver_frees_the_large_tier() {
 
 #[test]
 fn a_tier_replaced_while_a_message_holds_one_of_its_slots_comes_back_in_force() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     pair.send(0, &pattern(5000, 0)); // promotes, going in segments itself
     pair.settle();
     // A message on tier 2 is held, so its receive slot stays out...
@@ -556,7 +577,12 @@ fn a_reservation_waits_for_its_credit_and_keeps_its_bytes() {
 fn a_message_the_size_of_the_top_tier_goes_whole_in_one_frame() {
     let ladder = Arc::new(TierLadder::preset("two-tier").unwrap());
     assert_eq!(ladder.tiers()[1].slot_size(), 8192);
-    let mut pair = Pair::new(ConnectionConfig::new(ladder).unwrap(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(
+        ConnectionConfig::new(ladder)
+            .unwrap()
+            .with_data_path(DataPath::TwoSided),
+        [1 << 20, 1 << 20],
+    );
     pair.send(0, &pattern(8192, 2));
     pair.settle();
     let promoted = pair.stats(0);
@@ -640,7 +666,7 @@ fn a_reservation_past_the_tier_asks_for_a_promotion() {
 
 #[test]
 fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     let spare = |pair: &Pair, side: usize| pair.stats(side).spare_buffer_bytes;
     assert_eq!((spare(&pair, 0), spare(&pair, 1)), (0, 0));
     pair.send(0, &pattern(20_000, 1));
@@ -670,7 +696,7 @@ fn segmented_messages_reuse_one_buffer_per_side_until_idle() {
 
 #[test]
 fn a_borrowed_segmented_message_is_posted_from_the_callers_bytes() {
-    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
     // Promotion refused is not needed: past the top tier (8176 bytes a frame) a message
     // is segmented; on tier 0 the first offer asks for tier 2 first.
     let message = pattern(40_000, 7);
@@ -940,10 +966,12 @@ fn relief_bounds_the_copies_of_empty_messages_too() {
 fn last_credits_crossing_in_frames_that_grant_nothing_leave_no_side_stranded() {
     let sizes = [(113, true), (1009, false), (8177, false), (1009, true)];
     let copies = CallerCopies::new(None, None);
-    exchange(&sizes, |pair, from, message| {
-        pair.send_copied(from, message, copies, &mut || true, false)
-    })
-    .unwrap();
+    for two_sided in [true, false] {
+        exchange(data_path(two_sided), &sizes, |pair, from, message| {
+            pair.send_copied(from, message, copies, &mut || true, false)
+        })
+        .unwrap();
+    }
 }
 
 /// A message's segments tampered with on the wire, in each way the pair's hooks allow
@@ -966,7 +994,7 @@ fn segments_tampered_with_in_flight_fail_the_receiver_for_the_peer() {
         }),
     ];
     for (what, tamper) in tamperings {
-        let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+        let mut pair = Pair::new(segmented(), [1 << 20, 1 << 20]);
         pair.hold(0, true);
         // Three segments of tier 0, sent at once while the promotion is asked for.
         let accepted = pair.try_send(0, &[IoSlice::new(&pattern(300, 1))]);

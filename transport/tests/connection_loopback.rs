@@ -12,7 +12,9 @@ use traffic::{pattern, sizes};
 
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{ConfigError, Connection, ConnectionError, Fault, SendError};
+use tierbuf_transport::connection::{
+    ConfigError, Connection, ConnectionConfig, ConnectionError, DataPath, Fault, SendError,
+};
 use tierbuf_transport::{LoopbackEndpoint, LoopbackProvider};
 
 fn ladder() -> Arc<TierLadder> {
@@ -20,8 +22,19 @@ fn ladder() -> Arc<TierLadder> {
 }
 
 fn pair(budget: &MemoryBudget) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
+    pair_on(budget, DataPath::default())
+}
+
+/// [`pair`], its messages too large for the tier in force sent as `data_path` says.
+fn pair_on(
+    budget: &MemoryBudget,
+    data_path: DataPath,
+) -> (Connection<LoopbackEndpoint>, Connection<LoopbackEndpoint>) {
     let provider = LoopbackProvider::new(budget.clone());
-    let shared = Shared::new(&provider, ladder());
+    let config = ConnectionConfig::new(ladder())
+        .unwrap()
+        .with_data_path(data_path);
+    let shared = Shared::with_config(&provider, Arc::new(config));
     let (a, b) = provider.pair(32, 32).unwrap();
     (shared.connection(a), shared.connection(b))
 }
@@ -53,8 +66,14 @@ fn check_on_another_thread(
 
 #[test]
 fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
+    for data_path in [DataPath::OneSided, DataPath::TwoSided] {
+        random_sizes_from_another_thread(data_path);
+    }
+}
+
+fn random_sizes_from_another_thread(data_path: DataPath) {
     let budget = MemoryBudget::with_cap(64 << 20);
-    let (mut sender, receiver) = pair(&budget);
+    let (mut sender, receiver) = pair_on(&budget, data_path);
     let sizes = sizes(400, 65536);
     let reader = check_on_another_thread(receiver, sizes.clone(), false);
     for (index, &len) in sizes.iter().enumerate() {
@@ -65,6 +84,11 @@ fn random_sizes_across_promotions_arrive_once_in_order_from_another_thread() {
     let stats = sender.stats();
     assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, 400);
+    let (exposed, segmented) = (stats.messages_exposed, stats.messages_segmented);
+    match data_path {
+        DataPath::TwoSided => assert_eq!(exposed, 0, "{stats:?}"),
+        _ => assert!(exposed > 0 && segmented == 0, "{stats:?}"),
+    }
     assert_eq!(receiver.stats().messages_received, 400);
     drop((sender, receiver));
     assert_eq!(
@@ -203,13 +227,15 @@ fn a_send_after_the_peer_closed_reports_it_instead_of_losing_the_message() {
 /// A peer that sends, flushes and closes before this side reads: every message it sent
 /// is delivered, then the close. A message segmented while its promotion was asked for
 /// was lost: the close was found (a send of this side's flushed by it) before the
-/// completions of the receives its segments landed in, and those were dropped.
+/// completions of the receives its segments landed in, and those were dropped. Segments
+/// only: a message exposed for reading needs this side to read it before the sender's
+/// flush returns (the next test).
 #[test]
 fn every_message_flushed_before_the_peer_closed_is_delivered_before_the_close() {
     let budget = MemoryBudget::with_cap(64 << 20);
     // As many as the receives posted on tier 0 hold: this side reads only after the close.
     for lens in [&[100][..], &[1000], &[100, 1000], &[1000, 100]] {
-        let (mut sender, mut receiver) = pair(&budget);
+        let (mut sender, mut receiver) = pair_on(&budget, DataPath::TwoSided);
         let messages: Vec<Vec<u8>> = lens.iter().map(|&len| pattern(len, len as u64)).collect();
         for message in &messages {
             sender.send(message).unwrap();
@@ -225,4 +251,41 @@ fn every_message_flushed_before_the_peer_closed_is_delivered_before_the_close() 
         let error = receiver.recv().unwrap_err();
         assert!(matches!(*error, ConnectionError::PeerClosed), "{error:?}");
     }
+}
+
+/// On the one-sided data path a sender's flush returns once the peer has read every
+/// message it exposed: a sender that flushes and closes loses nothing to a receiver that
+/// reads on its own thread, however large its messages.
+#[test]
+fn a_flush_waits_for_the_peer_to_read_what_was_exposed_so_a_close_loses_nothing() {
+    let budget = MemoryBudget::with_cap(64 << 20);
+    let (mut sender, receiver) = pair_on(&budget, DataPath::OneSided);
+    let sizes = [100, 300_000, 5000, 1 << 20, 40];
+    let reader = std::thread::spawn(move || {
+        let mut receiver = receiver;
+        let mut got = Vec::new();
+        loop {
+            match receiver.recv() {
+                Ok(message) => got.push(message.to_vec()),
+                Err(error) => {
+                    assert!(matches!(*error, ConnectionError::PeerClosed), "{error:?}");
+                    return (got, receiver.stats());
+                }
+            }
+        }
+    });
+    for (index, &len) in sizes.iter().enumerate() {
+        sender.send(&pattern(len, index as u64)).unwrap();
+    }
+    sender.flush().unwrap();
+    let exposed = sender.stats().messages_exposed;
+    drop(sender);
+    let (got, stats) = reader.join().unwrap();
+    let expected: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(index, &len)| pattern(len, index as u64))
+        .collect();
+    assert!(got == expected, "every message, in order, before the close");
+    assert!(exposed >= 2 && stats.messages_read == exposed, "{stats:?}");
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use pairs::PairProvider;
 use tierbuf_tiers::ladder::TierLadder;
-use tierbuf_transport::connection::{Connection, ConnectionError, SendError};
+use tierbuf_transport::connection::{Connection, ConnectionError, DataPath, SendError};
 use tierbuf_transport::{
     BufferRef, Completion, Endpoint, EndpointLimits, EndpointState, LoopbackEndpoint,
     LoopbackProvider, Outstanding, PostError, QueueKind, ShmProvider, TransportError,
@@ -256,7 +256,12 @@ fn a_message_posted_whole_is_sent_though_a_frame_behind_it_finds_the_peer_gone()
             refuse_from,
             refusal: Arc::new(Mutex::new(PostError::ConnectionBroken)),
         };
-        let pair = pairs::connections_wrapping(&LoopbackProvider::make(), ladder(), wrap);
+        let pair = pairs::connections_wrapping_on(
+            &LoopbackProvider::make(),
+            ladder(),
+            DataPath::TwoSided,
+            wrap,
+        );
         (pair, passed)
     };
     let ((mut sending, _receiving), passed) = pair(usize::MAX);
@@ -322,8 +327,11 @@ fn a_promotion_asked_for_by_a_peer_that_then_closed_loses_none_of_its_message_ov
     // region: `shm::endpoint`'s unit tests check that this is the peer's close too, and
     // the rounds below meet it now and then.)
     let provider = ShmProvider::make();
-    let (mut sending, mut receiving) =
-        pairs::connections(&provider, pairs::demoting_ladder(Duration::from_secs(60)));
+    let (mut sending, mut receiving) = pairs::connections_on(
+        &provider,
+        pairs::demoting_ladder(Duration::from_secs(60)),
+        DataPath::TwoSided,
+    );
     let message: Vec<u8> = (0..1000u32).map(|byte| byte as u8).collect();
     sending.send(&message).unwrap();
     sending.flush().unwrap();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use tierbuf_transport::ShmProvider;
 use tierbuf_transport::connection::{
-    AsyncConnection, ByteStream, ConnectionError, ConnectionStats, SendError, WouldBlock,
+    AsyncConnection, ByteStream, ConnectionError, ConnectionStats, DataPath, SendError, WouldBlock,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,7 +26,16 @@ fn pair<P: PairProvider>(
     provider: &P,
     ladder: &str,
 ) -> (AsyncConnection<P::Endpoint>, AsyncConnection<P::Endpoint>) {
-    let (a, b) = connections(provider, preset(ladder));
+    pair_on(provider, ladder, DataPath::default())
+}
+
+/// [`pair`], messages too large for the tier in force going as `data_path` says.
+fn pair_on<P: PairProvider>(
+    provider: &P,
+    ladder: &str,
+    data_path: DataPath,
+) -> (AsyncConnection<P::Endpoint>, AsyncConnection<P::Endpoint>) {
+    let (a, b) = pairs::connections_on(provider, preset(ladder), data_path);
     (
         AsyncConnection::new(a).unwrap(),
         AsyncConnection::new(b).unwrap(),
@@ -131,7 +140,8 @@ async fn many_connections_at_once<P: PairProvider>() {
 
 async fn a_send_dropped_halfway_fails_the_connection<P: PairProvider>() {
     let provider = P::make();
-    let (mut sender, receiver) = pair(&provider, "two-tier");
+    // Segments: a message exposed for reading is taken whole or not at all.
+    let (mut sender, receiver) = pair_on(&provider, "two-tier", DataPath::TwoSided);
     // The receiver never reads: its driver takes what comes until a message waits for
     // it, then nothing, so a segmented message stops when its credits run out.
     sender.send(b"unread").await.unwrap();

@@ -12,10 +12,31 @@ use tierbuf_tiers::wire;
 use super::errors::ConfigError;
 use super::header::HEADER_LEN;
 
-/// How a connection is set up; both sides must use the same ladder.
+/// How a message too large for the tier in force travels while its promotion is asked
+/// for (`docs/protocol.md`, "Rendezvous"). Both sides must use the same.
+///
+/// ```
+/// use tierbuf_transport::connection::DataPath;
+/// assert_eq!(DataPath::default(), DataPath::OneSided);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DataPath {
+    /// The sender exposes its copy of the message and the receiver reads it with one
+    /// one-sided read into a buffer of its own: one small frame, one read.
+    #[default]
+    OneSided,
+    /// The message is cut into frames of the peer's posted receives and reassembled:
+    /// sends and receives only, for a transmitter without one-sided operations.
+    TwoSided,
+}
+
+/// How a connection is set up; both sides must use the same ladder and data path.
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
     capacity: Arc<FrameCapacity>,
+    data_path: DataPath,
+    read_timeout: Duration,
     negotiation: NegotiationConfig,
     max_message_len: u64,
     spare_buffer_limit: usize,
@@ -35,9 +56,13 @@ const DEFAULT_UNREAD_COPY_LIMIT: usize = 4 << 20;
 /// [`ConnectionConfig::spare_buffer_limit`] unless set.
 const DEFAULT_SPARE_BUFFER_LIMIT: usize = 4 << 20;
 
+/// [`ConnectionConfig::read_timeout`] unless set.
+const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl ConnectionConfig {
     /// A configuration for `ladder`: requests re-sent every 100 ms, given up after 5 sends,
-    /// messages up to 64 MiB.
+    /// messages up to 64 MiB, a message too large for the tier in force read by the peer
+    /// ([`DataPath::OneSided`]) within 30 s.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -65,6 +90,8 @@ impl ConnectionConfig {
             .expect("the frame header fits the slots' headroom (asserted above)");
         Ok(ConnectionConfig {
             capacity: Arc::new(capacity),
+            data_path: DataPath::default(),
+            read_timeout: DEFAULT_READ_TIMEOUT,
             negotiation,
             max_message_len: 64 << 20,
             spare_buffer_limit: DEFAULT_SPARE_BUFFER_LIMIT,
@@ -92,17 +119,44 @@ impl ConnectionConfig {
         self.max_send_credits
     }
 
-    /// Sets the largest heap buffer a connection keeps, per direction, for reuse by the
-    /// next segmented message (the sender's copy of it, the receiver's reassembly); a
-    /// larger one is allocated for its message and freed after it. Kept buffers are freed
-    /// once the connection has seen no segmented message for the ladder's `demote_after`.
-    /// Default 4 MiB; 0 keeps none.
+    /// Sets how a message too large for the tier in force travels.
+    pub fn with_data_path(mut self, data_path: DataPath) -> ConnectionConfig {
+        self.data_path = data_path;
+        self
+    }
+
+    /// How a message too large for the tier in force travels.
+    pub fn data_path(&self) -> DataPath {
+        self.data_path
+    }
+
+    /// Sets how long a message exposed for the peer to read ([`DataPath::OneSided`]) may
+    /// wait for the peer to say it read it; past it the connection fails as the peer's
+    /// fault ([`PeerViolation::ReadNotDone`](super::PeerViolation::ReadNotDone)). A
+    /// peer whose user does not poll it still reads (its connection's timers and
+    /// readiness run), so this bounds a stalled or hostile peer. Default 30 s.
+    pub fn with_read_timeout(mut self, timeout: Duration) -> ConnectionConfig {
+        self.read_timeout = timeout;
+        self
+    }
+
+    /// How long an exposed message waits for the peer's read.
+    pub fn read_timeout(&self) -> Duration {
+        self.read_timeout
+    }
+
+    /// Sets the largest buffer a connection keeps, per direction, for reuse by the next
+    /// message too large for the tier in force: the sender's copy of it (a heap buffer
+    /// for segments, a registered region to expose for reading) and the receiver's
+    /// (reassembly, or the registered region it reads into). A larger one is made for its
+    /// message and freed after it. Kept buffers are freed once the connection has seen no
+    /// such message for the ladder's `demote_after`. Default 4 MiB; 0 keeps none.
     pub fn with_spare_buffer_limit(mut self, bytes: usize) -> ConnectionConfig {
         self.spare_buffer_limit = bytes;
         self
     }
 
-    /// The largest heap buffer kept for reuse per direction.
+    /// The largest buffer kept for reuse per direction.
     pub fn spare_buffer_limit(&self) -> usize {
         self.spare_buffer_limit
     }

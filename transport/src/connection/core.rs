@@ -57,6 +57,7 @@ use super::errors::{ConfigError, ConnectionError, PeerViolation};
 use super::header::{FrameHeader, Grant};
 use super::reassembly::Reassembly;
 use super::receive::Message;
+use super::rendezvous::Rendezvous;
 use super::returns::{Node, ReturnedSlots};
 use super::send::{Outbox, Payload};
 use super::transmit::{Queued, Transmit};
@@ -82,6 +83,9 @@ pub struct ConnectionStats {
     /// Messages accepted and sent in a packed frame with others
     /// ([`ConnectionCore::try_send_batch`]).
     pub messages_packed: u64,
+    /// Messages accepted and exposed for the peer to read, being too large for the tier
+    /// in force ([`DataPath::OneSided`](super::DataPath::OneSided)).
+    pub messages_exposed: u64,
     /// Messages delivered.
     pub messages_received: u64,
     /// Messages handed over as a copy rather than in their receive slot, because the user
@@ -90,6 +94,11 @@ pub struct ConnectionStats {
     pub messages_copied_to_keep_receives: u64,
     /// Bytes of delivered messages.
     pub bytes_received: u64,
+    /// Messages delivered after reading them from the peer, which exposed them.
+    pub messages_read: u64,
+    /// Messages the peer exposed that this side could not register a buffer to read
+    /// into (its budget was spent): it asked for them in segments instead.
+    pub reads_refused: u64,
     /// Frames posted (data, packed, control, credit and drain).
     pub frames_sent: u64,
     /// Bytes registered for this side's send and receive regions now.
@@ -105,6 +114,10 @@ pub struct ConnectionStats {
     /// it sends, its reassembly buffer for one it receives); see
     /// [`ConnectionConfig::with_spare_buffer_limit`].
     pub spare_buffer_bytes: u64,
+    /// Bytes registered for messages read by one side from the other, in use or kept for
+    /// the next: this side's staging copy of one it exposes, the region it reads one
+    /// into (`docs/protocol.md`, "Rendezvous").
+    pub rendezvous_bytes: u64,
     /// In-band control frames waiting for a credit to be posted with (bounded: see
     /// `docs/threats.md`).
     pub control_frames_waiting: u64,
@@ -192,9 +205,12 @@ pub struct ConnectionCore {
     pub(super) outbox: Option<Outbox>,
     /// A finished outbox's buffer, empty, kept for the next segmented message.
     pub(super) spare_outbox: Vec<u8>,
-    /// When a segmented message was last sent or received; spare buffers are freed after
-    /// the ladder's `demote_after` without one.
-    pub(super) segmented_at: Option<Instant>,
+    /// When a message too large for the tier in force (segmented or exposed) was last
+    /// sent or received; spare buffers are freed after the ladder's `demote_after`
+    /// without one.
+    pub(super) oversize_at: Option<Instant>,
+    /// Messages read by one side from the other (`rendezvous.rs`).
+    pub(super) rendezvous: Rendezvous,
     /// The peer's receives of a replaced tier still to consume after a send-tier change.
     pub(super) drains_owed: u32,
     /// Drain frames that may still go for the peer's receives of tiers this side does not
@@ -298,6 +314,10 @@ impl ConnectionCore {
         control: ControlPath,
         now: Instant,
     ) -> Result<ConnectionCore, ConfigError> {
+        let rendezvous = Rendezvous::new(
+            Arc::clone(send_reservoir.registrar()),
+            Arc::clone(recv_reservoir.registrar()),
+        );
         let tiers = TierController::new(
             Arc::clone(config.capacity()),
             config.negotiation().clone(),
@@ -335,7 +355,8 @@ impl ConnectionCore {
             spare_nodes: Vec::new(),
             outbox: None,
             spare_outbox: Vec::new(),
-            segmented_at: None,
+            oversize_at: None,
+            rendezvous,
             drains_owed: 0,
             foreign_drains_left: 0,
             control_held_until: None,
@@ -353,10 +374,14 @@ impl ConnectionCore {
     /// negotiation timer, the moment the send tier may step down, or the end of a hold of
     /// the peer's control behind a message.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.tiers.poll_timeout(), self.control_held_until) {
-            (Some(timer), Some(held)) => Some(timer.min(held)),
-            (timer, held) => timer.or(held),
-        }
+        [
+            self.tiers.poll_timeout(),
+            self.control_held_until,
+            self.rendezvous.deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Counters and state now.
@@ -372,6 +397,8 @@ impl ConnectionCore {
             control_frames_waiting: self.control.waiting() as u64,
             spare_buffer_bytes: (self.spare_outbox.capacity()
                 + self.returned.spare_buffer_capacity()) as u64,
+            rendezvous_bytes: (self.rendezvous.registered_bytes()
+                + self.returned.spare_landing_len()) as u64,
             ..self.stats
         }
     }
@@ -407,14 +434,20 @@ impl ConnectionCore {
         self.tiers.send_tier().get() > 0 || self.tiers.recv_tier().get() > 0
     }
 
-    /// Whether a segmented message taken on still has bytes to post.
+    /// Whether a message taken on has not all reached the peer: a segmented one with
+    /// bytes still to post, or one exposed for the peer to read that it has not read.
     pub fn has_unsent_message(&self) -> bool {
-        self.outbox.is_some()
+        self.outbox.is_some() || self.rendezvous.is_unread()
     }
 
-    /// Whether everything accepted has been posted and every posted send completed.
+    /// Whether everything accepted has been posted and every posted send completed, no
+    /// message is exposed to the peer or being read from it, and no frame saying one was
+    /// read waits for a credit.
     pub fn is_idle(&self) -> bool {
-        self.outbox.is_none() && self.control.is_idle() && self.sending.is_empty()
+        self.outbox.is_none()
+            && self.control.is_idle()
+            && self.sending.is_empty()
+            && !self.rendezvous.is_busy()
     }
 
     /// Whether sending or reserving a message of `len` bytes needs the time. It does not
@@ -457,6 +490,10 @@ impl ConnectionCore {
         if self.outbox.is_some() {
             self.send_segments();
         }
+        if self.rendezvous.is_busy() {
+            self.check_read_deadline(now);
+            self.send_answer();
+        }
         while self.owes_credit() {
             if !self.post_frame(FrameHeader::credit(), Payload::Empty, false) {
                 break;
@@ -465,12 +502,14 @@ impl ConnectionCore {
         self.tiers.reclaim();
         let idle_for = self.config.ladder().policy().demote_after();
         if self
-            .segmented_at
+            .oversize_at
             .is_some_and(|at| now.saturating_duration_since(at) >= idle_for)
         {
-            self.segmented_at = None;
+            self.oversize_at = None;
             self.spare_outbox = Vec::new();
             self.returned.drop_spare_buffer();
+            self.returned.drop_spare_landing();
+            self.rendezvous.drop_spare();
         }
         reposted + self.transmit(to)
     }

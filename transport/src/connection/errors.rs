@@ -37,6 +37,8 @@ pub enum WorkKind {
     Send,
     /// The receive queue.
     Recv,
+    /// A one-sided read of a message the peer exposed (on the send queue).
+    Read,
 }
 
 /// Why a connection could not be set up: its configuration
@@ -154,6 +156,18 @@ pub enum ConnectionError {
     /// state inconsistent.
     #[error("the tier negotiation failed")]
     Tiers(#[source] ControllerError),
+    /// Registering a buffer for a message too large for the tier in force failed: this
+    /// side's copy of one it sends for the peer to read, or the buffer it reads one the
+    /// peer exposed into (`docs/protocol.md`, "Rendezvous"). The source names the limit
+    /// (usually the memory budget) and the setting that raises it.
+    #[error("registering {len} bytes for a message read by one side from the other failed")]
+    RendezvousBuffer {
+        /// The bytes asked for.
+        len: usize,
+        /// Why the registrar refused.
+        #[source]
+        source: tierbuf_pool::PoolError,
+    },
 }
 
 /// What a peer sent that breaks the protocol, with the offending field in each source.
@@ -215,6 +229,38 @@ pub enum PeerViolation {
     /// peer that stalled past the provider's deadline).
     #[error("the provider's protocol")]
     Provider(#[source] TransportError),
+    /// An exposed message while one the peer exposed earlier is still being read: an
+    /// honest peer exposes one at a time.
+    #[error("the peer exposed a second message while its first was still being read")]
+    SecondExposure,
+    /// A message exposed for reading whose descriptor is malformed: not the
+    /// [`EXPOSED_LEN`](super::header::EXPOSED_LEN) bytes of one, or a range of another
+    /// length than the message.
+    #[error("an exposed message's descriptor names {range} bytes for a message of {len}")]
+    ExposedRange {
+        /// The range's length in the descriptor (0 when there was none).
+        range: u64,
+        /// The message's length in the frame header.
+        len: u64,
+    },
+    /// A frame saying the peer read a message that this side did not expose to it, or
+    /// not under that key and length.
+    #[error("the peer said it read {len} bytes under key {key:#x}, which this side did not expose")]
+    UnexposedReadDone {
+        /// The key the frame named.
+        key: u32,
+        /// The length it named.
+        len: u32,
+    },
+    /// The peer did not read a message this side exposed to it within the read timeout
+    /// ([`ConnectionConfig::with_read_timeout`](super::ConnectionConfig::with_read_timeout)).
+    #[error("the peer did not read a {len}-byte message within {timeout:?}")]
+    ReadNotDone {
+        /// The message's length.
+        len: usize,
+        /// The timeout.
+        timeout: std::time::Duration,
+    },
 }
 
 impl ConnectionError {
@@ -224,9 +270,10 @@ impl ConnectionError {
             ConnectionError::UnknownWorkRequest { .. } | ConnectionError::Closed => Fault::Caller,
             #[cfg(feature = "tokio")]
             ConnectionError::SinkRefused(_) => Fault::Caller,
-            ConnectionError::Provider(_) | ConnectionError::Post(_) | ConnectionError::Tiers(_) => {
-                Fault::Local
-            }
+            ConnectionError::Provider(_)
+            | ConnectionError::Post(_)
+            | ConnectionError::Tiers(_)
+            | ConnectionError::RendezvousBuffer { .. } => Fault::Local,
             ConnectionError::PeerClosed
             | ConnectionError::AbandonedMidMessage { .. }
             | ConnectionError::PeerDied(_)
@@ -285,6 +332,9 @@ pub enum WouldBlock {
     NoCredit,
     /// A segmented message is still being sent.
     SegmentedInFlight,
+    /// The last message too large for the tier in force is exposed and the peer has not
+    /// read it yet: one is exposed at a time (`docs/protocol.md`, "Rendezvous").
+    ExposedUnread,
     /// A message built in place needs a larger tier, which the peer refused for now:
     /// retry later, or send it with `try_send`, which segments it.
     PromotionRefused,

@@ -38,7 +38,26 @@ pub enum FrameKind {
     /// Several whole messages, each in an entry of its own (`docs/connection.md`); the
     /// header's message length is their count.
     Packed = 8,
+    /// A whole message exposed for the peer to read (`docs/protocol.md`, "Rendezvous"):
+    /// the payload is its descriptor ([`EXPOSED_LEN`] bytes), the header's message length
+    /// the message's.
+    Exposed = 9,
+    /// The peer read the message it was exposed: the payload names the exposure
+    /// ([`READ_ANSWER_LEN`] bytes).
+    ReadDone = 10,
+    /// The peer could not read the message it was exposed (it could not register a
+    /// buffer for it) and asks for it in segments: the payload names the exposure
+    /// ([`READ_ANSWER_LEN`] bytes).
+    ReadRefused = 11,
 }
+
+/// Bytes of an [`FrameKind::Exposed`] frame's payload: the exposure's key (`u32`), the
+/// range's length (`u32`) and its address (`u64`), little endian.
+pub const EXPOSED_LEN: usize = 16;
+
+/// Bytes of a [`FrameKind::ReadDone`] or [`FrameKind::ReadRefused`] frame's payload: the
+/// exposure's key and length (`u32` each, little endian).
+pub const READ_ANSWER_LEN: usize = 8;
 
 impl FrameKind {
     /// Whether a frame of this kind carries (part of) a message.
@@ -50,6 +69,7 @@ impl FrameKind {
                 | FrameKind::Middle
                 | FrameKind::Last
                 | FrameKind::Packed
+                | FrameKind::Exposed
         )
     }
 
@@ -63,6 +83,9 @@ impl FrameKind {
             6 => FrameKind::Credit,
             7 => FrameKind::Drain,
             8 => FrameKind::Packed,
+            9 => FrameKind::Exposed,
+            10 => FrameKind::ReadDone,
+            11 => FrameKind::ReadRefused,
             _ => return None,
         })
     }
@@ -127,7 +150,8 @@ pub enum HeaderError {
         /// The payload length in the header.
         payload_len: u32,
     },
-    /// A frame kind that has no payload carries one.
+    /// A frame kind whose payload has a fixed length (none, or a descriptor's) carries
+    /// another.
     #[error("{kind:?} frame carries {payload_len} payload bytes")]
     UnexpectedPayload {
         /// The frame's kind.
@@ -185,6 +209,16 @@ impl FrameHeader {
         FrameHeader::ungranted(FrameKind::Drain, 0, 0)
     }
 
+    /// A message of `len` bytes exposed for the peer to read.
+    pub(super) const fn exposed(len: usize) -> FrameHeader {
+        FrameHeader::ungranted(FrameKind::Exposed, EXPOSED_LEN, len)
+    }
+
+    /// This side's answer to a message the peer exposed: `ReadDone` or `ReadRefused`.
+    pub(super) const fn read_answer(kind: FrameKind) -> FrameHeader {
+        FrameHeader::ungranted(kind, READ_ANSWER_LEN, 0)
+    }
+
     /// Writes the header into the first [`HEADER_LEN`] bytes of `out`.
     ///
     /// # Panics
@@ -226,6 +260,7 @@ impl FrameHeader {
             FrameKind::Packed => {
                 message_len == 0 || message_len > u64::from(payload_len) / PACKED_ENTRY_HEAD as u64
             }
+            FrameKind::Exposed => message_len == 0,
             _ => message_len != 0,
         };
         if inconsistent {
@@ -235,7 +270,13 @@ impl FrameHeader {
                 payload_len,
             });
         }
-        if matches!(kind, FrameKind::Credit | FrameKind::Drain) && payload_len != 0 {
+        let fixed = match kind {
+            FrameKind::Credit | FrameKind::Drain => Some(0),
+            FrameKind::Exposed => Some(EXPOSED_LEN as u32),
+            FrameKind::ReadDone | FrameKind::ReadRefused => Some(READ_ANSWER_LEN as u32),
+            _ => None,
+        };
+        if fixed.is_some_and(|fixed| payload_len != fixed) {
             return Err(HeaderError::UnexpectedPayload { kind, payload_len });
         }
         Ok(FrameHeader {
@@ -282,6 +323,9 @@ mod tests {
             header(FrameKind::Credit, 0, 0),
             header(FrameKind::Drain, 0, 0),
             header(FrameKind::Packed, 16, 2),
+            header(FrameKind::Exposed, EXPOSED_LEN as u32, 1 << 20),
+            header(FrameKind::ReadDone, READ_ANSWER_LEN as u32, 0),
+            header(FrameKind::ReadRefused, READ_ANSWER_LEN as u32, 0),
         ] {
             assert_eq!(FrameHeader::decode(&frame(&header, 7)), Ok(header));
         }
@@ -315,16 +359,24 @@ mod tests {
             header(FrameKind::Control, 10, 1),
             header(FrameKind::Packed, 16, 0),
             header(FrameKind::Packed, 16, 3),
+            header(FrameKind::Exposed, EXPOSED_LEN as u32, 0),
+            header(FrameKind::ReadDone, READ_ANSWER_LEN as u32, 8),
         ] {
             assert!(matches!(
                 FrameHeader::decode(&frame(&bad, 0)),
                 Err(HeaderError::InconsistentLength { .. })
             ));
         }
-        assert!(matches!(
-            FrameHeader::decode(&frame(&header(FrameKind::Drain, 3, 0), 0)),
-            Err(HeaderError::UnexpectedPayload { .. })
-        ));
+        for bad in [
+            header(FrameKind::Drain, 3, 0),
+            header(FrameKind::Exposed, 15, 100),
+            header(FrameKind::ReadDone, 0, 0),
+        ] {
+            assert!(matches!(
+                FrameHeader::decode(&frame(&bad, 0)),
+                Err(HeaderError::UnexpectedPayload { .. })
+            ));
+        }
     }
 
     proptest! {

@@ -18,6 +18,7 @@ mod packed;
 pub mod readiness;
 mod reassembly;
 mod receive;
+mod rendezvous;
 mod reserve;
 mod returns;
 mod send;
@@ -33,13 +34,15 @@ mod transmit;
 
 #[cfg(all(feature = "tokio", not(loom)))]
 pub use self::tokio::{AsyncConnection, AsyncConnectionGuard};
-pub use config::ConnectionConfig;
+pub use config::{ConnectionConfig, DataPath};
 pub use core::{ConnectionCore, ConnectionStats};
 pub use driver::{Connection, SendBuffer};
 pub use errors::{
     ConfigError, ConnectionError, Fault, PeerViolation, SendError, WorkKind, WouldBlock,
 };
-pub use header::{FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD};
+pub use header::{
+    EXPOSED_LEN, FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD, READ_ANSWER_LEN,
+};
 pub use packed::PackedError;
 pub use reassembly::ReassemblyError;
 pub use receive::Message;
@@ -50,4 +53,4 @@ pub use table::{
     ConnectionGuard, ConnectionId, ConnectionTable, ProgressConfig, ProgressStats,
     SharedConnection, TableError,
 };
-pub use transmit::{Post, Transmit};
+pub use transmit::{Exposure, Post, Transmit};

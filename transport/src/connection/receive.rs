@@ -13,13 +13,14 @@ use super::core::ConnectionCore;
 use super::credits::{MIN_POSTED, Urgency};
 use super::errors::{ConnectionError, PeerViolation, WorkKind};
 use super::header::{FrameHeader, FrameKind, HEADER_LEN};
-use super::returns::{LentBuffer, LentSlot, Node, ReturnedSlots};
+use super::rendezvous::READ_WR_ID;
+use super::returns::{LentBuffer, LentLanding, LentSlot, Node, ReturnedSlots};
 use std::marker::PhantomData;
 
 use super::transmit::{Post, Queued, Transmit};
 use crate::error::PostError;
 use crate::error::QueueKind;
-use crate::provider::{BufferRef, Completion};
+use crate::provider::{BufferRef, Completion, Opcode};
 use crate::sync;
 
 impl ConnectionCore {
@@ -43,7 +44,7 @@ impl ConnectionCore {
         let slot = match &message.body {
             Body::Slot { slot, .. } => slot,
             Body::Shared { slot, .. } => &**slot,
-            Body::Copied(_) => return Some(message),
+            Body::Copied(_) | Body::Landed(_) => return Some(message),
         };
         let slots = slot
             .tier()
@@ -225,6 +226,8 @@ impl ConnectionCore {
                     }
                     return Ok(());
                 }
+                // The one read in flight (`rendezvous.rs`) has an id of its own.
+                None if wr_id == READ_WR_ID => self.finish_read(completion.byte_len),
                 None => Err(ConnectionError::UnknownWorkRequest {
                     kind: WorkKind::Send,
                     wr_id,
@@ -251,9 +254,10 @@ impl ConnectionCore {
     /// the connection (unless it failed already) and takes the request back.
     #[cold]
     fn handle_unsuccessful(&mut self, completion: &Completion) -> Arc<ConnectionError> {
-        let kind = match completion.opcode.queue() {
-            QueueKind::Send => WorkKind::Send,
-            QueueKind::Recv => WorkKind::Recv,
+        let kind = match completion.opcode {
+            Opcode::Read => WorkKind::Read,
+            opcode if opcode.queue() == QueueKind::Send => WorkKind::Send,
+            _ => WorkKind::Recv,
         };
         let wr_id = completion.wr_id;
         let error = Arc::clone(self.fail(ConnectionError::CompletionFailed {
@@ -282,7 +286,9 @@ impl ConnectionCore {
         match completion.opcode.queue() {
             QueueKind::Recv => self.receive_before_close(now, wr_id, completion.byte_len as usize),
             // The frame reached the peer before its close: it is not outstanding, so
-            // `is_idle` tells whether everything sent arrived.
+            // `is_idle` tells whether everything sent arrived. A read that completed
+            // delivers nothing after the close (`docs/protocol.md`, "Rendezvous").
+            QueueKind::Send if wr_id == READ_WR_ID => self.take_back_read(),
             QueueKind::Send => drop(self.sending.try_remove(wr_id as usize)),
         }
     }
@@ -293,6 +299,7 @@ impl ConnectionCore {
     pub(super) fn take_back(&mut self, kind: WorkKind, wr_id: u64) {
         match kind {
             WorkKind::Recv => drop(self.posted.try_remove(wr_id as usize)),
+            WorkKind::Read => self.take_back_read(),
             WorkKind::Send => {
                 let Some(slot) = self.sending.try_remove(wr_id as usize) else {
                     return;
@@ -318,13 +325,16 @@ impl ConnectionCore {
     /// side's flushed by the close may come first), so the close can be found before
     /// frames that landed ahead of it: they carry the peer's last messages, delivered
     /// before the close as a socket's reader gets every byte before its end. Only data
-    /// frames are taken; the connection is over for anything else.
+    /// frames, and the peer's word that it read a message this side exposed, are taken;
+    /// the connection is over for anything else.
     fn receive_before_close(&mut self, now: Instant, wr_id: u64, len: usize) {
         let Some(slot) = self.posted.try_remove(wr_id as usize) else {
             return;
         };
+        // Data, and the answer that says the peer read a message this side exposed: it
+        // reached the peer before the close.
         let data = FrameHeader::decode(&slot[..len.min(slot.len())])
-            .is_ok_and(|header| header.kind.carries_data());
+            .is_ok_and(|header| header.kind.carries_data() || header.kind == FrameKind::ReadDone);
         if data {
             // A frame that breaks the protocol delivers nothing; the close stays the
             // connection's failure.
@@ -372,7 +382,7 @@ impl ConnectionCore {
                     .expect("a reference to lend for every posted receive");
                 let node = self.spare_nodes.pop().unwrap_or_else(Node::new);
                 self.lent += 1;
-                self.delivered.push_back(Message {
+                self.deliver(Message {
                     body: Body::Slot {
                         slot: ReturnedSlots::lend(returns, slot, node),
                         len: payload_len,
@@ -380,9 +390,21 @@ impl ConnectionCore {
                 });
                 return Ok(());
             }
-            FrameKind::Packed => return self.receive_packed(header, slot),
+            FrameKind::Packed => {
+                let from = self.delivered.len();
+                self.receive_packed(header, slot)?;
+                self.hold_behind_read(from);
+                return Ok(());
+            }
+            FrameKind::Exposed => {
+                self.oversize_at = Some(now);
+                self.start_read(header, payload)?;
+            }
+            FrameKind::ReadDone | FrameKind::ReadRefused => {
+                self.peer_answered(header.kind, payload)?;
+            }
             FrameKind::First | FrameKind::Middle | FrameKind::Last => {
-                self.segmented_at = Some(now);
+                self.oversize_at = Some(now);
                 let returned = &self.returned;
                 let done = self
                     .reassembly
@@ -393,9 +415,10 @@ impl ConnectionCore {
                 if let Some(message) = done {
                     self.stats.messages_received += 1;
                     self.stats.bytes_received += message.len() as u64;
-                    self.delivered.push_back(Message {
+                    let message = Message {
                         body: Body::Copied(ReturnedSlots::lend_buffer(&self.returned, message)),
-                    });
+                    };
+                    self.deliver_reassembled(message)?;
                 }
             }
             FrameKind::Control => match &mut self.control {
@@ -493,6 +516,8 @@ enum Body {
         first: bool,
     },
     Copied(LentBuffer),
+    /// Read from the peer into a registered region of its own (`rendezvous.rs`).
+    Landed(LentLanding),
 }
 
 /// A delivered message. One that arrived in one frame is a view onto the registered
@@ -503,6 +528,13 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message read from the peer into `landing`.
+    pub(super) fn landed(landing: LentLanding) -> Message {
+        Message {
+            body: Body::Landed(landing),
+        }
+    }
+
     /// A copy of `message`'s bytes in a buffer of its own (the connection's spare, when it
     /// is large enough), which goes back to `returned` when the copy is dropped.
     fn copy_of(message: &Message, returned: &sync::Arc<ReturnedSlots>) -> Message {
@@ -513,7 +545,9 @@ impl Message {
         }
     }
 
-    /// Whether the bytes are still in the registered receive slot (not copied).
+    /// Whether the bytes are still in the registered receive slot they arrived in (not
+    /// copied). A message read from the peer (`docs/protocol.md`, "Rendezvous") is in a
+    /// registered region of its own, not a receive slot: false.
     pub fn is_zero_copy(&self) -> bool {
         matches!(self.body, Body::Slot { .. } | Body::Shared { .. })
     }
@@ -525,7 +559,7 @@ impl Message {
         match &self.body {
             Body::Slot { .. } => true,
             Body::Shared { first, .. } => *first,
-            Body::Copied(_) => false,
+            Body::Copied(_) | Body::Landed(_) => false,
         }
     }
 
@@ -534,7 +568,7 @@ impl Message {
         match &self.body {
             Body::Slot { .. } => true,
             Body::Shared { slot, .. } => Arc::strong_count(slot) == 1,
-            Body::Copied(_) => false,
+            Body::Copied(_) | Body::Landed(_) => false,
         }
     }
 }
@@ -547,6 +581,7 @@ impl Deref for Message {
             Body::Slot { slot, len } => &slot[HEADER_LEN..HEADER_LEN + len],
             Body::Shared { slot, range, .. } => &slot[range.clone()],
             Body::Copied(bytes) => bytes,
+            Body::Landed(bytes) => bytes,
         }
     }
 }

@@ -38,7 +38,9 @@
 //! - A reassembled message's buffer comes back the same way ([`LentBuffer`]), into
 //!   `spare_buffer` under its mutex, for the next segmented message to reuse: so a stream
 //!   of large messages does not allocate (and fault in) a fresh buffer for each. At most
-//!   one buffer is kept, of at most `spare_limit` bytes.
+//!   one buffer is kept, of at most `spare_limit` bytes. A message read from the peer
+//!   (`rendezvous.rs`) lends its registered landing region the same way ([`LentLanding`],
+//!   into `spare_landing`), on the same terms.
 //!
 //! - A slot given back while the connection's thread is parked wakes it, so a message
 //!   dropped on another thread gets its receive reposted (and granted to the peer) without
@@ -55,6 +57,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::task::Waker;
 
+use tierbuf_pool::Region;
 use tierbuf_tiers::{OwnedTierSlot, TierIndex};
 
 use crate::connection::readiness::Parker;
@@ -94,6 +97,9 @@ pub(super) struct ReturnedSlots {
     given_back: AtomicUsize,
     /// Empty (no capacity) when there is none.
     spare_buffer: Mutex<Vec<u8>>,
+    /// The registered region of the last message read from the peer, given back, for the
+    /// next one to be read into.
+    spare_landing: Mutex<Option<Box<dyn Region>>>,
     spare_limit: usize,
     /// The connection's thread's request to be woken by a give-back (module invariants).
     parker: Parker,
@@ -107,6 +113,7 @@ impl ReturnedSlots {
             head: AtomicPtr::new(std::ptr::null_mut()),
             given_back: AtomicUsize::new(0),
             spare_buffer: Mutex::new(Vec::new()),
+            spare_landing: Mutex::new(None),
             spare_limit,
             parker: Parker::default(),
         })
@@ -155,6 +162,46 @@ impl ReturnedSlots {
             buffer,
             returns: Arc::clone(returns),
         }
+    }
+
+    /// The spare landing region, if it holds `len` bytes; a smaller one is freed.
+    pub(super) fn take_landing(&self, len: usize) -> Option<Box<dyn Region>> {
+        self.lock_landing()
+            .take()
+            .filter(|region| region.len() >= len)
+    }
+
+    /// Frees the spare landing region (the connection has been idle).
+    pub(super) fn drop_spare_landing(&self) {
+        drop(self.lock_landing().take());
+    }
+
+    /// Bytes of the spare landing region kept (0 for none).
+    pub(super) fn spare_landing_len(&self) -> usize {
+        self.lock_landing()
+            .as_ref()
+            .map_or(0, |region| region.len())
+    }
+
+    /// Lends `region`, into whose first `len` bytes a message was read, to the message;
+    /// its drop gives it back.
+    pub(super) fn lend_landing(
+        returns: &Arc<ReturnedSlots>,
+        region: Box<dyn Region>,
+        len: usize,
+    ) -> LentLanding {
+        LentLanding {
+            region: Some(region),
+            len,
+            returns: Arc::clone(returns),
+        }
+    }
+
+    fn lock_landing(&self) -> impl std::ops::DerefMut<Target = Option<Box<dyn Region>>> + '_ {
+        // Every critical section leaves the option whole before anything can panic.
+        self.spare_landing
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     fn lock_spare(&self) -> impl std::ops::DerefMut<Target = Vec<u8>> + '_ {
@@ -338,6 +385,48 @@ impl fmt::Debug for LentBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LentBuffer")
             .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The registered region a message was read into from the peer (`rendezvous.rs`);
+/// dropping it offers the region back to its connection for the next such message.
+pub(super) struct LentLanding {
+    /// `Some` until the drop gives it back.
+    region: Option<Box<dyn Region>>,
+    len: usize,
+    returns: Arc<ReturnedSlots>,
+}
+
+impl Deref for LentLanding {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.region {
+            // SAFETY: the read that filled the region's first `len` bytes has completed,
+            // no request names the region any more and nothing else holds it
+            // (`rendezvous.rs`, module invariants), so they are initialised and only read
+            // through this message until it is dropped.
+            Some(region) => unsafe { std::slice::from_raw_parts(region.base().as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+}
+
+impl Drop for LentLanding {
+    fn drop(&mut self) {
+        if let Some(region) = self.region.take()
+            && region.len() <= self.returns.spare_limit
+        {
+            *self.returns.lock_landing() = Some(region);
+        }
+    }
+}
+
+impl fmt::Debug for LentLanding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LentLanding")
+            .field("len", &self.len)
             .finish_non_exhaustive()
     }
 }

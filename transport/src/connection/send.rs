@@ -498,15 +498,34 @@ impl ConnectionCore {
                 self.send_whole(source, plan)
             }
             Framing::Segmented => {
-                // The promotion it asked for goes out behind the segments the credits in
-                // hand allow: the peer takes those before it provisions the tier.
-                let accepted = self.start_segmented(now, source, plan);
+                // Exposed for the peer to read where the data path is one-sided, else in
+                // segments. The promotion it asked for goes out behind its frame (or the
+                // segments the credits in hand allow): the peer takes those before it
+                // provisions the tier.
+                let one = [IoSlice::new(match source {
+                    Source::Borrow { message, .. } => message,
+                    Source::Copy { .. } => &[],
+                })];
+                let (parts, exposed_plan) = match source {
+                    Source::Copy { parts, .. } => (parts, plan),
+                    Source::Borrow { .. } => (
+                        &one[..],
+                        SendPlan {
+                            elements: 1,
+                            ..plan
+                        },
+                    ),
+                };
+                let accepted = match self.start_exposed(now, parts, &exposed_plan) {
+                    Some(exposed) => exposed,
+                    None => Ok(self.start_segmented(now, source, plan)),
+                };
                 if self.tiers.has_transmit() {
-                    // The message is taken: a failure found now is the next call's to
-                    // report.
+                    // Taken or not, the message asked for the tier: a failure found now is
+                    // the next call's to report.
                     self.pump_control(now);
                 }
-                Ok(accepted)
+                accepted
             }
         }
     }
@@ -543,7 +562,7 @@ impl ConnectionCore {
     /// credits allow now; returns the bytes accepted (all of a copied message, those
     /// posted of a borrowed one).
     fn start_segmented(&mut self, now: Instant, source: Source<'_>, plan: SendPlan) -> usize {
-        self.segmented_at = Some(now);
+        self.oversize_at = Some(now);
         self.stats.messages_sent += 1;
         self.stats.messages_segmented += 1;
         self.stats.bytes_sent += plan.bytes as u64;
@@ -569,6 +588,17 @@ impl ConnectionCore {
                 plan.bytes
             }
         }
+    }
+
+    /// Takes `bytes`, a copy of a message already counted as sent, on as a segmented
+    /// message, posted by progress as credits allow: a message whose read the peer
+    /// refused (`rendezvous.rs`), whose invariants keep the outbox free for it.
+    pub(super) fn segment_copy(&mut self, bytes: Vec<u8>) {
+        self.stats.messages_segmented += 1;
+        self.outbox = Some(Outbox {
+            message: OutboxBytes::Owned(bytes),
+            sent: 0,
+        });
     }
 
     /// Posts one frame: takes a send slot and a credit (a data credit when `data`), writes

@@ -21,6 +21,11 @@
 //! - A post refused for any reason but a full queue fails the connection
 //!   ([`Transmit::refused`] says with what) and every request still queued is taken back
 //!   as flushed; a send that carried message bytes then counts as not delivered.
+//! - An exposure ([`Exposure`]) is made only here, of the staging region the core holds
+//!   for the message it exposes (`rendezvous.rs`), right before the frame that tells the
+//!   peer of it is posted, and only once: the frame then waits in the queue as a plain
+//!   send. Its revocation is queued behind the work that was queued before the peer said
+//!   it read the message.
 
 use std::marker::PhantomData;
 
@@ -30,7 +35,8 @@ use super::core::ConnectionCore;
 use super::errors::{ConnectionError, WorkKind};
 use super::header::HEADER_LEN;
 use crate::error::PostError;
-use crate::provider::{BufferRef, CallerCopies, Endpoint};
+use crate::exposure::Access;
+use crate::provider::{BufferRef, CallerCopies, Endpoint, RemoteBuffer};
 
 /// One work request the core hands its transmitter, borrowed for one
 /// [`Transmit::post`] call (module invariants).
@@ -70,6 +76,49 @@ pub enum Post<'a> {
         /// The frame's payload.
         payload: &'a [u8],
     },
+    /// Read `remote`, a range the peer exposed to this connection, into `buffer`:
+    /// [`Endpoint::post_read`]. Its completion ([`Opcode::Read`](crate::Opcode::Read))
+    /// carries `wr_id`.
+    #[non_exhaustive]
+    Read {
+        /// The id its completion will carry.
+        wr_id: u64,
+        /// Where the bytes go, a region the core holds until that completion.
+        buffer: BufferRef,
+        /// The peer's range, as long as `buffer`.
+        remote: RemoteBuffer,
+        /// Ties the post to the core's borrow.
+        held: PhantomData<&'a ()>,
+    },
+}
+
+/// A range of a region the core holds that it asks its transmitter to expose to the peer
+/// ([`Transmit::expose`]): made only by the core (module invariants), for the one call.
+#[derive(Debug)]
+pub struct Exposure<'a> {
+    buffer: BufferRef,
+    access: Access,
+    held: PhantomData<&'a ()>,
+}
+
+impl Exposure<'_> {
+    pub(super) fn new(buffer: BufferRef, access: Access) -> Exposure<'static> {
+        Exposure {
+            buffer,
+            access,
+            held: PhantomData,
+        }
+    }
+
+    /// The range to expose.
+    pub fn buffer(&self) -> BufferRef {
+        self.buffer
+    }
+
+    /// What the peer may do with it.
+    pub fn access(&self) -> Access {
+        self.access
+    }
 }
 
 /// Where a [`ConnectionCore`]'s work goes: a provider endpoint, or whatever a test or
@@ -128,6 +177,34 @@ pub trait Transmit {
     fn refused(&mut self, error: PostError) -> ConnectionError {
         ConnectionError::of_post(error)
     }
+
+    /// Exposes `exposure`'s range to the peer ([`Endpoint::expose`]) and returns what to
+    /// tell it. The default, for a transmitter with no one-sided operations, refuses
+    /// ([`PostError::Unsupported`]): a connection over it must use
+    /// [`DataPath::TwoSided`](super::DataPath::TwoSided).
+    ///
+    /// # Errors
+    ///
+    /// As [`Endpoint::expose`]; any error fails the connection.
+    fn expose(&mut self, exposure: Exposure<'_>) -> Result<RemoteBuffer, PostError> {
+        let _ = exposure;
+        Err(PostError::Unsupported {
+            operation: "expose",
+        })
+    }
+
+    /// Ends an exposure made by [`Transmit::expose`] ([`Endpoint::revoke`]). The default
+    /// refuses, as [`Transmit::expose`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Endpoint::revoke`]; any error fails the connection.
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        let _ = exposed;
+        Err(PostError::Unsupported {
+            operation: "revoke",
+        })
+    }
 }
 
 impl<E: Endpoint + ?Sized> Transmit for E {
@@ -146,8 +223,27 @@ impl<E: Endpoint + ?Sized> Transmit for E {
                     header,
                     payload,
                 } => self.try_post_send_copied(&[header, payload], wr_id),
+                Post::Read {
+                    wr_id,
+                    buffer,
+                    remote,
+                    ..
+                } => self.post_read(buffer, remote, wr_id).map(|()| true),
             }
         }
+    }
+
+    fn expose(&mut self, exposure: Exposure<'_>) -> Result<RemoteBuffer, PostError> {
+        // SAFETY: an `Exposure` is made only by the core, of the staging region it holds
+        // for the message it exposes for reading; it writes no byte of that region from
+        // the copy that fills it until the exposure is revoked (`rendezvous.rs`, module
+        // invariants), and no request names it. If the endpoint is dropped first, closing
+        // it ends the exposure before the core lets the region go (`Connection`'s `Drop`).
+        unsafe { Endpoint::expose(self, exposure.buffer, exposure.access) }
+    }
+
+    fn revoke(&mut self, exposed: RemoteBuffer) -> Result<(), PostError> {
+        Endpoint::revoke(self, exposed)
     }
 
     fn takes_from_caller(&self) -> CallerCopies {
@@ -188,6 +284,23 @@ pub(super) enum Queued {
         payload_len: usize,
         slot: OwnedTierSlot,
     },
+    /// The frame that tells the peer of the message the core exposes, header written and
+    /// descriptor not: the exposure is made when it reaches the front (module
+    /// invariants), and it goes on as a [`Queued::Send`]. Its place in `sending` holds no
+    /// slot meanwhile.
+    Expose {
+        wr_id: u64,
+        slot: OwnedTierSlot,
+    },
+    /// A read of the message the peer exposed, into the region the core holds for it.
+    Read {
+        buffer: BufferRef,
+        remote: RemoteBuffer,
+    },
+    /// The end of the exposure of a message the peer said it read.
+    Revoke {
+        remote: RemoteBuffer,
+    },
 }
 
 impl ConnectionCore {
@@ -226,15 +339,33 @@ impl ConnectionCore {
                 } => to.post(Post::SendFrom {
                     wr_id: *wr_id,
                     header,
-                    payload: &message[*payload_at..payload_at + payload_len],
+                    payload: &message[*payload_at..payload_at + *payload_len],
                 }),
+                Queued::Read { buffer, remote } => to.post(Post::Read {
+                    wr_id: super::rendezvous::READ_WR_ID,
+                    buffer: *buffer,
+                    remote: *remote,
+                    held: PhantomData,
+                }),
+                Queued::Expose { .. } => match self.expose_staged(to) {
+                    // The frame now says where the message is: post it at once.
+                    Ok(()) => continue,
+                    Err(error) => Err(error),
+                },
+                Queued::Revoke { remote } => {
+                    let remote = *remote;
+                    to.revoke(remote).map(|()| self.revoked(remote))
+                }
             };
             match outcome {
                 Ok(true) => {
                     // A frame the provider copied: its slot goes back to the spares, and
-                    // its place in `sending` waits for the completion.
-                    if let Some(Queued::SendFrom { slot, .. }) = self.work.pop_front() {
-                        self.keep_send_slot(slot);
+                    // its place in `sending` waits for the completion. A revocation is
+                    // no request: nothing completes for it.
+                    match self.work.pop_front() {
+                        Some(Queued::SendFrom { slot, .. }) => self.keep_send_slot(slot),
+                        Some(Queued::Revoke { .. }) => continue,
+                        _ => {}
                     }
                     posted += 1;
                 }
@@ -308,10 +439,15 @@ impl ConnectionCore {
                 Queued::Recv { wr_id, .. } => self.take_back(WorkKind::Recv, wr_id),
                 Queued::Send { wr_id, .. } => self.take_back(WorkKind::Send, wr_id),
                 // Message bytes, whatever its slot holds (nothing yet).
-                Queued::SendFrom { wr_id, .. } => {
+                Queued::SendFrom { wr_id, .. } | Queued::Expose { wr_id, .. } => {
                     self.sending.try_remove(wr_id as usize);
                     self.lost_data = true;
                 }
+                // The message the peer exposed is not read: the connection failed, and
+                // the peer hears of it as its own failure. A revocation not made leaves
+                // the staging region held until the endpoint is closed
+                // (`rendezvous.rs`).
+                Queued::Read { .. } | Queued::Revoke { .. } => {}
             }
         }
     }

@@ -13,7 +13,7 @@ use tierbuf_tiers::ladder::TierLadder;
 
 use super::error::SetupError;
 use super::{ConnectionOf, Kind, OpenFiles};
-use crate::connection::{Connection, ConnectionConfig, ConnectionCore};
+use crate::connection::{Connection, ConnectionConfig, ConnectionCore, DataPath};
 use crate::provider::Provider;
 
 /// Where the ladder comes from.
@@ -51,6 +51,7 @@ pub struct TransportBuilder<K: Kind> {
     hysteresis: Option<Duration>,
     reservoir_regions: Option<usize>,
     connections: Option<usize>,
+    data_path: DataPath,
 }
 
 impl<K: Kind> TransportBuilder<K> {
@@ -65,6 +66,7 @@ impl<K: Kind> TransportBuilder<K> {
             hysteresis: None,
             reservoir_regions: None,
             connections: None,
+            data_path: DataPath::default(),
         }
     }
 
@@ -128,6 +130,23 @@ impl<K: Kind> TransportBuilder<K> {
         self
     }
 
+    /// How a message too large for the tier in force travels: read by the peer from this
+    /// side's exposed copy ([`DataPath::OneSided`], the default) or in segments
+    /// ([`DataPath::TwoSided`]); both sides must use the same. See `docs/protocol.md`,
+    /// "Rendezvous".
+    ///
+    /// ```
+    /// use tierbuf_transport::Transport;
+    /// use tierbuf_transport::connection::DataPath;
+    /// let node = Transport::loopback().budget_bytes(64 << 20).data_path(DataPath::TwoSided).build()?;
+    /// assert_eq!(node.config().data_path(), DataPath::TwoSided);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn data_path(mut self, data_path: DataPath) -> TransportBuilder<K> {
+        self.data_path = data_path;
+        self
+    }
+
     /// Prepares this process for `connections` connections at once: raises the soft
     /// open-file limit up to the hard limit where the provider holds files per
     /// connection (shm, verbs), and fails the build when even the hard limit cannot hold
@@ -153,7 +172,7 @@ impl<K: Kind> TransportBuilder<K> {
     /// and filling the reservoir ([`SetupError::Reservoir`]).
     pub fn build(self) -> Result<Transport<K>, SetupError> {
         let ladder = Arc::new(self.load_ladder()?);
-        let config = ConnectionConfig::new(Arc::clone(&ladder))?;
+        let config = ConnectionConfig::new(Arc::clone(&ladder))?.with_data_path(self.data_path);
         let depth = config.queue_depth();
         check_depth::<K>(depth, self.kind.max_depth())?;
         let budget = match self.budget {

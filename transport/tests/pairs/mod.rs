@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tierbuf_pool::MemoryBudget;
 use tierbuf_tiers::Reservoir;
 use tierbuf_tiers::ladder::{TierLadder, TierLadderBuilder};
-use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore};
+use tierbuf_transport::connection::{Connection, ConnectionConfig, ConnectionCore, DataPath};
 use tierbuf_transport::{Endpoint, LoopbackProvider, Provider, ShmProvider};
 
 /// What the connections of a test share, as a transport's do: the configuration for
@@ -20,6 +20,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The configuration for `ladder`, and a reservoir for it on `provider`.
+    #[allow(dead_code)] // Not every test binary takes the default configuration.
     pub(crate) fn new(provider: &impl Provider, ladder: Arc<TierLadder>) -> Shared {
         Shared::with_config(provider, Arc::new(ConnectionConfig::new(ladder).unwrap()))
     }
@@ -157,7 +158,30 @@ pub(crate) fn connections_wrapping<P: PairProvider, W: Endpoint>(
     ladder: TierLadder,
     wrap: impl FnOnce(P::Endpoint) -> W,
 ) -> (Connection<W>, Connection<P::Endpoint>) {
-    let shared = Shared::new(provider, Arc::new(ladder));
+    connections_wrapping_on(provider, ladder, DataPath::default(), wrap)
+}
+
+/// [`connections`], messages too large for the tier in force going as `data_path` says.
+#[allow(dead_code)] // Not every test binary chooses its data path.
+pub(crate) fn connections_on<P: PairProvider>(
+    provider: &P,
+    ladder: TierLadder,
+    data_path: DataPath,
+) -> (Connection<P::Endpoint>, Connection<P::Endpoint>) {
+    connections_wrapping_on(provider, ladder, data_path, |endpoint| endpoint)
+}
+
+/// [`connections_wrapping`] on `data_path`.
+pub(crate) fn connections_wrapping_on<P: PairProvider, W: Endpoint>(
+    provider: &P,
+    ladder: TierLadder,
+    data_path: DataPath,
+    wrap: impl FnOnce(P::Endpoint) -> W,
+) -> (Connection<W>, Connection<P::Endpoint>) {
+    let config = ConnectionConfig::new(Arc::new(ladder))
+        .unwrap()
+        .with_data_path(data_path);
+    let shared = Shared::with_config(provider, Arc::new(config));
     let (a, b) = provider.connect_pair(shared.config.queue_depth());
     (shared.connection(wrap(a)), shared.connection(b))
 }
