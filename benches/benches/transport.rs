@@ -55,10 +55,9 @@
 //!   lines may never reach the receiving core there.
 //! - `transport/promotion`: from the first `send` of an 8 KiB message on a fresh tier-0
 //!   connection to its delivery, against the same message on an already-promoted
-//!   connection, over loopback and over shm within one process. The first message is
-//!   exposed for the receiver to read (the one-sided data path's rendezvous: one frame,
-//!   one read) while the promotion is negotiated in band beside it (the new receives
-//!   posted from the reservoir); the promotion's landing is waited for
+//!   connection, over loopback and over shm within one process. The first message goes
+//!   out in segments on tier 0 while the promotion is negotiated in band beside it (the new
+//!   receives posted from the reservoir); the promotion's landing is waited for
 //!   outside the timed part. One thread drives both sides in both functions, so the ratio
 //!   is the protocol's cost, not a cross-core one; a fresh pair is built for every
 //!   `first_oversize` message, outside the timed part, from one provider and reservoir

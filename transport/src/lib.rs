@@ -15,7 +15,7 @@
 //!     Ok(())
 //! });
 //! let mut client = node.connect("echo")?;
-//! for len in [64, 4 << 10, 200 << 10] { // 4 KiB is promoted, 200 KiB read by the peer too
+//! for len in [64, 4 << 10, 200 << 10] { // 4 KiB is promoted, 200 KiB read by the peer
 //!     let request = vec![len as u8; len];
 //!     client.send(&request)?;
 //!     assert_eq!(&client.recv()?[..], &request[..]);

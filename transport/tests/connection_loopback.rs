@@ -84,10 +84,12 @@ fn random_sizes_from_another_thread(data_path: DataPath) {
     let stats = sender.stats();
     assert!(stats.tiers.promotions >= 1, "{stats:?}");
     assert_eq!(stats.messages_sent, 400);
-    let (exposed, segmented) = (stats.messages_exposed, stats.messages_segmented);
+    // Sizes up to four times the top tier: on the one-sided path those past it are read
+    // by the peer, and the others wait for no promotion in segments.
+    let exposed = stats.messages_exposed;
     match data_path {
         DataPath::TwoSided => assert_eq!(exposed, 0, "{stats:?}"),
-        _ => assert!(exposed > 0 && segmented == 0, "{stats:?}"),
+        _ => assert!(exposed > 0, "{stats:?}"),
     }
     assert_eq!(receiver.stats().messages_received, 400);
     drop((sender, receiver));

@@ -83,8 +83,8 @@ fn batches_arrive_message_by_message<P: PairProvider>() {
         "small ones shared frames: {sent:?}"
     );
     assert!(
-        sent.messages_exposed > 0 && sent.messages_segmented == 0,
-        "large ones were read by the peer: {sent:?}"
+        sent.messages_segmented > 0,
+        "large ones were segmented: {sent:?}"
     );
     assert!(
         sent.tiers.promotions > 0,

@@ -1,10 +1,10 @@
 //! The one-sided data path's rendezvous at the sans-IO level, on the test pair
 //! (`transport/src/test_pair.rs`, whose endpoints expose ranges and carry out reads as the
-//! providers do): a message too large for the tier in force is exposed by its sender and
-//! read by the receiver, with one small frame each way; messages behind it keep their
-//! order; a receiver without memory for it asks for segments; a hostile or stalled peer
-//! fails the connection, blamed, and nothing is left registered. `docs/protocol.md`,
-//! "Rendezvous".
+//! providers do): a message past the ladder's top tier is exposed by its sender and read
+//! by the receiver, with one small frame each way (one the top tier carries goes in
+//! segments while its promotion lands); messages behind it keep their order; a receiver
+//! without memory for it asks for segments; a hostile or stalled peer fails the
+//! connection, blamed, and nothing is left registered. `docs/protocol.md`, "Rendezvous".
 
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -71,12 +71,12 @@ fn settle_and_idle(pair: &mut Pair) {
 }
 
 #[test]
-fn a_message_past_the_tier_in_force_is_read_by_the_peer_with_one_frame_each_way() {
+fn a_message_past_the_top_tier_is_read_by_the_peer_with_one_frame_each_way() {
     let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
     pair.settle();
     let at_rest = pair.in_use();
     pair.record_posts(0);
-    let big = pattern(5000, 1);
+    let big = pattern(20_000, 1);
     pair.try_send(0, &[IoSlice::new(&big)])
         .expect("taken at once");
     pair.settle();
@@ -110,7 +110,10 @@ fn a_message_past_the_tier_in_force_is_read_by_the_peer_with_one_frame_each_way(
         "{sender:?}"
     );
     assert_eq!(receiver.messages_read, 1, "{receiver:?}");
-    assert_eq!(sender.send_tier, 2, "the promotion went on meanwhile");
+    assert_eq!(
+        sender.send_tier, 2,
+        "the promotion to the top tier went on meanwhile"
+    );
     settle_and_idle(&mut pair);
     assert_eq!(
         pair.in_use(),
@@ -122,7 +125,28 @@ fn a_message_past_the_tier_in_force_is_read_by_the_peer_with_one_frame_each_way(
 }
 
 #[test]
-fn a_message_past_the_top_tier_is_read_whole_not_segmented() {
+fn a_message_the_top_tier_carries_goes_in_segments_while_its_promotion_lands() {
+    let mut pair = Pair::new(config(), [1 << 20, 1 << 20]);
+    let first = pattern(5000, 12);
+    pair.send(0, &first);
+    pair.settle();
+    pair.send(0, &first);
+    pair.settle();
+    assert_eq!(pair.users[1].received, vec![first.clone(), first]);
+    let sender = pair.stats(0);
+    assert_eq!(
+        (
+            sender.messages_segmented,
+            sender.messages_exposed,
+            sender.send_tier
+        ),
+        (1, 0, 2),
+        "the first in segments, the second whole on the tier it asked for"
+    );
+}
+
+#[test]
+fn messages_past_the_top_tier_are_read_whole_not_segmented() {
     let mut pair = Pair::new(config(), [4 << 20, 4 << 20]);
     let big = pattern(100_000, 2);
     pair.send(0, &big);
@@ -228,7 +252,7 @@ fn a_peer_that_never_reads_fails_the_connection_at_the_read_timeout() {
     pair.settle();
     // The receiver is gone: nothing the sender posts is taken.
     pair.hold(0, true);
-    pair.try_send(0, &[IoSlice::new(&pattern(5000, 11))])
+    pair.try_send(0, &[IoSlice::new(&pattern(20_000, 11))])
         .unwrap();
     pair.tick = Duration::from_millis(100);
     for _ in 0..15 {
@@ -246,7 +270,7 @@ fn a_peer_that_never_reads_fails_the_connection_at_the_read_timeout() {
     assert!(
         matches!(
             **error,
-            ConnectionError::PeerProtocol(PeerViolation::ReadNotDone { len: 5000, .. })
+            ConnectionError::PeerProtocol(PeerViolation::ReadNotDone { len: 20_000, .. })
         ),
         "{error}"
     );

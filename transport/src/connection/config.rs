@@ -12,8 +12,9 @@ use tierbuf_tiers::wire;
 use super::errors::ConfigError;
 use super::header::HEADER_LEN;
 
-/// How a message too large for the tier in force travels while its promotion is asked
-/// for (`docs/protocol.md`, "Rendezvous"). Both sides must use the same.
+/// How a message past the ladder's top tier travels (`docs/protocol.md`, "Rendezvous").
+/// Both sides must use the same. A message that a larger tier carries goes in segments
+/// while its promotion lands, on either path.
 ///
 /// ```
 /// use tierbuf_transport::connection::DataPath;
@@ -23,7 +24,7 @@ use super::header::HEADER_LEN;
 #[non_exhaustive]
 pub enum DataPath {
     /// The sender exposes its copy of the message and the receiver reads it with one
-    /// one-sided read into a buffer of its own: one small frame, one read.
+    /// one-sided read into a buffer of its own: one small frame each way, one read.
     #[default]
     OneSided,
     /// The message is cut into frames of the peer's posted receives and reassembled:
@@ -61,7 +62,7 @@ const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ConnectionConfig {
     /// A configuration for `ladder`: requests re-sent every 100 ms, given up after 5 sends,
-    /// messages up to 64 MiB, a message too large for the tier in force read by the peer
+    /// messages up to 64 MiB, a message past the top tier read by the peer
     /// ([`DataPath::OneSided`]) within 30 s.
     ///
     /// ```
@@ -119,13 +120,13 @@ impl ConnectionConfig {
         self.max_send_credits
     }
 
-    /// Sets how a message too large for the tier in force travels.
+    /// Sets how a message past the ladder's top tier travels.
     pub fn with_data_path(mut self, data_path: DataPath) -> ConnectionConfig {
         self.data_path = data_path;
         self
     }
 
-    /// How a message too large for the tier in force travels.
+    /// How a message past the ladder's top tier travels.
     pub fn data_path(&self) -> DataPath {
         self.data_path
     }

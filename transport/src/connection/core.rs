@@ -314,10 +314,7 @@ impl ConnectionCore {
         control: ControlPath,
         now: Instant,
     ) -> Result<ConnectionCore, ConfigError> {
-        let rendezvous = Rendezvous::new(
-            Arc::clone(send_reservoir.registrar()),
-            Arc::clone(recv_reservoir.registrar()),
-        );
+        let rendezvous = Rendezvous::new(Arc::clone(&send_reservoir), Arc::clone(&recv_reservoir));
         let tiers = TierController::new(
             Arc::clone(config.capacity()),
             config.negotiation().clone(),
@@ -508,7 +505,9 @@ impl ConnectionCore {
             self.oversize_at = None;
             self.spare_outbox = Vec::new();
             self.returned.drop_spare_buffer();
-            self.returned.drop_spare_landing();
+            if let Some(landing) = self.returned.take_spare_landing() {
+                super::rendezvous::give_back(self.rendezvous.recv_reservoir(), landing);
+            }
             self.rendezvous.drop_spare();
         }
         reposted + self.transmit(to)

@@ -37,20 +37,23 @@
 //!   `max_message_len` and equals the exposed range's, no other message is being read, and
 //!   no segmented message is half received. A peer that exposed nothing under its key, or
 //!   fewer bytes, makes the read fail, which fails the connection as the peer's fault.
-//! - Both regions are registered by the connection for itself and charged to its budget. A
-//!   staging region has been exposed, so it never goes to a reservoir: it is kept for the
-//!   next message while no larger than the spare limit. A landing region is lent to the
-//!   message read into it and, given back, kept on the same terms (`returns.rs`). Both are
-//!   freed once no message too large for its tier has passed for the ladder's
-//!   `demote_after`.
+//! - Both regions are taken from the connection's reservoirs, a spare tier region that
+//!   holds the message (registered and touched before, so the message pays for neither),
+//!   or registered for it when no such spare is on the shelf, and charged to the budget
+//!   either way. A landing region is lent to the message read into it and, given back,
+//!   kept for the next (`returns.rs`); a staging region is kept for the next while no
+//!   larger than the spare limit. Once no message too large for its tier has passed for
+//!   the ladder's `demote_after`, both go back to their reservoirs, which deregister a
+//!   region that was exposed (it was the peer's to name, and serves no other).
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tierbuf_pool::{PoolError, Region, Registrar};
+use tierbuf_pool::{PoolError, Region};
 use tierbuf_tiers::controller::SendPlan;
+use tierbuf_tiers::{Reservoir, TierIndex};
 
 use super::config::DataPath;
 use super::core::ConnectionCore;
@@ -70,8 +73,8 @@ pub(super) const READ_WR_ID: u64 = u64::MAX;
 
 /// What a connection holds for messages read by one side from the other.
 pub(super) struct Rendezvous {
-    send_registrar: Arc<dyn Registrar>,
-    recv_registrar: Arc<dyn Registrar>,
+    send_reservoir: Arc<Reservoir>,
+    recv_reservoir: Arc<Reservoir>,
     /// The message this side exposed and the peer has not finished with.
     outgoing: Option<Outgoing>,
     /// The staging region of the last one, kept for the next.
@@ -107,12 +110,12 @@ struct Incoming {
 
 impl Rendezvous {
     pub(super) fn new(
-        send_registrar: Arc<dyn Registrar>,
-        recv_registrar: Arc<dyn Registrar>,
+        send_reservoir: Arc<Reservoir>,
+        recv_reservoir: Arc<Reservoir>,
     ) -> Rendezvous {
         Rendezvous {
-            send_registrar,
-            recv_registrar,
+            send_reservoir,
+            recv_reservoir,
             outgoing: None,
             spare_staging: None,
             incoming: None,
@@ -154,17 +157,54 @@ impl Rendezvous {
         outgoing + spare + incoming
     }
 
-    /// Frees the spare staging region (the connection has been idle).
+    /// Gives the spare staging region back (the connection has been idle).
     pub(super) fn drop_spare(&mut self) {
-        self.spare_staging = None;
+        if let Some(region) = self.spare_staging.take() {
+            give_back(&self.send_reservoir, region);
+        }
+    }
+
+    /// The reservoir the landing regions come from, to give one back to.
+    pub(super) fn recv_reservoir(&self) -> &Arc<Reservoir> {
+        &self.recv_reservoir
     }
 }
 
-/// A region of at least `len` bytes from `registrar`, in whole pages, so that a spare
-/// serves the next message of about the same length.
-fn register(registrar: &dyn Registrar, len: usize) -> Result<Box<dyn Region>, PoolError> {
+/// A region of at least `len` bytes: a spare of the smallest tier of `reservoir` whose
+/// region holds it, if one is on the shelf; else one registered for it, in whole pages,
+/// so that a kept spare serves the next message of about the same length.
+fn region_for(reservoir: &Reservoir, len: usize) -> Result<Box<dyn Region>, PoolError> {
+    let fitting = reservoir
+        .ladder()
+        .tiers()
+        .iter()
+        .position(|spec| spec.region_len() >= len)
+        .map(|index| TierIndex::new(index as u8))
+        .filter(|&tier| reservoir.spare(tier) > 0);
+    if let Some(tier) = fitting
+        && let Ok((region, _)) = reservoir.take(tier)
+    {
+        return Ok(region);
+    }
     let page = tierbuf_pool::page_size();
-    registrar.register(len.max(1).next_multiple_of(page), page)
+    reservoir
+        .registrar()
+        .register(len.max(1).next_multiple_of(page), page)
+}
+
+/// Gives `region` back to `reservoir`: onto the shelf of the tier whose regions are as
+/// long, which keeps it unless it was exposed or the shelf is full; any other is
+/// deregistered.
+pub(super) fn give_back(reservoir: &Reservoir, region: Box<dyn Region>) {
+    let tier = reservoir
+        .ladder()
+        .tiers()
+        .iter()
+        .position(|spec| spec.region_len() == region.len());
+    match tier {
+        Some(index) => reservoir.give_back(TierIndex::new(index as u8), region),
+        None => drop(region),
+    }
 }
 
 fn encode_exposed(remote: RemoteBuffer) -> [u8; EXPOSED_LEN] {
@@ -202,13 +242,22 @@ fn decode_answer(payload: &[u8]) -> Option<(u32, u32)> {
 }
 
 impl ConnectionCore {
-    /// Takes the planned prefix of `parts` (or all of `message`, when `parts` is empty)
-    /// on as a message for the peer to read, if this connection's data path is one-sided:
-    /// copies it into the staging region and queues the frame that tells the peer of it
-    /// (the exposure is made when that frame is handed out, `transmit.rs`). `None` leaves
-    /// the message to segments: the data path is two-sided, the message is past what one
-    /// exposure names (4 GiB), or no staging region could be registered (the budget is
-    /// spent).
+    /// Takes the planned prefix of `parts` on as a message for the peer to read, if this
+    /// connection's data path is one-sided: copies it into the staging region and queues
+    /// the frame that tells the peer of it (the exposure is made when that frame is handed
+    /// out, `transmit.rs`). `None` leaves the message to segments: the data path is
+    /// two-sided; the message is past what one exposure names (4 GiB); no staging region
+    /// could be had (the budget is spent); or the ladder's top tier carries it whole. Such
+    /// a message goes in segments only until its promotion lands, and a staging region
+    /// new to the connection costs more than its frames: its registration, the first
+    /// touch of its pages, and its first exposure to the peer (an exposed region serves one
+    /// connection, so every connection pays for its first). Exposed, a first 8 KiB
+    /// message took 24.5 µs against 6.7 µs in segments over loopback, and 108 µs against
+    /// 31 µs over shm (`transport/promotion/first_oversize`, `docs/benchmarks.md`). A
+    /// message past the top tier would go in segments every time, so it is exposed, and
+    /// its region is kept for the next: read, such a message took 1.7 µs against 6.7 µs
+    /// in segments over loopback, 1.5 against 3.9 over shm (`transport/promotion/read`
+    /// and `segmented`).
     pub(super) fn start_exposed(
         &mut self,
         now: Instant,
@@ -224,7 +273,8 @@ impl ConnectionCore {
             self.relieve_receives();
             return Some(Err(SendError::WouldBlock(WouldBlock::ExposedUnread)));
         }
-        if u32::try_from(len).is_err() {
+        let top = TierIndex::new((self.config.ladder().len() - 1) as u8);
+        if u32::try_from(len).is_err() || len <= self.tiers.whole(top) {
             return None;
         }
         if self.frame_credit(EXPOSED_LEN, true).is_none() {
@@ -237,15 +287,20 @@ impl ConnectionCore {
         let rendezvous = &mut self.rendezvous;
         let staging = match rendezvous.spare_staging.take() {
             Some(spare) if spare.len() >= len => spare,
-            // A smaller spare is freed before its successor is charged to the budget.
-            _ => match register(&*rendezvous.send_registrar, len) {
-                Ok(region) => region,
-                Err(error) => {
-                    tracing::debug!(%error, len, "no staging region: the message goes in segments");
-                    self.keep_send_slot(slot);
-                    return None;
+            // A smaller spare goes back before its successor is charged to the budget.
+            smaller => {
+                if let Some(smaller) = smaller {
+                    give_back(&rendezvous.send_reservoir, smaller);
                 }
-            },
+                match region_for(&rendezvous.send_reservoir, len) {
+                    Ok(region) => region,
+                    Err(error) => {
+                        tracing::debug!(%error, len, "no staging region: the message goes in segments");
+                        self.keep_send_slot(slot);
+                        return None;
+                    }
+                }
+            }
         };
         // SAFETY: the staging region is this core's alone: not exposed (a spare's last
         // exposure was revoked before it was kept) and named by no request (module
@@ -399,15 +454,20 @@ impl ConnectionCore {
                 len: header.message_len,
             }))?;
         let len = remote.len as usize;
-        let landing = match self.returned.take_landing(len) {
-            Some(region) => Some(region),
-            None => match register(&*self.rendezvous.recv_registrar, len) {
-                Ok(region) => Some(region),
-                Err(error) => {
-                    tracing::debug!(%error, len, "no landing region: the message is asked for in segments");
-                    None
+        let landing = match self.returned.take_spare_landing() {
+            Some(spare) if spare.len() >= len => Some(spare),
+            smaller => {
+                if let Some(smaller) = smaller {
+                    give_back(&self.rendezvous.recv_reservoir, smaller);
                 }
-            },
+                match region_for(&self.rendezvous.recv_reservoir, len) {
+                    Ok(region) => Some(region),
+                    Err(error) => {
+                        tracing::debug!(%error, len, "no landing region: the message is asked for in segments");
+                        None
+                    }
+                }
+            }
         };
         match &landing {
             Some(region) => {

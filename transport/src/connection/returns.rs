@@ -164,16 +164,10 @@ impl ReturnedSlots {
         }
     }
 
-    /// The spare landing region, if it holds `len` bytes; a smaller one is freed.
-    pub(super) fn take_landing(&self, len: usize) -> Option<Box<dyn Region>> {
-        self.lock_landing()
-            .take()
-            .filter(|region| region.len() >= len)
-    }
-
-    /// Frees the spare landing region (the connection has been idle).
-    pub(super) fn drop_spare_landing(&self) {
-        drop(self.lock_landing().take());
+    /// Takes the spare landing region, for the next message read or to give it back to
+    /// its reservoir (the connection has been idle).
+    pub(super) fn take_spare_landing(&self) -> Option<Box<dyn Region>> {
+        self.lock_landing().take()
     }
 
     /// Bytes of the spare landing region kept (0 for none).

@@ -130,7 +130,7 @@ impl<K: Kind> TransportBuilder<K> {
         self
     }
 
-    /// How a message too large for the tier in force travels: read by the peer from this
+    /// How a message past the ladder's top tier travels: read by the peer from this
     /// side's exposed copy ([`DataPath::OneSided`], the default) or in segments
     /// ([`DataPath::TwoSided`]); both sides must use the same. See `docs/protocol.md`,
     /// "Rendezvous".
