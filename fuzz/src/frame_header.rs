@@ -15,7 +15,9 @@
 //!   refused as `PayloadPastFrame`.
 
 use tierbuf_tiers::wire::{ControlMessage, Epoch};
-use tierbuf_transport::connection::{FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD};
+use tierbuf_transport::connection::{
+    EXPOSED_LEN, FrameKind, HEADER_LEN, HeaderError, PACKED_ENTRY_HEAD, READ_ANSWER_LEN,
+};
 use tierbuf_transport::fuzzing::{FrameHeaderFields, decode_frame_header, encode_frame_header};
 
 use crate::reader::{Reader, padded};
@@ -28,17 +30,25 @@ pub fn run(data: &[u8]) {
 
 /// Whether a header keeps the rules of its kind: a whole message's length is its
 /// payload's, a first segment's is longer than its payload, a packed frame counts at least
-/// one message and no more than one per entry head its payload could hold, other kinds
-/// carry no message length, and credit and drain frames carry no payload.
+/// one message and no more than one per entry head its payload could hold, an exposed
+/// message has a length, other kinds carry no message length; credit and drain frames
+/// carry no payload, an exposed message's is its descriptor and a read's answer its
+/// own, each of a fixed length.
 pub(crate) fn keeps_the_rules(header: &FrameHeaderFields) -> bool {
     let payload = u64::from(header.payload_len);
     let length_ok = match header.kind {
         FrameKind::Whole => header.message_len == payload,
         FrameKind::First => header.message_len > payload,
         FrameKind::Packed => (1..=payload / PACKED_ENTRY_HEAD as u64).contains(&header.message_len),
+        FrameKind::Exposed => header.message_len > 0,
         _ => header.message_len == 0,
     };
-    let payload_ok = !matches!(header.kind, FrameKind::Credit | FrameKind::Drain) || payload == 0;
+    let payload_ok = match header.kind {
+        FrameKind::Credit | FrameKind::Drain => payload == 0,
+        FrameKind::Exposed => payload == EXPOSED_LEN as u64,
+        FrameKind::ReadDone | FrameKind::ReadRefused => payload == READ_ANSWER_LEN as u64,
+        _ => true,
+    };
     length_ok && payload_ok
 }
 
@@ -60,7 +70,7 @@ fn check_received(frame: &[u8]) {
         }
         Err(HeaderError::UnknownKind { kind }) => {
             assert_eq!(kind, head[0]);
-            assert!(!(1..=8).contains(&kind));
+            assert!(!(1..=KINDS.len() as u8).contains(&kind));
         }
         Err(HeaderError::PayloadPastFrame {
             payload_len,
@@ -104,8 +114,9 @@ fn assert_breaks_the_rules(
     assert!(!keeps_the_rules(&header), "refused {header:?}");
 }
 
-/// The frame kinds, in the order [`read_fields`] numbers them.
-const KINDS: [FrameKind; 8] = [
+/// The frame kinds, in the order [`read_fields`] numbers them (which is their wire
+/// numbering, less one).
+const KINDS: [FrameKind; 11] = [
     FrameKind::Whole,
     FrameKind::First,
     FrameKind::Middle,
@@ -114,6 +125,9 @@ const KINDS: [FrameKind; 8] = [
     FrameKind::Credit,
     FrameKind::Drain,
     FrameKind::Packed,
+    FrameKind::Exposed,
+    FrameKind::ReadDone,
+    FrameKind::ReadRefused,
 ];
 
 /// The longest run of bytes [`read_fields`] reads.
@@ -216,5 +230,17 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("credit", frame(FrameKind::Credit, (2, 4), 0, &[])),
         ("drain", frame(FrameKind::Drain, (0, 0), 0, &[])),
         ("packed", frame(FrameKind::Packed, (0, 1), 2, &[0; 24])),
+        (
+            "exposed",
+            frame(FrameKind::Exposed, (0, 1), 1 << 20, &[5; EXPOSED_LEN]),
+        ),
+        (
+            "read_done",
+            frame(FrameKind::ReadDone, (0, 1), 0, &[6; READ_ANSWER_LEN]),
+        ),
+        (
+            "read_refused",
+            frame(FrameKind::ReadRefused, (0, 0), 0, &[7; READ_ANSWER_LEN]),
+        ),
     ]
 }

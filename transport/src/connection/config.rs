@@ -13,8 +13,10 @@ use super::errors::ConfigError;
 use super::header::HEADER_LEN;
 
 /// How a message past the ladder's top tier travels (`docs/protocol.md`, "Rendezvous").
-/// Both sides must use the same. A message that a larger tier carries goes in segments
-/// while its promotion lands, on either path.
+/// Each side chooses for the messages it sends, and reads what its peer exposes whichever
+/// it chose, so the two may differ (a side whose transmitter has no one-sided operations
+/// must send two-sided, and its peer too). A message that a larger tier carries goes in
+/// segments while its promotion lands, on either path.
 ///
 /// ```
 /// use tierbuf_transport::connection::DataPath;
@@ -32,7 +34,7 @@ pub enum DataPath {
     TwoSided,
 }
 
-/// How a connection is set up; both sides must use the same ladder and data path.
+/// How a connection is set up; both sides must use the same ladder.
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
     capacity: Arc<FrameCapacity>,

@@ -1,16 +1,16 @@
-//! The rendezvous (`docs/protocol.md`, "Rendezvous"): a message too large for the tier in
-//! force is not cut into frames. The sender copies it into a staging region registered for
-//! the purpose, exposes that to the peer for reading, and sends a small
+//! The rendezvous (`docs/protocol.md`, "Rendezvous"): a message past the ladder's top tier
+//! is not cut into frames. The sender copies it into a staging region, exposes that to the
+//! peer for reading, and sends a small
 //! [`FrameKind::Exposed`](super::FrameKind::Exposed) frame with the exposure's key,
 //! address and length; the receiver reads the bytes with one one-sided read into a landing
 //! region of its own, delivers the message from there, and answers with a
 //! [`FrameKind::ReadDone`](super::FrameKind::ReadDone) frame, upon which the sender revokes
-//! the exposure and keeps the region for the next such message. The promotion the message
-//! asked for goes on meanwhile, for the messages after it. A receiver whose budget cannot
+//! the exposure and keeps the region for the next such message. A receiver whose budget cannot
 //! register the landing region answers
 //! [`FrameKind::ReadRefused`](super::FrameKind::ReadRefused) instead, and the sender sends
-//! the message in segments from its staging copy: nothing is lost for want of memory. [`DataPath::OneSided`] chooses
-//! it; measured by `benches/benches/transport.rs` (`transport/promotion/first_oversize`).
+//! the message in segments from its staging copy: nothing is lost for want of memory.
+//! [`DataPath::OneSided`] chooses it; `transport/promotion/read` against `segmented`
+//! (`benches/benches/transport.rs`) measures it.
 //!
 //! # Invariants
 //!
@@ -251,13 +251,10 @@ impl ConnectionCore {
     /// a message goes in segments only until its promotion lands, and a staging region
     /// new to the connection costs more than its frames: its registration, the first
     /// touch of its pages, and its first exposure to the peer (an exposed region serves one
-    /// connection, so every connection pays for its first). Exposed, a first 8 KiB
-    /// message took 24.5 µs against 6.7 µs in segments over loopback, and 108 µs against
-    /// 31 µs over shm (`transport/promotion/first_oversize`, `docs/benchmarks.md`). A
-    /// message past the top tier would go in segments every time, so it is exposed, and
-    /// its region is kept for the next: read, such a message took 1.7 µs against 6.7 µs
-    /// in segments over loopback, 1.5 against 3.9 over shm (`transport/promotion/read`
-    /// and `segmented`).
+    /// connection, so every connection pays for its first; `docs/transport.md`, "An 8 KiB
+    /// message in segments", has the measurement). A message past the top tier would go
+    /// in segments every time, so it is exposed, and its region is kept for the next
+    /// (`transport/promotion/read` against `segmented`, `docs/benchmarks.md`).
     pub(super) fn start_exposed(
         &mut self,
         now: Instant,

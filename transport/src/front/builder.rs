@@ -132,8 +132,7 @@ impl<K: Kind> TransportBuilder<K> {
 
     /// How a message past the ladder's top tier travels: read by the peer from this
     /// side's exposed copy ([`DataPath::OneSided`], the default) or in segments
-    /// ([`DataPath::TwoSided`]); both sides must use the same. See `docs/protocol.md`,
-    /// "Rendezvous".
+    /// ([`DataPath::TwoSided`]). See `docs/protocol.md`, "Rendezvous".
     ///
     /// ```
     /// use tierbuf_transport::Transport;
