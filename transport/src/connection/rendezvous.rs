@@ -313,7 +313,17 @@ impl ConnectionCore {
         header.grant = self.grants.take();
         header.encode(&mut slot[..HEADER_LEN]);
         let wr_id = self.sending.insert(None) as u64;
-        self.work.push_back(Queued::Expose { wr_id, slot });
+        let keys = staging.keys();
+        let staged = BufferRef {
+            remote_key: keys.remote_key,
+            addr: keys.remote_addr,
+            len: len as u32,
+        };
+        self.work.push_back(Queued::Expose {
+            wr_id,
+            slot,
+            staged,
+        });
         self.rendezvous.outgoing = Some(Outgoing {
             staging,
             len,
@@ -329,24 +339,22 @@ impl ConnectionCore {
         Some(Ok(len))
     }
 
-    /// Makes the exposure of the staged message, for the frame at the front of the work
-    /// queue that tells the peer of it, writes its descriptor into that frame, and leaves
-    /// the frame at the front as a send (`transmit.rs`, module invariants).
-    pub(super) fn expose_staged(&mut self, to: &mut impl Transmit) -> Result<(), PostError> {
-        let Some(outgoing) = &mut self.rendezvous.outgoing else {
-            return Err(PostError::Unsupported {
-                operation: "expose",
-            });
-        };
-        let keys = outgoing.staging.keys();
-        let staged = BufferRef {
-            remote_key: keys.remote_key,
-            addr: keys.remote_addr,
-            len: outgoing.len as u32,
-        };
+    /// Exposes `staged`, the staged message, for the frame at the front of the work queue
+    /// that tells the peer of it, writes the descriptor into that frame, and leaves the
+    /// frame at the front as a send (`transmit.rs`, module invariants).
+    pub(super) fn expose_staged(
+        &mut self,
+        to: &mut impl Transmit,
+        staged: BufferRef,
+    ) -> Result<(), PostError> {
         let remote = to.expose(Exposure::new(staged, Access::Read))?;
-        outgoing.exposed = Some(remote);
-        if let Some(Queued::Expose { wr_id, mut slot }) = self.work.pop_front() {
+        if let Some(outgoing) = &mut self.rendezvous.outgoing {
+            outgoing.exposed = Some(remote);
+        }
+        if let Some(Queued::Expose {
+            wr_id, mut slot, ..
+        }) = self.work.pop_front()
+        {
             slot[HEADER_LEN..HEADER_LEN + EXPOSED_LEN].copy_from_slice(&encode_exposed(remote));
             let buffer = BufferRef {
                 remote_key: slot.keys().remote_key,
@@ -368,21 +376,18 @@ impl ConnectionCore {
         payload: &[u8],
     ) -> Result<(), ConnectionError> {
         let (key, len) = decode_answer(payload).unwrap_or_default();
-        let Some(outgoing) = self.rendezvous.outgoing.as_mut().filter(|outgoing| {
-            !outgoing.read
-                && outgoing
-                    .exposed
-                    .is_some_and(|exposed| exposed.key == key && exposed.len == len)
-        }) else {
+        let answered = self.rendezvous.outgoing.as_mut().and_then(|outgoing| {
+            let exposed = outgoing
+                .exposed
+                .filter(|exposed| !outgoing.read && exposed.key == key && exposed.len == len)?;
+            outgoing.read = true;
+            Some((exposed, outgoing.staging.base()))
+        });
+        let Some((exposed, staged)) = answered else {
             return Err(ConnectionError::PeerProtocol(
                 PeerViolation::UnexposedReadDone { key, len },
             ));
         };
-        outgoing.read = true;
-        let exposed = outgoing
-            .exposed
-            .unwrap_or(RemoteBuffer { key, addr: 0, len });
-        let staged = outgoing.staging.base();
         if self.failed.is_some() {
             // An answer that came before the peer's close: the message reached it. The
             // endpoint is closed, so the region stays with the core until it is dropped.

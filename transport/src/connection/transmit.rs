@@ -102,7 +102,7 @@ pub struct Exposure<'a> {
 }
 
 impl Exposure<'_> {
-    pub(super) fn new(buffer: BufferRef, access: Access) -> Exposure<'static> {
+    pub(super) fn new<'a>(buffer: BufferRef, access: Access) -> Exposure<'a> {
         Exposure {
             buffer,
             access,
@@ -291,6 +291,8 @@ pub(super) enum Queued {
     Expose {
         wr_id: u64,
         slot: OwnedTierSlot,
+        /// The staged message: the range to expose.
+        staged: BufferRef,
     },
     /// A read of the message the peer exposed, into the region the core holds for it.
     Read {
@@ -347,7 +349,7 @@ impl ConnectionCore {
                     remote: *remote,
                     held: PhantomData,
                 }),
-                Queued::Expose { .. } => match self.expose_staged(to) {
+                Queued::Expose { staged, .. } => match self.expose_staged(to, *staged) {
                     // The frame now says where the message is: post it at once.
                     Ok(()) => continue,
                     Err(error) => Err(error),
