@@ -15,7 +15,7 @@ use tierbuf_transport::connection::{
     ConnectionConfig, ConnectionError, DataPath, EXPOSED_LEN, Fault, FrameKind, HEADER_LEN,
     PeerViolation, SendError, WorkKind, WouldBlock,
 };
-use tierbuf_transport::test_pair::{Pair, Posted};
+use tierbuf_transport::test_pair::{Pair, Posted, Reading};
 
 /// Tiers of 128 B, 1 KiB and 8 KiB, four slots each, demoted after two idle seconds.
 fn ladder() -> Arc<TierLadder> {
@@ -386,4 +386,58 @@ fn an_answer_for_nothing_exposed_is_a_violation() {
             "{error}"
         );
     }
+}
+
+/// Both users send without reading while one side's first message is read by the peer
+/// (each reads only once its own sends are done, as a socket's user would): the messages
+/// that arrive behind the read hold their receive slots, and the read's answer needs a
+/// credit of the peer's. Every message still arrives, in order.
+#[test]
+fn users_that_send_both_ways_without_reading_behind_a_read_still_get_everything() {
+    let two_tier = Arc::new(TierLadder::preset("two-tier").unwrap());
+    let mut pair = Pair::new(ConnectionConfig::new(two_tier).unwrap(), [4 << 20, 4 << 20]);
+    pair.users[0].reading = Reading::Nothing;
+    pair.users[1].reading = Reading::Nothing;
+    let outgoing = |side: usize| -> Vec<Vec<u8>> {
+        let mut messages = Vec::new();
+        if side == 0 {
+            messages.push(pattern(20_000, 100));
+        }
+        messages.extend((0..60u8).map(|i| pattern(100 + side, i)));
+        messages
+    };
+    let mut queues = [outgoing(0), outgoing(1)];
+    for _ in 0..10_000 {
+        for (side, queue) in queues.iter_mut().enumerate() {
+            if let Some(next) = queue.first() {
+                match pair.try_send(side, &[IoSlice::new(next)]) {
+                    Ok(()) => drop(queue.remove(0)),
+                    Err(SendError::WouldBlock(_)) => {}
+                    Err(other) => panic!("side {side}: {other}"),
+                }
+            }
+        }
+        if queues.iter().all(Vec::is_empty) {
+            break;
+        }
+        for (side, queue) in queues.iter().enumerate() {
+            if queue.is_empty() {
+                pair.users[side].reading = Reading::Copies;
+            }
+        }
+        pair.step();
+    }
+    assert!(
+        queues.iter().all(Vec::is_empty),
+        "both sends finished: {:?} {:?}",
+        pair.stats(0),
+        pair.stats(1)
+    );
+    pair.users[0].reading = Reading::Copies;
+    pair.users[1].reading = Reading::Copies;
+    pair.settle();
+    for side in 0..2 {
+        assert_eq!(pair.users[side].received, outgoing(1 - side), "side {side}");
+    }
+    assert_eq!(pair.stats(1).messages_read, 1);
 }
