@@ -153,7 +153,9 @@ pub struct ConnectionStats {
 /// - **[`progress`](ConnectionCore::progress), `poll_*` and
 ///   [`transmit`](ConnectionCore::transmit)**, the outputs: `progress` runs the core's
 ///   own work (reposts, timers, credit and control frames) and hands it to a
-///   [`Transmit`](super::Transmit) (every [`Endpoint`](crate::Endpoint) is one);
+///   [`Transmit`](super::Transmit) (every [`Endpoint`](crate::Endpoint) is one; a message
+///   past the top tier needs one that exposes and reads, or
+///   [`DataPath::TwoSided`](super::DataPath::TwoSided) on both sides);
 ///   `transmit` hands it the work queued, in order;
 ///   [`poll_timeout`](ConnectionCore::poll_timeout) says when `progress` must run if
 ///   nothing arrives; and [`arm`](ConnectionCore::arm) asks to be woken for work no
