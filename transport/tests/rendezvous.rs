@@ -441,3 +441,43 @@ fn users_that_send_both_ways_without_reading_behind_a_read_still_get_everything(
     }
     assert_eq!(pair.stats(1).messages_read, 1);
 }
+
+/// On a ladder of one tier, where no promotion or demotion ever sets a timer, the regions
+/// a message past that tier left are still given back when their time is up: the
+/// connection has a timer for it, which wakes a connection that nothing else wakes.
+#[test]
+fn the_regions_kept_for_the_next_read_are_given_back_by_a_timer() {
+    let one_tier = TierLadder::builder()
+        .tier(512, 4, 480)
+        .demote_after(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut pair = Pair::new(
+        ConnectionConfig::new(Arc::new(one_tier)).unwrap(),
+        [1 << 20, 1 << 20],
+    );
+    pair.settle();
+    let at_rest = pair.in_use();
+    assert!(pair.core(0).poll_timeout().is_none() && pair.core(1).poll_timeout().is_none());
+    pair.send(0, &pattern(2000, 13));
+    pair.settle();
+    assert_eq!(pair.users[1].received, vec![pattern(2000, 13)]);
+    for side in 0..2 {
+        assert!(
+            pair.stats(side).rendezvous_bytes > 0,
+            "side {side} keeps a region"
+        );
+        let timer = pair
+            .core(side)
+            .poll_timeout()
+            .expect("a timer for its region");
+        pair.now = timer;
+        pair.progress(side);
+        assert_eq!(
+            pair.stats(side).rendezvous_bytes,
+            0,
+            "side {side} gave it back"
+        );
+    }
+    assert_eq!(pair.in_use(), at_rest);
+}

@@ -370,13 +370,22 @@ impl ConnectionCore {
     }
 
     /// The next time [`ConnectionCore::progress`] must run even if nothing arrives: a
-    /// negotiation timer, the moment the send tier may step down, or the end of a hold of
-    /// the peer's control behind a message.
+    /// negotiation timer, the moment the send tier may step down, the end of a hold of
+    /// the peer's control behind a message, the deadline of a message exposed to the peer,
+    /// or the moment the spare buffers of the last message too large for its tier go.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        // The spares a message too large for its tier left (registered regions among
+        // them) go when their time is up, whether or not anything else wakes the
+        // connection then.
+        let spares_go = self
+            .oversize_at
+            .filter(|_| self.failed.is_none())
+            .map(|at| at + self.config.ladder().policy().demote_after());
         [
             self.tiers.poll_timeout(),
             self.control_held_until,
             self.rendezvous.deadline(),
+            spares_go,
         ]
         .into_iter()
         .flatten()
